@@ -1,0 +1,37 @@
+"""Provider metadata read by Airflow's ProvidersManager (entry point ``apache_airflow_provider``).
+
+Keep it a plain literal: Airflow imports this in every process, so it must stay cheap.
+Each helper that adds a hook, operator, sensor, trigger, connection type or plugin lists it here;
+``tests/unit/test_provider_info.py`` fails when a class of the package is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onceflow import __version__
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-provider-onceflow",
+        "name": "onceflow",
+        "description": (
+            "Exactly-once side effects for Apache Airflow 3: claim-first Google Sheet queues, "
+            "leases with fencing tokens, idempotent partition-overwrite loads and a dead-man's switch."
+        ),
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "onceflow",
+                "external-doc-url": "https://pypi.org/project/airflow-provider-onceflow/",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [],
+        "operators": [],
+        "sensors": [],
+        "triggers": [],
+        "connection-types": [],
+        "plugins": [],
+    }

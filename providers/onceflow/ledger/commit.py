@@ -1,0 +1,246 @@
+"""Fenced writes: the result commit (with its follow-ups) and the failure outcomes.
+
+The fence is checked at the sink, in the same transaction as the write, with the item row
+locked: a write whose token is not the item's current lease token is refused with
+:class:`StaleFenceError`, and the refusal is committed as a ``commit_refused`` transition so
+the late attempt stays visible. A commit repeated by the same lease after it succeeded is a
+no-op that returns the stored result (the designated write is idempotent).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from onceflow.ledger import items, schema, states
+from onceflow.ledger.db import is_sqlite
+from onceflow.ledger.errors import StaleFenceError
+from onceflow.ledger.models import WORK_ITEM, FollowUp, Lease, ResultRecord
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from sqlalchemy.engine import Connection, Engine
+
+DEFAULT_BACKOFF_SECONDS = 30.0
+MAX_BACKOFF_SECONDS = 3600.0
+
+
+def _refuse(
+    engine: Engine, lease: Lease, item: dict[str, Any] | None, now: float, what: str
+) -> StaleFenceError:
+    """Record the refused late write in its own transaction and return the error to raise."""
+    assert item is not None, f"unknown work item {lease.work_key!r}"
+    with engine.begin() as conn:
+        current = items.lock_item(conn, lease.work_key) or item
+        items.apply(
+            conn,
+            current,
+            "commit_refused",
+            states.WORKER,
+            {"now": now, "token": lease.token, "reason": f"{what} with stale token {lease.token}"},
+            owner=lease.owner,
+        )
+    return StaleFenceError(lease.work_key, lease.token, current["fencing_token"], current["state"])
+
+
+def _stored_result(conn: Connection, work_key: str, step: str, version: str) -> ResultRecord | None:
+    r = schema.results.c
+    row = conn.execute(
+        sa.select(schema.results).where(
+            r.work_key == work_key, r.step == step, r.processing_version == version
+        )
+    ).first()
+    if row is None:
+        return None
+    m = row._mapping
+    return ResultRecord(
+        work_key=m["work_key"],
+        step=m["step"],
+        processing_version=m["processing_version"],
+        fencing_token=m["fencing_token"],
+        payload=json.loads(m["payload"]) if m["payload"] else None,
+        committed_by=m["committed_by"],
+        committed_at=m["committed_at"],
+        follow_ups=json.loads(m["follow_ups"]) if m["follow_ups"] else [],
+    )
+
+
+def write_follow_up(
+    conn: Connection, spec: dict[str, Any], *, work_key: str, step: str, now: float, actor: str
+) -> bool:
+    """Insert one resolved follow-up unless it exists; ``True`` when it was missing."""
+    if spec["type"] == WORK_ITEM:
+        return items.create_item(
+            conn,
+            kind=spec["target"],
+            work_key=spec["key"],
+            now=now,
+            actor=states.PRODUCER if actor == states.WORKER else actor,
+            priority=spec["priority"],
+            payload=spec["payload"] or None,
+            required_version=spec["required_version"],
+            reason=f"follow-up of {work_key} {step}",
+        )
+    return items.insert_ignore(
+        conn,
+        schema.outbox,
+        {
+            "dedup_key": spec["dedup_key"],
+            "work_key": work_key,
+            "step": step,
+            "target_type": spec["type"],
+            "target": spec["target"],
+            "payload": json.dumps({"key": spec["key"], "data": spec["payload"]}, sort_keys=True),
+            "state": "pending",
+            "attempts": 0,
+            "created_at": now,
+        },
+        "dedup_key",
+    )
+
+
+def commit_result(
+    engine: Engine,
+    lease: Lease,
+    *,
+    step: str,
+    payload: Any,
+    follow_ups: Sequence[FollowUp],
+    now: float,
+    complete: bool = True,
+    reason: str | None = None,
+) -> ResultRecord:
+    """Store the result of ``step`` for ``lease``'s item and its follow-ups, in one transaction.
+
+    :param complete: move the item to ``done`` (``False`` stores an intermediate step's result
+        and keeps the lease).
+    :param reason: recorded on the ``complete`` transition (e.g. "finished during shutdown").
+    :raises StaleFenceError: a newer lease exists (the refusal is recorded).
+    """
+    version = lease.worker_version
+    specs = [f.resolved(lease.work_key, step, version) for f in follow_ups]
+    with engine.begin() as conn:
+        item = items.lock_item(conn, lease.work_key)
+        current = item is not None and item["state"] == states.LEASED and item["fencing_token"] == lease.token
+        if not current:
+            stored = _stored_result(conn, lease.work_key, step, version)
+            if stored is not None and stored.fencing_token == lease.token:
+                return stored  # this lease's commit already happened: a retry changes nothing
+        else:
+            assert item is not None
+            _upsert_result(conn, lease, step, version, payload, specs, now)
+            for spec in specs:
+                write_follow_up(conn, spec, work_key=lease.work_key, step=step, now=now, actor=states.WORKER)
+            if complete:
+                items.apply(
+                    conn,
+                    item,
+                    "complete",
+                    states.WORKER,
+                    {"now": now, "token": lease.token, "result_written": True, "reason": reason},
+                    {"lease_expires_at": None, "last_error_class": None, "last_error": None},
+                    owner=lease.owner,
+                )
+            stored = _stored_result(conn, lease.work_key, step, version)
+            assert stored is not None
+            return stored
+    raise _refuse(engine, lease, item, now, f"commit of {step!r}")
+
+
+def _upsert_result(
+    conn: Connection,
+    lease: Lease,
+    step: str,
+    version: str,
+    payload: Any,
+    specs: list[dict[str, Any]],
+    now: float,
+) -> None:
+    values = {
+        "work_key": lease.work_key,
+        "step": step,
+        "processing_version": version,
+        "fencing_token": lease.token,
+        "payload": json.dumps(payload, sort_keys=True),
+        "committed_by": lease.owner,
+        "committed_at": now,
+        "follow_ups": json.dumps(specs, sort_keys=True) if specs else None,
+    }
+    ins = (sqlite.insert if is_sqlite(conn) else postgresql.insert)(schema.results).values(values)
+    # A recheck under a newer lease replaces the old result; an older token never overwrites a newer one.
+    ins = ins.on_conflict_do_update(
+        index_elements=["work_key", "step", "processing_version"],
+        set_={
+            k: ins.excluded[k]
+            for k in ("fencing_token", "payload", "committed_by", "committed_at", "follow_ups")
+        },
+        where=schema.results.c.fencing_token <= ins.excluded.fencing_token,
+    )
+    conn.execute(ins)
+
+
+def fail(
+    engine: Engine,
+    lease: Lease,
+    *,
+    error: BaseException | str,
+    now: float,
+    backoff_seconds: float | None = None,
+) -> str:
+    """Record a transient failure: ``retry`` later, or ``give_up`` when attempts are used up.
+
+    :param backoff_seconds: delay before the retry; default doubles per attempt from 30 s (max 1 h).
+    :return: the item's new state.
+    """
+    error_class = error if isinstance(error, str) else type(error).__name__
+    message = error if isinstance(error, str) else str(error)
+    with engine.begin() as conn:
+        item = items.lock_item(conn, lease.work_key)
+        if item is not None and item["state"] == states.LEASED and item["fencing_token"] == lease.token:
+            ctx = {"now": now, "token": lease.token, "reason": f"{error_class}: {message}"[:2000]}
+            common = {
+                "lease_expires_at": None,
+                "last_error_class": error_class[:256],
+                "last_error": message[:4000],
+            }
+            if item["attempts"] < item["max_attempts"]:
+                delay = backoff_seconds
+                if delay is None:
+                    delay = min(
+                        DEFAULT_BACKOFF_SECONDS * 2 ** max(item["attempts"] - 1, 0), MAX_BACKOFF_SECONDS
+                    )
+                after = items.apply(
+                    conn,
+                    item,
+                    "retry",
+                    states.WORKER,
+                    ctx,
+                    {**common, "available_at": now + delay},
+                    owner=lease.owner,
+                )
+            else:
+                after = items.apply(conn, item, "give_up", states.WORKER, ctx, common, owner=lease.owner)
+            return str(after["state"])
+    raise _refuse(engine, lease, item, now, "failure report")
+
+
+def mark_invalid(engine: Engine, lease: Lease, *, reason: str, now: float) -> None:
+    """The input is wrong: move to ``needs_correction`` with ``reason`` (no retry can help)."""
+    with engine.begin() as conn:
+        item = items.lock_item(conn, lease.work_key)
+        if item is not None and item["state"] == states.LEASED and item["fencing_token"] == lease.token:
+            items.apply(
+                conn,
+                item,
+                "invalid_input",
+                states.WORKER,
+                {"now": now, "token": lease.token, "reason": reason},
+                {"lease_expires_at": None, "last_error_class": "InvalidInput", "last_error": reason[:4000]},
+                owner=lease.owner,
+            )
+            return
+    raise _refuse(engine, lease, item, now, "invalid-input report")

@@ -1,0 +1,216 @@
+"""``Ledger``: the small public API over the ledger modules.
+
+::
+
+    ledger = Ledger(create_ledger_engine("postgresql+psycopg2://127.0.0.1/ledger"))
+    ledger.add("fetch", "article:42", payload={"url": "https://..."})
+    lease = ledger.claim("fetch", owner="worker-1", lease_seconds=60, worker_version="v3")
+    if lease:
+        lease.heartbeat()                      # while working
+        ledger.commit_result(lease, "fetch", {"bytes": 1234},
+                             follow_ups=[FollowUp.work_item("translate", "article:42:translate")])
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from onceflow.ledger import commit, items, leases, migrations, schema, states
+from onceflow.ledger.clock import Clock, SystemClock
+from onceflow.ledger.db import prepare_engine
+from onceflow.ledger.errors import UnknownWorkItem
+from onceflow.ledger.models import FollowUp, Lease, ResultRecord, TransitionRecord, WorkItem
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from sqlalchemy.engine import Engine
+
+
+class Ledger:
+    """The work ledger on one database.
+
+    :param engine: SQLAlchemy engine (PostgreSQL or SQLite); SQLite engines are prepared so
+        every transaction takes the write lock first (``BEGIN IMMEDIATE``).
+    :param clock: time source (``onceflow.testing.clock.FakeClock`` in tests).
+    :param migrate: bring the schema up to date on construction (idempotent, safe in parallel).
+    """
+
+    def __init__(self, engine: Engine, clock: Clock | None = None, *, migrate: bool = True) -> None:
+        self.engine = prepare_engine(engine)
+        self.clock: Clock = clock or SystemClock()
+        if migrate:
+            migrations.migrate(self.engine)
+
+    # -- producers ---------------------------------------------------------------------------
+    def add(
+        self,
+        kind: str,
+        work_key: str,
+        *,
+        payload: Any = None,
+        priority: int = 0,
+        available_at: float | None = None,
+        required_version: str | None = None,
+        max_attempts: int = 5,
+        reason: str | None = None,
+        actor: str = states.PRODUCER,
+    ) -> bool:
+        """Create a pending work item; ``False`` (and no change) when the key already exists."""
+        with self.engine.begin() as conn:
+            return items.create_item(
+                conn,
+                kind=kind,
+                work_key=work_key,
+                now=self.clock.now(),
+                actor=actor,
+                priority=priority,
+                payload=payload,
+                available_at=available_at,
+                required_version=required_version,
+                max_attempts=max_attempts,
+                reason=reason,
+            )
+
+    def add_many(self, kind: str, work_keys: Iterable[str], *, priority: int = 0, batch: int = 1000) -> int:
+        """Create many pending items (one transaction per ``batch``); returns how many were new."""
+        created = 0
+        keys = list(work_keys)
+        for start in range(0, len(keys), batch):
+            with self.engine.begin() as conn:
+                now = self.clock.now()
+                for key in keys[start : start + batch]:
+                    created += items.create_item(
+                        conn, kind=kind, work_key=key, now=now, actor=states.PRODUCER, priority=priority
+                    )
+        return created
+
+    # -- workers -----------------------------------------------------------------------------
+    def claim(
+        self, kind: str, owner: str, lease_seconds: float, worker_version: str, *, lane: str = "new"
+    ) -> Lease | None:
+        """Lease the next eligible item of ``kind`` (fencing token + 1), or ``None``.
+
+        :param lane: ``"new"`` for normal work, ``"recheck"`` for items re-opened by a recheck.
+        """
+        lease = leases.claim(
+            self.engine,
+            kind=kind,
+            owner=owner,
+            lease_seconds=lease_seconds,
+            worker_version=worker_version,
+            now=self.clock.now(),
+            lane=lane,
+        )
+        if lease is not None:
+            lease._ledger = self
+        return lease
+
+    def heartbeat(self, lease: Lease, lease_seconds: float | None = None) -> Lease:
+        """Extend ``lease``; raises ``StaleFenceError`` when a newer lease exists."""
+        return leases.heartbeat(self.engine, lease, now=self.clock.now(), lease_seconds=lease_seconds)
+
+    def release(self, lease: Lease, reason: str = "released") -> bool:
+        """Give the item back untouched; ``False`` if the lease was already lost."""
+        return leases.release(self.engine, lease, now=self.clock.now(), reason=reason)
+
+    def commit_result(
+        self,
+        lease: Lease,
+        step: str,
+        payload: Any,
+        follow_ups: Sequence[FollowUp] = (),
+        *,
+        complete: bool = True,
+        reason: str | None = None,
+    ) -> ResultRecord:
+        """Commit ``payload`` as the result of ``step`` plus its follow-ups, fenced by the lease."""
+        return commit.commit_result(
+            self.engine,
+            lease,
+            step=step,
+            payload=payload,
+            follow_ups=follow_ups,
+            now=self.clock.now(),
+            complete=complete,
+            reason=reason,
+        )
+
+    def fail(self, lease: Lease, error: BaseException | str, *, backoff_seconds: float | None = None) -> str:
+        """Transient failure: retry later or give up after ``max_attempts``; returns the new state."""
+        return commit.fail(
+            self.engine, lease, error=error, now=self.clock.now(), backoff_seconds=backoff_seconds
+        )
+
+    def mark_invalid(self, lease: Lease, reason: str) -> None:
+        """Permanent input problem: ``needs_correction`` with ``reason``."""
+        commit.mark_invalid(self.engine, lease, reason=reason, now=self.clock.now())
+
+    # -- operators and the reconciler --------------------------------------------------------
+    def transition(self, work_key: str, event: str, actor: str, reason: str | None = None) -> WorkItem:
+        """Apply a table event that needs no lease (``correct``, ``cancel``, ``expire``, ...).
+
+        :raises IllegalTransition: not allowed now; nothing changed.
+        """
+        now = self.clock.now()
+        updates: dict[str, Any] = {}
+        if event in ("correct", "expire"):
+            updates = {"available_at": now, "lease_expires_at": None}
+        if event == "correct":
+            updates["attempts"] = 0
+        with self.engine.begin() as conn:
+            item = items.lock_item(conn, work_key)
+            if item is None:
+                states.check(event, None, actor, {"now": now, "reason": reason}, work_key)
+                raise UnknownWorkItem(work_key)
+            items.apply(conn, item, event, actor, {"now": now, "reason": reason}, updates)
+        return self.item(work_key)
+
+    # -- reading -----------------------------------------------------------------------------
+    def item(self, work_key: str) -> WorkItem:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(schema.work_items).where(schema.work_items.c.work_key == work_key)
+            ).first()
+        if row is None:
+            raise UnknownWorkItem(work_key)
+        return WorkItem.from_row(row)
+
+    def history(self, work_key: str) -> list[TransitionRecord]:
+        """Every recorded transition of one item, oldest first."""
+        t = schema.transitions
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(t).where(t.c.work_key == work_key).order_by(t.c.id)).mappings()
+            return [TransitionRecord(**{k: v for k, v in r.items() if k != "id"}) for r in rows]
+
+    def results(self, work_key: str) -> list[ResultRecord]:
+        r = schema.results
+        with self.engine.connect() as conn:
+            rows = (
+                conn.execute(sa.select(r).where(r.c.work_key == work_key).order_by(r.c.id)).mappings().all()
+            )
+        return [
+            ResultRecord(
+                work_key=m["work_key"],
+                step=m["step"],
+                processing_version=m["processing_version"],
+                fencing_token=m["fencing_token"],
+                payload=json.loads(m["payload"]) if m["payload"] else None,
+                committed_by=m["committed_by"],
+                committed_at=m["committed_at"],
+                follow_ups=json.loads(m["follow_ups"]) if m["follow_ups"] else [],
+            )
+            for m in rows
+        ]
+
+    def counts(self, kind: str | None = None) -> dict[str, int]:
+        """Number of items per state (optionally of one kind)."""
+        w = schema.work_items
+        stmt = sa.select(w.c.state, sa.func.count()).group_by(w.c.state)
+        if kind is not None:
+            stmt = stmt.where(w.c.kind == kind)
+        with self.engine.connect() as conn:
+            return {state: int(n) for state, n in conn.execute(stmt)}

@@ -1,0 +1,64 @@
+"""Engine set-up shared by every ledger module: SQLite serialisation and row locks.
+
+SQLite has one writer at a time. Every ledger transaction on SQLite starts with
+``BEGIN IMMEDIATE`` so it takes the write lock up front: two claimers can never both read an
+item as pending and then race to upgrade their read locks (which SQLite answers with
+``SQLITE_BUSY`` instead of waiting). PostgreSQL keeps its default READ COMMITTED isolation; the
+claim uses ``FOR UPDATE SKIP LOCKED`` and every other write locks its row with ``FOR UPDATE``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.pool import StaticPool
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+_PREPARED_FLAG = "_onceflow_ledger_prepared"
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+
+
+def create_ledger_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine for a ledger URL, prepared for the ledger's transaction rules.
+
+    :param url: SQLAlchemy URL, e.g. ``postgresql+psycopg2://host/db`` or ``sqlite:////path/ledger.db``.
+    :param kwargs: passed to :func:`sqlalchemy.create_engine`.
+    """
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        # One shared connection, otherwise every pooled connection sees its own empty database.
+        kwargs.setdefault("poolclass", StaticPool)
+        kwargs.setdefault("connect_args", {"check_same_thread": False})
+    engine = sa.create_engine(url, **kwargs)
+    prepare_engine(engine)
+    return engine
+
+
+def is_sqlite(engine_or_conn: Engine | Connection) -> bool:
+    return engine_or_conn.dialect.name == "sqlite"
+
+
+def prepare_engine(engine: Engine) -> Engine:
+    """Install the SQLite transaction rules on ``engine`` (idempotent; PostgreSQL is left alone)."""
+    if not is_sqlite(engine) or getattr(engine, _PREPARED_FLAG, False):
+        return engine
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN itself instead of pysqlite's implicit BEGIN.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    setattr(engine, _PREPARED_FLAG, True)
+    return engine

@@ -1,0 +1,180 @@
+"""Plain records the ledger hands out: leases, items, transitions, results, follow-ups."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onceflow.ledger.core import Ledger
+
+DAG_RUN = "dag_run"
+ASSET_EVENT = "asset_event"
+WORK_ITEM = "work_item"
+
+_RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.~:+-]")
+
+
+def stable_run_id(*parts: str) -> str:
+    """A deterministic, Airflow-safe run id built from ``parts`` (so a second trigger is refused)."""
+    raw = "__".join(parts)
+    safe = _RUN_ID_UNSAFE.sub("-", raw)
+    if len(safe) > 200 or safe != raw:
+        digest = hashlib.sha256(raw.encode()).hexdigest()[:12]
+        safe = f"{safe[:180]}-{digest}"
+    return f"onceflow__{safe}"
+
+
+@dataclass
+class Lease:
+    """Temporary ownership of one work item, proven by its fencing token.
+
+    Only the holder of the newest token may commit; every grant increments the token.
+    """
+
+    work_key: str
+    kind: str
+    owner: str
+    token: int
+    expires_at: float
+    worker_version: str
+    lease_seconds: float
+    attempts: int
+    payload: Any = None
+    lane: str = "new"
+    recheck_id: int | None = None
+    reason: str | None = None
+    _ledger: Ledger | None = field(default=None, repr=False, compare=False)
+
+    def heartbeat(self, lease_seconds: float | None = None) -> Lease:
+        """Extend this lease; raises ``StaleFenceError`` when a newer lease exists."""
+        assert self._ledger is not None, "lease not bound to a ledger"
+        return self._ledger.heartbeat(self, lease_seconds)
+
+    def release(self, reason: str = "released") -> bool:
+        """Give the item back untouched; ``False`` if the lease was already lost."""
+        assert self._ledger is not None, "lease not bound to a ledger"
+        return self._ledger.release(self, reason)
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    work_key: str
+    kind: str
+    state: str
+    priority: int
+    available_at: float
+    lease_owner: str | None
+    lease_expires_at: float | None
+    fencing_token: int
+    attempts: int
+    max_attempts: int
+    last_error_class: str | None
+    last_error: str | None
+    reason: str | None
+    payload: Any
+    created_at: float
+    updated_at: float
+    required_version: str | None
+    lane: str
+    recheck_id: int | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> WorkItem:
+        m = dict(row._mapping)
+        m.pop("id", None)
+        m["payload"] = json.loads(m["payload"]) if m.get("payload") else None
+        return cls(**m)
+
+
+@dataclass(frozen=True)
+class TransitionRecord:
+    work_key: str
+    event: str
+    from_state: str | None
+    to_state: str | None
+    actor: str
+    owner: str | None
+    fencing_token: int | None
+    at: float
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    work_key: str
+    step: str
+    processing_version: str
+    fencing_token: int
+    payload: Any
+    committed_by: str | None
+    committed_at: float
+    follow_ups: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """Work that must follow a committed result; written in the result's transaction.
+
+    ``dag_run`` and ``asset_event`` follow-ups go to the outbox and a relay delivers them to
+    Airflow; ``work_item`` follow-ups create the next ledger item directly (same database).
+    Build them with the class methods.
+    """
+
+    target_type: str
+    target: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    key: str | None = None
+    priority: int = 0
+    required_version: str | None = None
+
+    @classmethod
+    def dag_run(cls, dag_id: str, conf: dict[str, Any] | None = None, run_id: str | None = None) -> FollowUp:
+        """Trigger ``dag_id`` once; ``run_id`` defaults to one derived from the result's key."""
+        return cls(DAG_RUN, dag_id, conf or {}, run_id)
+
+    @classmethod
+    def asset_event(cls, uri: str, extra: dict[str, Any] | None = None) -> FollowUp:
+        """Emit one Asset event for ``uri``."""
+        return cls(ASSET_EVENT, uri, extra or {})
+
+    @classmethod
+    def work_item(
+        cls,
+        kind: str,
+        work_key: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        priority: int = 0,
+        required_version: str | None = None,
+    ) -> FollowUp:
+        """Create the next ledger work item (e.g. the ``translate`` step after ``fetch``)."""
+        return cls(WORK_ITEM, kind, payload or {}, work_key, priority, required_version)
+
+    def resolved(self, work_key: str, step: str, version: str) -> dict[str, Any]:
+        """The stored form, with its deduplication key fixed."""
+        if self.target_type == DAG_RUN:
+            run_id = self.key or stable_run_id(work_key, step, version)
+            dedup = f"dag_run:{self.target}:{run_id}"
+            key = run_id
+        elif self.target_type == ASSET_EVENT:
+            key = self.key or f"{work_key}:{step}:{version}"
+            dedup = f"asset_event:{self.target}:{key}"
+        elif self.target_type == WORK_ITEM:
+            assert self.key, "work_item follow-ups need a work key"
+            key = self.key
+            dedup = f"work_item:{key}"
+        else:
+            raise ValueError(f"unknown follow-up type {self.target_type!r}")
+        return {
+            "type": self.target_type,
+            "target": self.target,
+            "key": key,
+            "dedup_key": dedup,
+            "payload": self.payload,
+            "priority": self.priority,
+            "required_version": self.required_version,
+        }

@@ -1,0 +1,218 @@
+"""Cleaning one day of shop events into one row per order (pandas, deterministic).
+
+Rules, in order:
+
+1. **Reject** malformed rows into ``rejects`` with one reason each (first matching reason wins):
+   ``missing_order_id``, ``unknown_event_type``, ``missing_refund_id``, ``bad_amount``,
+   ``non_positive_amount``, ``unknown_currency``. Nothing is dropped silently.
+2. **Dedupe**: a sale is identified by its order id, a refund by its refund id; of several rows
+   for the same event the latest ingested one wins (ties: the higher source ``row_id``).
+3. **Normalise currency** into the reporting currency with a fixed rate table, rounding each event
+   half-even to cents.
+4. **Net refunds** per order within the day: ``net = gross - refunds``. A refund of an order sold
+   on an earlier day appears on the refund's own day with ``gross_cents = 0``.
+
+Only the source rows and the partition day feed the output: no clock, no randomness, a stable
+sort; a re-run on the same input is byte-identical.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import re
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS, SALES_COLUMNS
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+# Fixed rates into EUR (units of EUR per unit of currency). Versioned with PROCESSING_VERSION:
+# changing a rate changes results, so it must change the processing version too.
+RATES_TO_EUR: Mapping[str, Decimal] = {
+    "EUR": Decimal("1"),
+    "USD": Decimal("0.92"),
+    "GBP": Decimal("1.17"),
+    "SEK": Decimal("0.087"),
+}
+PROCESSING_VERSION = "sales-clean-v1"
+REJECT_REASONS: tuple[str, ...] = (
+    "missing_order_id",
+    "unknown_event_type",
+    "missing_refund_id",
+    "bad_amount",
+    "non_positive_amount",
+    "unknown_currency",
+)
+_AMOUNT_RE = re.compile(r"^-?\d{1,12}(\.\d{1,2})?$")
+_CENT = Decimal("0.01")
+
+
+class RejectRatioExceeded(ValueError):
+    """More rows were rejected than the configured ratio allows: the load must not happen."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CleanResult:
+    """Output of :func:`clean_orders`.
+
+    :param rows: one row per order, columns :data:`SALES_COLUMNS`, sorted by order id.
+    :param rejects: rejected source rows, columns :data:`REJECT_COLUMNS`, sorted by row id.
+    :param source_rows: number of source rows read.
+    :param duplicates_dropped: valid rows dropped as duplicates of a kept event.
+    """
+
+    rows: pd.DataFrame
+    rejects: pd.DataFrame
+    source_rows: int
+    duplicates_dropped: int
+
+    @property
+    def reject_ratio(self) -> float:
+        return len(self.rejects) / self.source_rows if self.source_rows else 0.0
+
+    def reasons(self) -> dict[str, int]:
+        """Reject counts by reason, sorted by reason."""
+        return {str(k): int(v) for k, v in sorted(self.rejects["reason"].value_counts().items())}
+
+    def check_reject_ratio(self, max_ratio: float) -> None:
+        """Raise :class:`RejectRatioExceeded` when the reject ratio is above ``max_ratio``."""
+        if self.reject_ratio > max_ratio:
+            raise RejectRatioExceeded(
+                f"{len(self.rejects)} of {self.source_rows} rows rejected "
+                f"({self.reject_ratio:.1%} > allowed {max_ratio:.1%}): {self.reasons()}"
+            )
+
+
+def _raw_json(row: Mapping[Any, object]) -> str:
+    def plain(v: object) -> object:
+        if v is None or (isinstance(v, float) and v != v) or v is pd.NaT:
+            return None
+        if isinstance(v, dt.datetime):
+            return v.isoformat(sep=" ", timespec="microseconds")
+        return v if isinstance(v, str | int) else str(v)
+
+    return json.dumps({k: plain(row[k]) for k in ORDER_COLUMNS}, sort_keys=True)
+
+
+def _blank(series: pd.Series) -> pd.Series:
+    return series.isna() | (series.astype("string").str.strip() == "")
+
+
+def _to_cents(amount: str, currency: str, reporting: str) -> int:
+    value = Decimal(amount) * RATES_TO_EUR[currency] / RATES_TO_EUR[reporting]
+    return int(value.quantize(_CENT, rounding=ROUND_HALF_EVEN) * 100)
+
+
+def _reject_reasons(df: pd.DataFrame) -> pd.Series:
+    reasons = pd.Series([None] * len(df), index=df.index, dtype=object)
+
+    def mark(mask: pd.Series, reason: str) -> None:
+        reasons[mask.fillna(True).astype(bool) & reasons.isna()] = reason
+
+    event = df["event_type"].astype("string")
+    amount = df["amount"].astype("string").str.strip()
+    mark(_blank(df["order_id"]), "missing_order_id")
+    mark(~event.isin(["sale", "refund"]), "unknown_event_type")
+    mark((event == "refund") & _blank(df["refund_id"]), "missing_refund_id")
+    well_formed = amount.str.fullmatch(_AMOUNT_RE.pattern).fillna(False).astype(bool)
+    mark(~well_formed, "bad_amount")
+    mark(
+        amount.str.startswith("-").fillna(False) | amount.str.fullmatch(r"-?0+(\.0+)?").fillna(False),
+        "non_positive_amount",
+    )
+    mark(~df["currency"].astype("string").isin(list(RATES_TO_EUR)), "unknown_currency")
+    return reasons
+
+
+def clean_orders(
+    source: pd.DataFrame,
+    *,
+    partition: dt.date,
+    reporting_currency: str = "EUR",
+) -> CleanResult:
+    """Clean one partition's source events (columns of the shop's ``orders`` table).
+
+    :param source: the events whose event time lies in the partition's interval.
+    :param partition: the business-local day, written into every output row.
+    :param reporting_currency: currency of the output amounts; must be in :data:`RATES_TO_EUR`.
+    """
+    if reporting_currency not in RATES_TO_EUR:
+        raise ValueError(f"unknown reporting currency {reporting_currency!r}; known: {sorted(RATES_TO_EUR)}")
+    df = source.loc[:, list(ORDER_COLUMNS)].sort_values("row_id", kind="stable").reset_index(drop=True)
+    df = df.astype({"row_id": "int64"})
+    reasons = _reject_reasons(df)
+    rejected = df[reasons.notna()]
+    rejects = pd.DataFrame(
+        {
+            "source_row_id": rejected["row_id"].astype("int64"),
+            "order_id": rejected["order_id"].astype(object).where(rejected["order_id"].notna(), None),
+            "reason": reasons[reasons.notna()].astype(object),
+            "raw": [_raw_json(r) for r in rejected.to_dict("records")],
+        },
+        columns=list(REJECT_COLUMNS),
+    ).reset_index(drop=True)
+
+    valid = df[reasons.isna()].copy()
+    valid["event_key"] = valid["order_id"].where(valid["event_type"] == "sale", valid["refund_id"])
+    valid["event_key"] = valid["event_type"].astype(str) + ":" + valid["event_key"].astype(str)
+    valid = valid.sort_values(["event_key", "ingested_at_utc", "row_id"], kind="stable")
+    deduped = valid.drop_duplicates("event_key", keep="last")
+    duplicates = len(valid) - len(deduped)
+
+    rows = _net_per_order(deduped, partition, reporting_currency)
+    return CleanResult(rows=rows, rejects=rejects, source_rows=len(df), duplicates_dropped=duplicates)
+
+
+def _net_per_order(events: pd.DataFrame, partition: dt.date, reporting: str) -> pd.DataFrame:
+    if events.empty:
+        return empty_sales_frame()
+    ev = events.copy()
+    ev["cents"] = [
+        _to_cents(str(a).strip(), str(c), reporting)
+        for a, c in zip(ev["amount"], ev["currency"], strict=True)
+    ]
+    is_sale = ev["event_type"] == "sale"
+    ev["sale_cents"] = ev["cents"].where(is_sale, 0)
+    ev["refund_cents"] = ev["cents"].where(~is_sale, 0)
+    ev["rank"] = (~is_sale).astype(int)  # sales first: they name the customer and currency
+    ev = ev.sort_values(["order_id", "rank", "created_at_utc", "row_id"], kind="stable")
+    grouped = ev.groupby("order_id", sort=True)
+    out = pd.DataFrame(
+        {
+            "customer_id": grouped["customer_id"].first(),
+            "source_currency": grouped["currency"].first(),
+            "gross_cents": grouped["sale_cents"].sum(),
+            "refund_cents": grouped["refund_cents"].sum(),
+            "event_count": grouped["row_id"].size(),
+            "first_event_utc": grouped["created_at_utc"].min(),
+        }
+    ).reset_index()
+    out["net_cents"] = out["gross_cents"] - out["refund_cents"]
+    out["partition_date"] = partition
+    return normalise_sales_frame(out)
+
+
+def empty_sales_frame() -> pd.DataFrame:
+    """A sales frame with no rows and the right columns."""
+    return normalise_sales_frame(pd.DataFrame({c: [] for c in SALES_COLUMNS}))
+
+
+def normalise_sales_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """Column order and dtypes of the sales table, so every path yields identical frames."""
+    out = df.loc[:, list(SALES_COLUMNS)].copy()
+    for col in ("gross_cents", "refund_cents", "net_cents", "event_count"):
+        out[col] = out[col].astype("int64")
+    for col in ("order_id", "customer_id", "source_currency"):
+        out[col] = out[col].astype(object).where(out[col].notna(), None)
+    out["first_event_utc"] = pd.to_datetime(out["first_event_utc"]).astype("datetime64[us]")
+    out["partition_date"] = [
+        d if isinstance(d, dt.date) else dt.date.fromisoformat(str(d)[:10]) for d in out["partition_date"]
+    ]
+    out["partition_date"] = out["partition_date"].astype(object)
+    return out.sort_values("order_id", kind="stable").reset_index(drop=True)

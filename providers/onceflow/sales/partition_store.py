@@ -1,0 +1,416 @@
+"""Fenced, atomic partition overwrite of the sales table in a SQL warehouse, with its audit.
+
+The protocol of one load attempt (one Airflow task try):
+
+1. :meth:`PartitionStore.acquire_lease` takes the partition's next **fence token** (a counter in
+   ``load_lease``, incremented in a locked transaction) and a lease that expires. Another run's
+   unexpired lease blocks it; a newer try of the same run takes over (Airflow gave up on the old
+   try).
+2. :meth:`PartitionStore.overwrite` is **one transaction**: lock the lease row
+   (``SELECT ... FOR UPDATE`` on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite), refuse unless this
+   attempt still holds the newest token, delete the partition, insert the new rows (COPY on
+   PostgreSQL), replace the partition's rejects, upsert the ``load_audit`` row, commit. A crash at
+   any point before the commit leaves the old rows; after it, the new ones. Never a mix.
+
+A stale attempt (an older try, or an older run whose lease expired and was taken over) fails at
+step 2 with :class:`StaleAttemptError`, even if it already wrote its rows inside its own
+transaction: they are rolled back.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as dt
+import io
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import pandas as pd
+import sqlalchemy as sa
+
+from onceflow.sales.checksum import rows_checksum
+from onceflow.sales.partitions import partition_key, validate_partition, validate_table_name
+from onceflow.sales.schema import REJECT_COLUMNS, SALES_COLUMNS, sales_table, warehouse_tables
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+LoadMethod = Literal["auto", "copy", "insert", "executemany", "to_sql"]
+Checkpoint = Callable[[str], None]
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+class StaleAttemptError(RuntimeError):
+    """This attempt no longer holds the partition's newest fence token; its write is refused."""
+
+
+class PartitionLeaseHeld(RuntimeError):
+    """Another run holds an unexpired lease on the partition; try again later."""
+
+
+def utcnow_naive() -> dt.datetime:
+    """Wall clock for audit metadata only (``loaded_at``, lease expiry), never for results."""
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """What an attempt holds after :meth:`PartitionStore.acquire_lease`."""
+
+    table: str
+    partition: dt.date
+    fence_token: int
+    run_id: str
+    try_number: int
+    expires_at_utc: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditRecord:
+    """One ``load_audit`` row: the last committed load of one partition."""
+
+    table_name: str
+    partition_key: str
+    row_count: int
+    reject_count: int
+    checksum: str
+    run_id: str
+    try_number: int
+    fence_token: int
+    processing_version: str
+    loaded_at_utc: dt.datetime
+
+
+def frame_records(df: pd.DataFrame, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Rows of ``df`` as tuples of plain Python values (ints, str, date, datetime, None)."""
+    cols: list[list[Any]] = []
+    for name in columns:
+        series = df[name]
+        if pd.api.types.is_datetime64_any_dtype(series):
+            cols.append([None if pd.isna(v) else v.to_pydatetime() for v in series])
+        elif pd.api.types.is_integer_dtype(series):
+            cols.append(series.tolist())
+        else:
+            cols.append(
+                [None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v for v in series]
+            )
+    return list(zip(*cols, strict=True)) if cols else []
+
+
+def _csv_buffer(records: Sequence[Sequence[Any]]) -> io.StringIO:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    for rec in records:
+        writer.writerow(
+            [
+                ""
+                if v is None
+                else v.isoformat(sep=" ", timespec="microseconds")
+                if isinstance(v, dt.datetime)
+                else v
+                for v in rec
+            ]
+        )
+    buf.seek(0)
+    return buf
+
+
+class PartitionStore:
+    """The warehouse side of daily partition loads for one sales table.
+
+    :param engine: warehouse engine (see :func:`onceflow.sales.engine.make_engine`).
+    :param table: sales table name (``table`` or ``schema.table``); refused if not an identifier.
+    :param clock: naive-UTC wall clock for lease expiry and ``loaded_at`` (tests pass a fake).
+    """
+
+    def __init__(
+        self, engine: Engine, table: str = "daily_sales", *, clock: Callable[[], dt.datetime] = utcnow_naive
+    ):
+        self.engine = engine
+        self.table_name = validate_table_name(table)
+        self.clock = clock
+        self.metadata = sa.MetaData()
+        self.table = sales_table(self.table_name, self.metadata)
+        self.rejects, self.audit_table, self.lease_table = warehouse_tables(self.metadata)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def create_schema(self) -> None:
+        """Create the sales, rejects, audit and lease tables if they do not exist."""
+        self.metadata.create_all(self.engine)
+
+    # -- leases -------------------------------------------------------------------------------
+
+    def _lock_lease(self, conn: Connection, key: str) -> Any:
+        lt = self.lease_table
+        stmt = sa.select(lt).where(lt.c.table_name == self.table_name, lt.c.partition_key == key)
+        if self.dialect == "postgresql":
+            stmt = stmt.with_for_update()
+        return conn.execute(stmt).one_or_none()
+
+    def _ensure_lease_row(self, conn: Connection, key: str) -> None:
+        values = {
+            "table_name": self.table_name,
+            "partition_key": key,
+            "fence_token": 0,
+            "run_id": "",
+            "try_number": 0,
+            "expires_at_utc": _EPOCH,
+        }
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            conn.execute(pg_insert(self.lease_table).values(**values).on_conflict_do_nothing())
+        elif self.dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            conn.execute(sqlite_insert(self.lease_table).values(**values).on_conflict_do_nothing())
+        else:
+            raise NotImplementedError(f"partition loads support postgresql and sqlite, not {self.dialect}")
+
+    def acquire_lease(
+        self, partition: dt.date, *, run_id: str, try_number: int, lease_seconds: int = 3600
+    ) -> Lease:
+        """Take the partition's next fence token for this attempt.
+
+        :param partition: business-local day.
+        :param run_id: Airflow run id of the attempt.
+        :param try_number: Airflow try number of the attempt.
+        :param lease_seconds: how long other runs are kept out; longer than a load takes.
+        :raises PartitionLeaseHeld: another run holds an unexpired lease.
+        :raises StaleAttemptError: a newer try of the same run already took the partition.
+        """
+        key = partition_key(partition)
+        now = self.clock()
+        with self.engine.begin() as conn:
+            self._ensure_lease_row(conn, key)
+            row = self._lock_lease(conn, key)
+            if row.run_id == run_id and row.try_number > try_number:
+                raise StaleAttemptError(
+                    f"{self.table_name} partition {key}: try {try_number} of run {run_id!r} is stale, "
+                    f"try {row.try_number} already took the partition (fence token {row.fence_token})"
+                )
+            if row.run_id not in ("", run_id) and row.expires_at_utc > now:
+                raise PartitionLeaseHeld(
+                    f"{self.table_name} partition {key} is leased to run {row.run_id!r} try {row.try_number} "
+                    f"until {row.expires_at_utc.isoformat()}Z; retry after it commits or expires"
+                )
+            token = int(row.fence_token) + 1
+            expires = now + dt.timedelta(seconds=lease_seconds)
+            lt = self.lease_table
+            conn.execute(
+                lt.update()
+                .where(lt.c.table_name == self.table_name, lt.c.partition_key == key)
+                .values(fence_token=token, run_id=run_id, try_number=try_number, expires_at_utc=expires)
+            )
+        return Lease(self.table_name, partition, token, run_id, try_number, expires)
+
+    def _check_fence(self, conn: Connection, lease: Lease) -> None:
+        row = self._lock_lease(conn, partition_key(lease.partition))
+        if row is None or int(row.fence_token) != lease.fence_token:
+            newest = "none" if row is None else f"{row.fence_token} (run {row.run_id!r} try {row.try_number})"
+            raise StaleAttemptError(
+                f"refusing to overwrite {self.table_name} partition {partition_key(lease.partition)}: "
+                f"run {lease.run_id!r} try {lease.try_number} holds fence token {lease.fence_token}, "
+                f"the newest is {newest}"
+            )
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def overwrite(
+        self,
+        lease: Lease,
+        rows: pd.DataFrame,
+        rejects: pd.DataFrame | None = None,
+        *,
+        processing_version: str,
+        method: LoadMethod = "auto",
+        checkpoint: Checkpoint | None = None,
+    ) -> AuditRecord:
+        """Replace the partition with ``rows`` (and its rejects) in one fenced transaction.
+
+        :param lease: the attempt's lease from :meth:`acquire_lease`.
+        :param rows: sales rows (columns :data:`SALES_COLUMNS`), all in ``lease.partition``.
+        :param rejects: reject rows (columns :data:`REJECT_COLUMNS`) for the partition, or None.
+        :param processing_version: version of the code and reference data that produced ``rows``.
+        :param method: how rows are inserted; ``auto`` is COPY on PostgreSQL, INSERT elsewhere.
+        :param checkpoint: called with ``"deleted"`` and ``"rows_written"`` inside the transaction
+            and ``"committed"`` after it (crash tests pause there).
+        :raises StaleAttemptError: a newer attempt holds the partition; nothing is written.
+        """
+        records = frame_records(rows, SALES_COLUMNS)
+        key = partition_key(lease.partition)
+        wrong = {r[0] for r in records if r[0] != lease.partition}
+        if wrong:
+            raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")
+        reject_records = frame_records(rejects, REJECT_COLUMNS) if rejects is not None else []
+        checksum = rows_checksum(records)
+        notify = checkpoint or (lambda _stage: None)
+        with self.engine.begin() as conn:
+            self._check_fence(conn, lease)
+            conn.execute(self.table.delete().where(self.table.c.partition_date == lease.partition))
+            notify("deleted")
+            self._insert(conn, rows, records, method)
+            notify("rows_written")
+            self._replace_rejects(conn, key, reject_records)
+            audit = AuditRecord(
+                table_name=self.table_name,
+                partition_key=key,
+                row_count=len(records),
+                reject_count=len(reject_records),
+                checksum=checksum,
+                run_id=lease.run_id,
+                try_number=lease.try_number,
+                fence_token=lease.fence_token,
+                processing_version=processing_version,
+                loaded_at_utc=self.clock(),
+            )
+            self._upsert_audit(conn, audit)
+        notify("committed")
+        return audit
+
+    def record_rejects(self, lease: Lease, rejects: pd.DataFrame) -> None:
+        """Replace only the partition's rejects (fenced), leaving its rows and audit untouched.
+
+        Used when a load is refused for too many rejects: the reasons land where users look.
+        """
+        with self.engine.begin() as conn:
+            self._check_fence(conn, lease)
+            self._replace_rejects(
+                conn, partition_key(lease.partition), frame_records(rejects, REJECT_COLUMNS)
+            )
+
+    def append(
+        self, rows: pd.DataFrame, *, chunk_size: int = 1000, checkpoint: Checkpoint | None = None
+    ) -> None:
+        """The naive load this module exists to replace: append rows, committing each chunk.
+
+        Kept for the crash experiment that shows the duplicates a retried append produces.
+        """
+        records = frame_records(rows, SALES_COLUMNS)
+        for i in range(0, len(records), chunk_size):
+            with self.engine.begin() as conn:
+                conn.execute(
+                    self.table.insert(),
+                    [dict(zip(SALES_COLUMNS, r, strict=True)) for r in records[i : i + chunk_size]],
+                )
+            if checkpoint is not None:
+                checkpoint(f"chunk_committed:{i // chunk_size}")
+
+    def _insert(
+        self, conn: Connection, rows: pd.DataFrame, records: list[tuple[Any, ...]], method: LoadMethod
+    ) -> None:
+        if not records:
+            return
+        if method == "auto":
+            method = "copy" if self.dialect == "postgresql" else "insert"
+        if method == "copy":
+            self._copy(conn, records)
+        elif method == "insert":
+            conn.execute(self.table.insert(), [dict(zip(SALES_COLUMNS, r, strict=True)) for r in records])
+        elif method == "executemany":
+            placeholders = ", ".join(["%s" if self.dialect == "postgresql" else "?"] * len(SALES_COLUMNS))
+            sql = f"INSERT INTO {self._quoted_table()} ({', '.join(SALES_COLUMNS)}) VALUES ({placeholders})"
+            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                cursor.executemany(sql, records)
+            finally:
+                cursor.close()
+        elif method == "to_sql":
+            schema, _, name = self.table_name.rpartition(".")
+            rows.to_sql(name, conn, schema=schema or None, if_exists="append", index=False, chunksize=10_000)
+        else:
+            raise ValueError(f"unknown load method {method!r}")
+
+    def _quoted_table(self) -> str:
+        return self.engine.dialect.identifier_preparer.format_table(self.table)
+
+    def _copy(self, conn: Connection, records: list[tuple[Any, ...]]) -> None:
+        if self.dialect != "postgresql":
+            raise ValueError("COPY loads need PostgreSQL")
+        sql = f"COPY {self._quoted_table()} ({', '.join(SALES_COLUMNS)}) FROM STDIN WITH (FORMAT csv)"
+        buf = _csv_buffer(records)
+        dbapi = conn.connection.dbapi_connection
+        cursor = dbapi.cursor()  # type: ignore[union-attr]
+        try:
+            if self.engine.dialect.driver == "psycopg2":
+                cursor.copy_expert(sql, buf)
+            else:  # psycopg 3
+                with cursor.copy(sql) as copy:
+                    for chunk in iter(lambda: buf.read(1 << 20), ""):
+                        copy.write(chunk)
+        finally:
+            cursor.close()
+
+    def _replace_rejects(self, conn: Connection, key: str, reject_records: list[tuple[Any, ...]]) -> None:
+        rj = self.rejects
+        conn.execute(rj.delete().where(rj.c.table_name == self.table_name, rj.c.partition_key == key))
+        if reject_records:
+            conn.execute(
+                rj.insert(),
+                [
+                    {
+                        "table_name": self.table_name,
+                        "partition_key": key,
+                        **dict(zip(REJECT_COLUMNS, r, strict=True)),
+                    }
+                    for r in reject_records
+                ],
+            )
+
+    def _upsert_audit(self, conn: Connection, audit: AuditRecord) -> None:
+        at = self.audit_table
+        values = dataclasses.asdict(audit)
+        conn.execute(
+            at.delete().where(at.c.table_name == audit.table_name, at.c.partition_key == audit.partition_key)
+        )
+        conn.execute(at.insert().values(**values))
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def audit(self, partition: dt.date | str) -> AuditRecord | None:
+        """The partition's audit row, or None if it was never loaded."""
+        key = partition if isinstance(partition, str) else partition_key(partition)
+        validate_partition(key)
+        at = self.audit_table
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(at).where(at.c.table_name == self.table_name, at.c.partition_key == key)
+            ).one_or_none()
+        return None if row is None else AuditRecord(**row._asdict())
+
+    def partition_rows(self, partition: dt.date) -> list[tuple[Any, ...]]:
+        """The partition's rows as read back from the warehouse, in order-id order."""
+        cols = [self.table.c[c] for c in SALES_COLUMNS]
+        stmt = (
+            sa.select(*cols).where(self.table.c.partition_date == partition).order_by(self.table.c.order_id)
+        )
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(stmt)]
+
+    def partition_checksum(self, partition: dt.date) -> str:
+        """Checksum of the rows currently in the warehouse (same function as the audit's)."""
+        return rows_checksum(self.partition_rows(partition))
+
+    def partition_rejects(self, partition: dt.date) -> list[dict[str, Any]]:
+        """The partition's reject rows, ordered by source row id."""
+        rj = self.rejects
+        stmt = (
+            sa.select(rj.c.source_row_id, rj.c.order_id, rj.c.reason, rj.c.raw)
+            .where(rj.c.table_name == self.table_name, rj.c.partition_key == partition_key(partition))
+            .order_by(rj.c.source_row_id)
+        )
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(stmt)]
+
+    def audits(self) -> Iterator[AuditRecord]:
+        """All audit rows of this table, by partition."""
+        at = self.audit_table
+        stmt = sa.select(at).where(at.c.table_name == self.table_name).order_by(at.c.partition_key)
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        for row in rows:
+            yield AuditRecord(**row._asdict())

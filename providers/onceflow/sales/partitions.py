@@ -1,0 +1,98 @@
+"""Partition naming and validation for daily partitions.
+
+A partition is one business-local calendar day, written ``YYYY-MM-DD``. Table and partition names
+reach SQL as identifiers and BigQuery decorators, so anything that is not a plain identifier or a
+plain date is refused here, before it gets near a statement.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from zoneinfo import ZoneInfo
+
+# One or two dot-separated SQL identifiers (``schema.table``); no quotes, spaces or punctuation.
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
+_TABLE_RE = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})?$")
+_PARTITION_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+class InvalidNameError(ValueError):
+    """A table or partition name is not a plain identifier or date (e.g. SQL-injection-shaped)."""
+
+
+def validate_table_name(name: str) -> str:
+    """Return ``name`` if it is a safe table name (``table`` or ``schema.table``), else raise.
+
+    :param name: the configured table name.
+    :raises InvalidNameError: for anything else, e.g. ``sales; DROP TABLE x``.
+    """
+    if not isinstance(name, str) or not _TABLE_RE.fullmatch(name):
+        raise InvalidNameError(
+            f"refusing table name {name!r}: expected an identifier like 'daily_sales' or "
+            "'analytics.daily_sales' (letters, digits, underscore; at most one dot)"
+        )
+    return name
+
+
+def validate_partition(key: str) -> dt.date:
+    """Parse a partition key ``YYYY-MM-DD`` into a date, refusing anything else.
+
+    :param key: the partition key, e.g. ``2024-03-31``.
+    :raises InvalidNameError: when the key is not exactly a valid ISO date.
+    """
+    if not isinstance(key, str) or not _PARTITION_RE.fullmatch(key):
+        raise InvalidNameError(f"refusing partition {key!r}: expected a date written YYYY-MM-DD")
+    try:
+        return dt.date.fromisoformat(key)
+    except ValueError as err:
+        raise InvalidNameError(f"refusing partition {key!r}: {err}") from None
+
+
+def partition_key(day: dt.date) -> str:
+    """The partition key of a business-local day."""
+    return day.isoformat()
+
+
+def bigquery_decorator(table: str, day: dt.date) -> str:
+    """``table$YYYYMMDD``: the BigQuery partition decorator that addresses one day partition."""
+    return f"{validate_table_name(table)}${day:%Y%m%d}"
+
+
+def day_bounds_utc(day: dt.date, timezone: str) -> tuple[dt.datetime, dt.datetime]:
+    """The half-open UTC interval ``[day 00:00, day+1 00:00)`` of a business-local day.
+
+    The result is 23, 24 or 25 hours long depending on DST.
+
+    :param day: the business-local calendar day.
+    :param timezone: IANA name of the business timezone.
+    :return: aware UTC datetimes ``(start, end)``.
+    """
+    tz = ZoneInfo(timezone)
+    start = dt.datetime.combine(day, dt.time(0), tzinfo=tz)
+    end = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(0), tzinfo=tz)
+    return start.astimezone(dt.timezone.utc), end.astimezone(dt.timezone.utc)
+
+
+def partition_for_interval(start: dt.datetime, end: dt.datetime, timezone: str) -> dt.date:
+    """The business-local day that the data interval ``[start, end)`` covers exactly.
+
+    Refuses zero-length or multi-day intervals: a run whose interval is not exactly one local day
+    (for example a plain cron schedule in Airflow 3, whose intervals have zero length) must not
+    load a partition.
+
+    :param start: aware interval start.
+    :param end: aware interval end.
+    :param timezone: IANA name of the business timezone.
+    :raises ValueError: when the interval is not one whole local day.
+    """
+    if start.tzinfo is None or end.tzinfo is None:
+        raise ValueError("data interval bounds must be timezone-aware")
+    day = start.astimezone(ZoneInfo(timezone)).date()
+    if (start, end) != day_bounds_utc(day, timezone):
+        raise ValueError(
+            f"data interval [{start.isoformat()}, {end.isoformat()}) is not one whole day in "
+            f"{timezone}; a zero-length interval usually means the DAG uses a plain cron schedule "
+            "instead of CronDataIntervalTimetable"
+        )
+    return day

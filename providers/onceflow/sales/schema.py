@@ -1,0 +1,117 @@
+"""Tables of the daily_sales flow, as SQLAlchemy Core (portable across PostgreSQL and SQLite).
+
+Shop database: ``orders`` (one row per sale or refund event, as the shop records it, including the
+duplicates and malformed values that real shops produce). Warehouse: the sales table (name
+configurable, default ``daily_sales``), ``rejects``, ``load_audit`` and ``load_lease``.
+
+Timestamps are stored as naive UTC (``*_utc`` columns): SQLite has no timezone type and a single
+convention keeps the two backends byte-identical. Money is stored as integer cents.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from onceflow.sales.partitions import validate_table_name
+
+shop_metadata = sa.MetaData()
+
+orders = sa.Table(
+    "orders",
+    shop_metadata,
+    sa.Column("row_id", sa.Integer, primary_key=True, autoincrement=True),
+    # Nullable and free text on purpose: the shop's webhook importer stores what it receives.
+    sa.Column("order_id", sa.String(64)),
+    sa.Column("event_type", sa.String(16)),
+    sa.Column("refund_id", sa.String(64)),
+    sa.Column("customer_id", sa.String(64)),
+    sa.Column("created_at_utc", sa.DateTime, nullable=False),
+    sa.Column("ingested_at_utc", sa.DateTime, nullable=False),
+    sa.Column("amount", sa.String(32)),
+    sa.Column("currency", sa.String(8)),
+    sa.Index("ix_orders_created_at_utc", "created_at_utc"),
+)
+
+ORDER_COLUMNS: tuple[str, ...] = tuple(c.name for c in orders.columns)
+
+# Columns of the warehouse sales table, in load order (the COPY/CSV layout).
+SALES_COLUMNS: tuple[str, ...] = (
+    "partition_date",
+    "order_id",
+    "customer_id",
+    "source_currency",
+    "gross_cents",
+    "refund_cents",
+    "net_cents",
+    "event_count",
+    "first_event_utc",
+)
+
+REJECT_COLUMNS: tuple[str, ...] = ("source_row_id", "order_id", "reason", "raw")
+
+
+def sales_table(name: str, metadata: sa.MetaData) -> sa.Table:
+    """The warehouse sales table named ``name`` (``schema.table`` allowed), validated first."""
+    name = validate_table_name(name)
+    schema, _, table = name.rpartition(".")
+    existing = metadata.tables.get(name)
+    if existing is not None:
+        return existing
+    return sa.Table(
+        table,
+        metadata,
+        sa.Column("partition_date", sa.Date, nullable=False),
+        sa.Column("order_id", sa.String(64), nullable=False),
+        sa.Column("customer_id", sa.String(64)),
+        sa.Column("source_currency", sa.String(8), nullable=False),
+        sa.Column("gross_cents", sa.BigInteger, nullable=False),
+        sa.Column("refund_cents", sa.BigInteger, nullable=False),
+        sa.Column("net_cents", sa.BigInteger, nullable=False),
+        sa.Column("event_count", sa.Integer, nullable=False),
+        sa.Column("first_event_utc", sa.DateTime, nullable=False),
+        sa.Index(f"ix_{table}_partition_date", "partition_date"),
+        schema=schema or None,
+    )
+
+
+def warehouse_tables(metadata: sa.MetaData) -> tuple[sa.Table, sa.Table, sa.Table]:
+    """``rejects``, ``load_audit`` and ``load_lease``, created once per metadata."""
+    if "rejects" in metadata.tables:
+        return metadata.tables["rejects"], metadata.tables["load_audit"], metadata.tables["load_lease"]
+    rejects = sa.Table(
+        "rejects",
+        metadata,
+        sa.Column("table_name", sa.String(128), nullable=False),
+        sa.Column("partition_key", sa.String(10), nullable=False),
+        sa.Column("source_row_id", sa.BigInteger, nullable=False),
+        sa.Column("order_id", sa.String(64)),
+        sa.Column("reason", sa.String(64), nullable=False),
+        sa.Column("raw", sa.Text, nullable=False),
+        sa.Index("ix_rejects_table_partition", "table_name", "partition_key"),
+    )
+    load_audit = sa.Table(
+        "load_audit",
+        metadata,
+        sa.Column("table_name", sa.String(128), primary_key=True),
+        sa.Column("partition_key", sa.String(10), primary_key=True),
+        sa.Column("row_count", sa.BigInteger, nullable=False),
+        sa.Column("reject_count", sa.BigInteger, nullable=False),
+        sa.Column("checksum", sa.String(64), nullable=False),
+        sa.Column("run_id", sa.String(250), nullable=False),
+        sa.Column("try_number", sa.Integer, nullable=False),
+        sa.Column("fence_token", sa.BigInteger, nullable=False),
+        sa.Column("processing_version", sa.String(64), nullable=False),
+        sa.Column("loaded_at_utc", sa.DateTime, nullable=False),
+    )
+    load_lease = sa.Table(
+        "load_lease",
+        metadata,
+        sa.Column("table_name", sa.String(128), primary_key=True),
+        sa.Column("partition_key", sa.String(10), primary_key=True),
+        # Monotonic per partition: every acquisition takes the next token; commits must hold the newest.
+        sa.Column("fence_token", sa.BigInteger, nullable=False),
+        sa.Column("run_id", sa.String(250), nullable=False),
+        sa.Column("try_number", sa.Integer, nullable=False),
+        sa.Column("expires_at_utc", sa.DateTime, nullable=False),
+    )
+    return rejects, load_audit, load_lease

@@ -1,0 +1,319 @@
+"""Real Airflow processes for tests whose behaviour lives in the scheduler.
+
+:class:`AirflowCluster` starts the api-server, scheduler (LocalExecutor), dag-processor and
+triggerer as subprocesses on free loopback ports against the session's metadata database,
+waits until the api-server reports every component healthy, and on :meth:`stop` ends every
+process it started, grandchildren included (see :mod:`onceflow.testing.processes`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, text
+
+from onceflow.testing.ports import free_port
+from onceflow.testing.processes import pids_with_marker, terminate_marked
+
+MARKER = "ONCEFLOW_HARNESS_RUN"
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+TERMINAL_RUN_STATES = frozenset({"success", "failed"})
+
+
+class ClusterError(RuntimeError):
+    """An Airflow component failed to start, died, or a wait timed out; the message has log tails."""
+
+
+def _set_parent_death_signal() -> None:
+    # If the test process dies (even by SIGKILL) the kernel stops the component too.
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class AirflowCluster:
+    """One running Airflow installation made of real processes.
+
+    :param base_env: the session environment (``AIRFLOW_HOME``, metadata DB, ...).
+    :param workdir: where component logs go.
+    :param dags_folder: the DAG folder the components read (default: the session's).
+    :param env: extra environment for every component and CLI call.
+    :param parallelism: LocalExecutor slots.
+    """
+
+    def __init__(
+        self,
+        base_env: dict[str, str],
+        workdir: Path,
+        *,
+        dags_folder: Path | None = None,
+        env: dict[str, str] | None = None,
+        parallelism: int = 8,
+    ) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.api_port = free_port()
+        self.marker = uuid.uuid4().hex
+        self.env: dict[str, str] = {**os.environ, **base_env}
+        self.env.update(
+            {
+                MARKER: self.marker,
+                "AIRFLOW__API__HOST": "127.0.0.1",
+                "AIRFLOW__API__PORT": str(self.api_port),
+                "AIRFLOW__API__WORKERS": "1",
+                "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{self.api_port}",
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.api_port}/execution/",
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                "AIRFLOW__CORE__PARALLELISM": str(parallelism),
+                "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+                "AIRFLOW__SCHEDULER__JOB_HEARTBEAT_SEC": "2",
+                "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+                "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "3",
+                "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
+                "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+                "AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "3",
+                "AIRFLOW__DAG_PROCESSOR__PRINT_STATS_INTERVAL": "300",
+            }
+        )
+        if dags_folder is not None:
+            self.env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_folder)
+        if env:
+            self.env.update(env)
+        self.dags_folder = Path(self.env["AIRFLOW__CORE__DAGS_FOLDER"])
+        self.api_url = f"http://127.0.0.1:{self.api_port}"
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._first_job_id = 0
+        self._engine = create_engine(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, timeout: float = 180.0) -> AirflowCluster:
+        """Start every component and wait until the api-server reports them healthy."""
+        self._first_job_id = self._max_job_id()
+        for name in COMPONENTS:
+            log = (self.workdir / f"{name}.log").open("wb")
+            self._procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "airflow", name],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_set_parent_death_signal,
+            )
+            log.close()
+        try:
+            self.wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_healthy(self, timeout: float = 180.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] | str = "no answer yet"
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/api/v2/monitor/health", timeout=5) as resp:
+                    last = json.loads(resp.read())
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                last = repr(exc)
+                time.sleep(0.5)
+                continue
+            # The health endpoint looks at the newest job of each type, which may be a previous
+            # cluster's for a few seconds; also require this cluster's own running jobs.
+            if (
+                isinstance(last, dict)
+                and all(
+                    (last.get(part) or {}).get("status") == "healthy"
+                    for part in ("metadatabase", "scheduler", "triggerer", "dag_processor")
+                )
+                and self._own_jobs_running()
+            ):
+                return last
+            time.sleep(0.5)
+        raise ClusterError(f"Airflow did not become healthy in {timeout}s: {last}\n{self.log_tails()}")
+
+    def _max_job_id(self) -> int:
+        try:
+            rows = self.query("SELECT MAX(id) AS m FROM job")
+        except Exception:  # the schema may not exist yet in a brand-new database
+            return 0
+        return int(rows[0]["m"] or 0)
+
+    def _own_jobs_running(self) -> bool:
+        rows = self.query(
+            "SELECT DISTINCT job_type FROM job WHERE id > :first AND state = 'running'", first=self._first_job_id
+        )
+        return {"SchedulerJob", "TriggererJob", "DagProcessorJob"} <= {r["job_type"] for r in rows}
+
+    def _check_alive(self) -> None:
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                raise ClusterError(f"{name} exited with {proc.returncode}\n{self.log_tails()}")
+
+    def stop(self) -> list[int]:
+        """End every process of this cluster; returns the PIDs that needed SIGKILL."""
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        killed = terminate_marked(MARKER, self.marker, grace=15.0)
+        for proc in self._procs.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._engine.dispose()
+        return killed
+
+    def leftover_pids(self) -> list[int]:
+        """Processes of this cluster still alive (empty after :meth:`stop`)."""
+        return pids_with_marker(MARKER, self.marker)
+
+    def __enter__(self) -> AirflowCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- diagnostics -------------------------------------------------------------------------
+
+    def log_tails(self, lines: int = 40) -> str:
+        parts = []
+        for name in COMPONENTS:
+            path = self.workdir / f"{name}.log"
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(f"--- {name} ({path}) ---\n" + "\n".join(tail))
+        return "\n".join(parts)
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def cli(self, *args: str, check: bool = True, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+        """Run ``airflow <args>`` against this cluster's configuration."""
+        proc = subprocess.run(
+            [sys.executable, "-m", "airflow", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise ClusterError(f"airflow {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def query(self, sql: str, **params: Any) -> list[dict[str, Any]]:
+        """Read the metadata database directly (tests assert on what Airflow recorded)."""
+        with self._engine.connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(text(sql), params)]
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 120.0) -> None:
+        """Wait until the dag-processor has parsed and serialized ``dag_id``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            rows = self.query(
+                "SELECT d.is_paused FROM dag d JOIN serialized_dag s ON s.dag_id = d.dag_id "
+                "WHERE d.dag_id = :dag_id AND d.is_stale = :stale",
+                dag_id=dag_id,
+                stale=False,
+            )
+            if rows:
+                return
+            time.sleep(0.5)
+        errors = self.query("SELECT filename, stacktrace FROM import_error")
+        raise ClusterError(f"DAG {dag_id} was not parsed in {timeout}s; import errors: {errors}\n{self.log_tails()}")
+
+    def trigger(
+        self,
+        dag_id: str,
+        *,
+        conf: dict[str, Any] | None = None,
+        run_id: str | None = None,
+        logical_date: str | None = None,
+    ) -> str:
+        """Create a run the way a user would (``airflow dags trigger``); returns its run id."""
+        self.wait_for_dag(dag_id)
+        run_id = run_id or f"manual__onceflow_{uuid.uuid4().hex[:12]}"
+        args = ["dags", "trigger", dag_id, "--run-id", run_id]
+        if conf is not None:
+            args += ["--conf", json.dumps(conf)]
+        if logical_date is not None:
+            args += ["--logical-date", logical_date]
+        self.cli(*args)
+        return run_id
+
+    def run_state(self, dag_id: str, run_id: str) -> str | None:
+        rows = self.query(
+            "SELECT state FROM dag_run WHERE dag_id = :dag_id AND run_id = :run_id", dag_id=dag_id, run_id=run_id
+        )
+        return rows[0]["state"] if rows else None
+
+    def wait_for_run(
+        self,
+        dag_id: str,
+        run_id: str,
+        *,
+        timeout: float = 300.0,
+        states: Iterable[str] = TERMINAL_RUN_STATES,
+    ) -> str:
+        """Wait until the run reaches one of ``states``; returns the state reached."""
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        state: str | None = None
+        while time.monotonic() < deadline:
+            self._check_alive()
+            state = self.run_state(dag_id, run_id)
+            if state in wanted:
+                return state
+            time.sleep(1.0)
+        tis = self.task_instances(dag_id, run_id)
+        raise ClusterError(f"run {dag_id}/{run_id} is {state} after {timeout}s; tasks: {tis}\n{self.log_tails()}")
+
+    def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
+        return self.query(
+            "SELECT run_id, state, run_type, logical_date, data_interval_start, data_interval_end, "
+            "start_date, end_date FROM dag_run WHERE dag_id = :dag_id ORDER BY logical_date, run_id",
+            dag_id=dag_id,
+        )
+
+    def task_instances(self, dag_id: str, run_id: str | None = None) -> list[dict[str, Any]]:
+        sql = (
+            "SELECT task_id, run_id, map_index, state, try_number, pool, priority_weight, "
+            "start_date, end_date FROM task_instance WHERE dag_id = :dag_id"
+        )
+        params: dict[str, Any] = {"dag_id": dag_id}
+        if run_id is not None:
+            sql += " AND run_id = :run_id"
+            params["run_id"] = run_id
+        return self.query(sql + " ORDER BY start_date, task_id", **params)
+
+
+def set_pools(pools: dict[str, int], env: dict[str, str]) -> None:
+    """Create or resize pools in the metadata DB (slots only; deferred tasks hold no slot)."""
+    from airflow.models.pool import Pool
+
+    for name, slots in pools.items():
+        Pool.create_or_update_pool(name=name, slots=slots, description="onceflow test pool", include_deferred=False)

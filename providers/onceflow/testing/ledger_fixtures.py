@@ -1,0 +1,61 @@
+"""pytest fixtures for the work ledger; registered by ``onceflow.testing.pytest_plugin``.
+
+* ``fake_clock``: a :class:`~onceflow.testing.clock.FakeClock` (time moves only when told).
+* ``ledger_url``: a fresh, empty ledger database URL, parametrised over SQLite (a temp file)
+  and PostgreSQL (``postgres_url``; those cases carry the ``postgres`` mark).
+* ``ledger``: a migrated :class:`~onceflow.ledger.Ledger` on ``ledger_url`` using ``fake_clock``.
+* ``sqlite_ledger``: the same on SQLite only, for tests that do not need both backends.
+
+Users can write ``def test_my_task(ledger): ...`` and get both databases.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from onceflow.testing.clock import FakeClock
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from onceflow.ledger import Ledger
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
+]
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(params=BACKENDS)
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def _open(url: str, clock: FakeClock) -> Iterator[Ledger]:
+    from onceflow.ledger import Ledger, create_ledger_engine
+
+    engine = create_ledger_engine(url)
+    try:
+        yield Ledger(engine, clock=clock)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def ledger(ledger_url: str, fake_clock: FakeClock) -> Iterator[Ledger]:
+    yield from _open(ledger_url, fake_clock)
+
+
+@pytest.fixture
+def sqlite_ledger(tmp_path: Path, fake_clock: FakeClock) -> Iterator[Ledger]:
+    yield from _open(f"sqlite:///{tmp_path / 'ledger.db'}", fake_clock)

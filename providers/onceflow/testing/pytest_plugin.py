@@ -1,0 +1,219 @@
+"""The ``onceflow`` pytest plugin (entry point ``pytest11``): test Airflow DAGs against real Airflow.
+
+Enable the Airflow part in your ``pyproject.toml`` (it changes ``AIRFLOW_HOME`` for the test
+session, so it is opt-in)::
+
+    [tool.pytest.ini_options]
+    onceflow_isolated_airflow = true
+    onceflow_dags_folder = "dags"        # relative to the rootdir
+
+Fixtures (see ``docs/testing.md``):
+
+* ``airflow_env`` / ``airflow_db``: the session's own AIRFLOW_HOME and migrated metadata DB.
+* ``run_dag``: run a DAG in-process with ``dag.test()`` and get states and XComs back.
+* ``airflow_cluster`` / ``airflow_cluster_factory``: real api-server, scheduler, dag-processor
+  and triggerer processes; nothing is left running after the test, pass or fail.
+* ``postgres_url`` / ``postgres_url_factory``: throwaway PostgreSQL databases.
+* ``sheets_emulator`` and the ledger and sales fixtures, from the modules listed below.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from onceflow.testing import postgres
+from onceflow.testing.airflow_env import AirflowTestEnv, prepare
+from onceflow.testing.ports import free_port as _free_port
+
+if TYPE_CHECKING:
+    from onceflow.testing.airflow_cluster import AirflowCluster
+    from onceflow.testing.dag_runner import DagRunResult
+
+pytest_plugins = [
+    "onceflow.testing.sheets_fixtures",
+    "onceflow.testing.ledger_fixtures",
+    "onceflow.testing.sales_fixtures",
+]
+
+ENV_KEY = pytest.StashKey[AirflowTestEnv]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "onceflow_isolated_airflow",
+        "give the session its own AIRFLOW_HOME and metadata DB (set before Airflow is imported)",
+        type="bool",
+        default=False,
+    )
+    parser.addini("onceflow_dags_folder", "DAG folder for the session, relative to rootdir", default="dags")
+    parser.addini("onceflow_plugins_folder", "plugins folder, relative to rootdir", default="plugins")
+    group = parser.getgroup("onceflow")
+    group.addoption(
+        "--onceflow-isolated-airflow",
+        action="store_true",
+        default=False,
+        help="same as the ini option onceflow_isolated_airflow = true",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    enabled = config.getini("onceflow_isolated_airflow") or config.getoption("onceflow_isolated_airflow")
+    if not enabled:
+        return
+    if "airflow" in __import__("sys").modules:
+        raise pytest.UsageError(
+            "onceflow: airflow was imported before the test session configured AIRFLOW_HOME; "
+            "do not import airflow at module level in conftest.py or in a fixture module"
+        )
+    root = Path(str(config.rootpath))
+    dags = (root / config.getini("onceflow_dags_folder")).resolve()
+    plugins = (root / config.getini("onceflow_plugins_folder")).resolve()
+    try:
+        env = prepare(dags_folder=dags, plugins_folder=plugins)
+    except postgres.PostgresUnavailable as exc:
+        raise pytest.UsageError(f"onceflow: {postgres.ENV_VAR} is set but PostgreSQL is unreachable: {exc}") from exc
+    env.apply()
+    config.stash[ENV_KEY] = env
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    env = config.stash.get(ENV_KEY, None)
+    if env is not None and not os.environ.get("ONCEFLOW_KEEP_AIRFLOW_HOME"):
+        env.cleanup()
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    env = config.stash.get(ENV_KEY, None)
+    if env is None:
+        return None
+    db = "postgresql" if env.is_postgres else "sqlite"
+    return f"onceflow: AIRFLOW_HOME={env.home} metadata={db} dags={env.dags_folder}"
+
+
+# -- Airflow --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def airflow_env(pytestconfig: pytest.Config) -> AirflowTestEnv:
+    """The session's isolated Airflow installation (home folder, DB URL, environment)."""
+    env = pytestconfig.stash.get(ENV_KEY, None)
+    if env is None:
+        pytest.fail("onceflow: set `onceflow_isolated_airflow = true` in the pytest configuration", pytrace=False)
+    return env
+
+
+@pytest.fixture(scope="session")
+def airflow_db(airflow_env: AirflowTestEnv) -> AirflowTestEnv:
+    """The session's metadata DB, migrated (once) with ``airflow db migrate``."""
+    airflow_env.migrate()
+    return airflow_env
+
+
+@pytest.fixture
+def run_dag(airflow_db: AirflowTestEnv) -> Callable[..., DagRunResult]:
+    """``run_dag(dag_or_id, logical_date=None, conf=None)``: one ``dag.test()`` run, read back."""
+    from onceflow.testing.dag_runner import load_dag
+    from onceflow.testing.dag_runner import run_dag as _run
+
+    def runner(dag: Any, **kwargs: Any) -> DagRunResult:
+        if isinstance(dag, str):
+            dag = load_dag(dag)
+        return _run(dag, **kwargs)
+
+    return runner
+
+
+@pytest.fixture
+def airflow_cluster_factory(
+    airflow_db: AirflowTestEnv, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., AirflowCluster]]:
+    """``factory(dags_folder=None, env=None, pools=None, parallelism=8)`` -> a started cluster.
+
+    Every cluster made here is stopped at teardown, and the test errors if any of its processes
+    survived.
+    """
+    from onceflow.testing.airflow_cluster import AirflowCluster, set_pools
+
+    made: list[AirflowCluster] = []
+
+    def factory(
+        *,
+        dags_folder: Path | str | None = None,
+        env: dict[str, str] | None = None,
+        pools: dict[str, int] | None = None,
+        parallelism: int = 8,
+        timeout: float = 180.0,
+    ) -> AirflowCluster:
+        if pools:
+            set_pools(pools, airflow_db.variables)
+        cluster = AirflowCluster(
+            airflow_db.variables,
+            tmp_path_factory.mktemp("airflow-cluster"),
+            dags_folder=Path(dags_folder) if dags_folder else None,
+            env=env,
+            parallelism=parallelism,
+        )
+        made.append(cluster)
+        return cluster.start(timeout=timeout)
+
+    yield factory
+    leftovers: dict[str, list[int]] = {}
+    for cluster in made:
+        cluster.stop()
+        if cluster.leftover_pids():
+            leftovers[cluster.marker] = cluster.leftover_pids()
+    if leftovers:
+        pytest.fail(f"onceflow: Airflow processes survived teardown: {leftovers}")
+
+
+@pytest.fixture
+def airflow_cluster(airflow_cluster_factory: Callable[..., AirflowCluster]) -> AirflowCluster:
+    """A started cluster on the session's DAG folder."""
+    return airflow_cluster_factory()
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_url_factory() -> Iterator[Callable[..., str]]:
+    """``factory(tag="test")`` -> URL of a fresh empty database, dropped at session end.
+
+    In CI (``CI=true`` or ``ONCEFLOW_TEST_DATABASE_URL`` set) an unreachable server fails the
+    test; elsewhere it skips it.
+    """
+    created: list[str] = []
+
+    def factory(tag: str = "test") -> str:
+        try:
+            url = postgres.create_database(tag)
+        except postgres.PostgresUnavailable as exc:
+            if postgres.postgres_required():
+                pytest.fail(f"PostgreSQL is required here: {exc}", pytrace=False)
+            pytest.skip(f"PostgreSQL unavailable: {exc}")
+        created.append(url)
+        return url
+
+    yield factory
+    for url in created:
+        try:
+            postgres.drop_database(url)
+        except postgres.PostgresUnavailable:
+            pass
+
+
+@pytest.fixture
+def postgres_url(postgres_url_factory: Callable[..., str], request: pytest.FixtureRequest) -> str:
+    """A fresh, empty PostgreSQL database for this test (SQLAlchemy URL, psycopg2 driver)."""
+    return postgres_url_factory(request.node.name[:20])
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    return _free_port()

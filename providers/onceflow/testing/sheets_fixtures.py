@@ -1,0 +1,137 @@
+"""pytest fixtures for the Sheets API emulator; registered by ``onceflow.testing.pytest_plugin``.
+
+``sheets_emulator`` starts a fresh emulator per test on a free 127.0.0.1 port (in a thread of the
+test process, state in ``tmp_path``) and sets the ``onceflow_sheets`` Airflow connection to reach it
+anonymously, so ``GSheetsHook(gcp_conn_id="onceflow_sheets", api_endpoint=sheets_emulator.endpoint)``
+talks to it through the real google-api-python-client::
+
+    def test_it_reads_the_queue(sheets_emulator):
+        sid = sheets_emulator.create_spreadsheet("q", sheets={"Queue": [["url", "status"], ["u", "NEW"]]})
+        hook = sheets_emulator.hook()
+        assert hook.get_values(sid, "Queue!A:B") == [["url", "status"], ["u", "NEW"]]
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from onceflow.testing.sheets_emulator.faults import FaultInjector
+    from onceflow.testing.sheets_emulator.requestlog import RequestLog
+
+DEFAULT_CONN_ID = "onceflow_sheets"
+
+
+def connection_json(endpoint: str, **extra: Any) -> str:
+    """The ``AIRFLOW_CONN_*`` value of an anonymous ``google_cloud_platform`` connection to an emulator.
+
+    ``api_endpoint`` in the extra is for hooks that read their endpoint from the connection;
+    Airflow's own ``GSheetsHook`` ignores it and takes ``api_endpoint=`` as an argument.
+
+    :param endpoint: the emulator's base URL.
+    :param extra: more connection extras (``num_retries``, ...).
+    """
+    return json.dumps(
+        {
+            "conn_type": "google_cloud_platform",
+            "extra": {"is_anonymous": True, "api_endpoint": endpoint, **extra},
+        }
+    )
+
+
+class SheetsEmulator:
+    """A running emulator plus helpers to seed it, inspect it and break it.
+
+    :param state: the JSON state file (kept across :meth:`restart`).
+    :param port: port to bind, 0 for any free port.
+    """
+
+    def __init__(self, state: str | Path, port: int = 0) -> None:
+        self.state = state
+        self.server = SheetsEmulatorServer(port=port, state=state).start()
+
+    @property
+    def endpoint(self) -> str:
+        """Base URL for ``api_endpoint``: ``http://127.0.0.1:PORT/``."""
+        return self.server.endpoint
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def request_log(self) -> RequestLog:
+        """Calls per method: ``.counts``, ``.reads``, ``.writes``, ``.total``, ``["values.get"]``, ``.reset()``."""
+        return self.server.request_log
+
+    @property
+    def faults(self) -> FaultInjector:
+        """Fault control: ``.add("429", count=2, retry_after=1)``, ``.add("apply_then_fail", count=1)``, ``.clear()``."""
+        return self.server.faults
+
+    def create_spreadsheet(
+        self,
+        title: str = "Untitled spreadsheet",
+        sheets: dict[str, list[list[Any]]] | None = None,
+        *,
+        spreadsheet_id: str | None = None,
+        value_input_option: str = "RAW",
+    ) -> str:
+        """Create a spreadsheet with data (not counted in the request log) and return its id.
+
+        :param title: spreadsheet title.
+        :param sheets: sheet title -> rows, in tab order; default one empty ``Sheet1``.
+        :param spreadsheet_id: fixed id instead of a random one.
+        :param value_input_option: how the rows are entered, RAW (default) or USER_ENTERED.
+        """
+        spec: dict[str, Any] = {"title": title, "valueInputOption": value_input_option}
+        if sheets is not None:
+            spec["sheets"] = sheets
+        if spreadsheet_id is not None:
+            spec["spreadsheetId"] = spreadsheet_id
+        return str(self.server.seed(spec)["spreadsheetId"])
+
+    def values(self, spreadsheet_id: str, range_: str) -> list[list[Any]]:
+        """Cells of ``range_`` straight from the state (formulas as their text, trailing empties trimmed)."""
+        return self.server.raw_values(spreadsheet_id, range_)
+
+    def connection_json(self, **extra: Any) -> str:
+        """See :func:`connection_json`."""
+        return connection_json(self.endpoint, **extra)
+
+    def hook(self, conn_id: str = DEFAULT_CONN_ID) -> Any:
+        """A ``GSheetsHook`` on this emulator; the connection must exist (the fixture sets ``onceflow_sheets``)."""
+        from airflow.providers.google.suite.hooks.sheets import GSheetsHook
+
+        return GSheetsHook(gcp_conn_id=conn_id, api_endpoint=self.endpoint)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def restart(self) -> None:
+        """Stop, then start a new server on the same port from the same state file."""
+        port = self.server.port
+        self.server.stop()
+        self.server = SheetsEmulatorServer(port=port, state=self.state).start()
+
+
+@pytest.fixture
+def sheets_emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SheetsEmulator]:
+    """A fresh Sheets API emulator per test, with ``AIRFLOW_CONN_ONCEFLOW_SHEETS`` pointing at it."""
+    emulator = SheetsEmulator(tmp_path / "sheets-state.json")
+    monkeypatch.setenv(f"AIRFLOW_CONN_{DEFAULT_CONN_ID.upper()}", emulator.connection_json())
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+__all__ = ["SheetsEmulator", "connection_json", "sheets_emulator"]

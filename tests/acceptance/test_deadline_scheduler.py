@@ -1,0 +1,117 @@
+"""Deadline Alerts through the real scheduler and triggerer: a late day is recorded, an on-time one is not.
+
+The probe DAG carries the same ``deadline=`` as ``daily_sales`` (:func:`daily_load_deadline`).
+A run whose logical date is years old is due long ago, so the scheduler marks its deadline
+missed and the triggerer runs :class:`MissedDeadlineNotifier`; a run for today is due tomorrow
+at 07:00 and finishes first, so Airflow prunes its deadline and nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import textwrap
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from onceflow.notifications.deadline import read_alert_records
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+pytestmark = pytest.mark.real_airflow
+
+DAG_ID = "deadline_probe"
+
+PROBE_DAG = """
+import pendulum
+from airflow.sdk import dag, task
+
+from onceflow.notifications.deadline import daily_load_deadline
+
+
+@dag(
+    dag_id="{dag_id}",
+    schedule=None,
+    start_date=pendulum.datetime(2019, 1, 1, tz="UTC"),
+    catchup=False,
+    tags=["test"],
+    doc_md="Carries daily_sales' deadline; its task finishes at once.",
+    default_args={{"owner": "onceflow", "retries": 0}},
+    deadline=daily_load_deadline(business_timezone="Europe/Amsterdam", path={alerts!r}),
+)
+def probe():
+    @task
+    def load() -> None:
+        pass
+
+    load()
+
+
+probe()
+"""
+
+
+def wait_for_alerts(path: Path, count: int, timeout: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = read_alert_records(path)
+        if len(records) >= count:
+            return records
+        time.sleep(1.0)
+    return read_alert_records(path)
+
+
+def test_a_late_day_fires_the_notifier_and_an_on_time_day_does_not(
+    airflow_cluster_factory: Callable[..., Any], tmp_path: Path
+) -> None:
+    alerts = tmp_path / "alerts" / "missed.jsonl"
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / f"{DAG_ID}.py").write_text(textwrap.dedent(PROBE_DAG.format(dag_id=DAG_ID, alerts=str(alerts))))
+    cluster = airflow_cluster_factory(dags_folder=dags)
+
+    today = dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    late = cluster.trigger(DAG_ID, run_id="late_day", logical_date="2020-01-01T23:00:00+00:00")
+    on_time = cluster.trigger(DAG_ID, run_id="on_time_day", logical_date=today.isoformat())
+    assert cluster.wait_for_run(DAG_ID, late, timeout=240) == "success"
+    assert cluster.wait_for_run(DAG_ID, on_time, timeout=240) == "success"
+
+    records = wait_for_alerts(alerts, 1, timeout=120)
+
+    assert [r["run_id"] for r in records] == [late], cluster.log_tails()
+    [record] = records
+    assert record["dag_id"] == DAG_ID
+    assert record["alert"] == "daily_sales not loaded by 07:00"
+    assert record["run_type"] == "manual"
+    assert record["deadline_time"] == "2020-01-03T06:00:00+00:00"  # logical date + 31 hours
+    assert record["suppressed"] is False
+
+    deadlines = cluster.query(
+        "SELECT r.run_id, d.missed, c.state FROM deadline d JOIN dag_run r ON r.id = d.dagrun_id "
+        "JOIN callback c ON c.id = d.callback_id WHERE r.dag_id = :dag_id",
+        dag_id=DAG_ID,
+    )
+    # The on-time run's deadline was pruned when the run finished before it.
+    assert [(d["run_id"], bool(d["missed"])) for d in deadlines] == [(late, True)]
+    assert wait_for_callback_state(cluster, late) == "success"
+
+
+def wait_for_callback_state(cluster: Any, run_id: str, timeout: float = 60.0) -> str | None:
+    """The triggerer reports the callback's outcome shortly after running it."""
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        rows = cluster.query(
+            "SELECT c.state FROM deadline d JOIN dag_run r ON r.id = d.dagrun_id "
+            "JOIN callback c ON c.id = d.callback_id WHERE r.run_id = :run_id AND r.dag_id = :dag_id",
+            run_id=run_id,
+            dag_id=DAG_ID,
+        )
+        state = rows[0]["state"] if rows else None
+        if state in ("success", "failed"):
+            return state
+        time.sleep(1.0)
+    return state

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import textwrap
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -20,6 +19,7 @@ from onceflow.notifications.deadline import read_alert_records
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
 pytestmark = pytest.mark.real_airflow
 

@@ -23,7 +23,7 @@ import datetime as dt
 import json
 import re
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 

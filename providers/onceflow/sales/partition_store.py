@@ -283,6 +283,45 @@ class PartitionStore:
                 conn, partition_key(lease.partition), frame_records(rejects, REJECT_COLUMNS)
             )
 
+    def check_fence(self, lease: Lease) -> None:
+        """Raise :class:`StaleAttemptError` unless ``lease`` still holds the newest token."""
+        with self.engine.begin() as conn:
+            self._check_fence(conn, lease)
+
+    def record_external_load(
+        self,
+        lease: Lease,
+        *,
+        rows: pd.DataFrame,
+        rejects: pd.DataFrame | None,
+        processing_version: str,
+    ) -> AuditRecord:
+        """Fenced audit and rejects commit for a partition written to another system (BigQuery).
+
+        The overwrite itself happened outside this database, so this transaction cannot include
+        it: the fence is checked before the external job and again here.
+        """
+        records = frame_records(rows, SALES_COLUMNS)
+        reject_records = frame_records(rejects, REJECT_COLUMNS) if rejects is not None else []
+        key = partition_key(lease.partition)
+        with self.engine.begin() as conn:
+            self._check_fence(conn, lease)
+            self._replace_rejects(conn, key, reject_records)
+            audit = AuditRecord(
+                table_name=self.table_name,
+                partition_key=key,
+                row_count=len(records),
+                reject_count=len(reject_records),
+                checksum=rows_checksum(records),
+                run_id=lease.run_id,
+                try_number=lease.try_number,
+                fence_token=lease.fence_token,
+                processing_version=processing_version,
+                loaded_at_utc=self.clock(),
+            )
+            self._upsert_audit(conn, audit)
+        return audit
+
     def append(
         self, rows: pd.DataFrame, *, chunk_size: int = 1000, checkpoint: Checkpoint | None = None
     ) -> None:

@@ -1,0 +1,166 @@
+"""``PartitionOverwriteOperator``: replace exactly one day partition of the sales table, fenced.
+
+The operator is thin: it reads the staged clean output of its run, asks
+:class:`~onceflow.hooks.warehouse.WarehouseHook` for the partition store, takes the partition's
+lease (fence token) and overwrites the partition in one transaction together with its rejects and
+its ``load_audit`` row. See :mod:`onceflow.sales.partition_store` for the protocol.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from airflow.sdk import Context
+
+    from onceflow.sales.partition_store import AuditRecord
+
+
+class PartitionOverwriteOperator(BaseOperator):
+    """Overwrite one partition of a warehouse sales table from a staged clean result.
+
+    :param partition: the business-local day ``YYYY-MM-DD`` (templated).
+    :param staging_dir: folder written by :func:`onceflow.sales.staging.write_clean` (templated).
+    :param table: sales table (``table`` or ``schema.table``); injection-shaped names are refused.
+    :param warehouse_conn_id: warehouse connection: PostgreSQL, SQLite, or Google Cloud (BigQuery).
+    :param max_reject_ratio: fail without loading (rejects are still recorded) above this ratio.
+    :param lease_seconds: lease length; another run waits this long for a crashed holder.
+    :param load_method: ``auto`` (COPY on PostgreSQL, INSERT on SQLite), ``copy``, ``insert``,
+        ``executemany`` or ``to_sql``.
+    :param bigquery_dataset: dataset of the table when the warehouse connection is BigQuery.
+    :param bigquery_project: project when the warehouse is BigQuery (default: the connection's).
+    :param bigquery_location: BigQuery job location.
+    :param audit_conn_id: SQL connection keeping ``load_audit``/leases for a BigQuery warehouse.
+    """
+
+    template_fields: Sequence[str] = ("partition", "staging_dir", "table")
+    ui_color = "#d7ecff"
+
+    def __init__(
+        self,
+        *,
+        partition: str,
+        staging_dir: str,
+        table: str = "daily_sales",
+        warehouse_conn_id: str = "onceflow_warehouse",
+        max_reject_ratio: float = 0.05,
+        lease_seconds: int = 3600,
+        load_method: str = "auto",
+        bigquery_dataset: str | None = None,
+        bigquery_project: str | None = None,
+        bigquery_location: str | None = None,
+        audit_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.partition = partition
+        self.staging_dir = staging_dir
+        self.table = table
+        self.warehouse_conn_id = warehouse_conn_id
+        self.max_reject_ratio = max_reject_ratio
+        self.lease_seconds = lease_seconds
+        self.load_method = load_method
+        self.bigquery_dataset = bigquery_dataset
+        self.bigquery_project = bigquery_project
+        self.bigquery_location = bigquery_location
+        self.audit_conn_id = audit_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onceflow.hooks.warehouse import WarehouseHook
+        from onceflow.sales.partitions import validate_partition, validate_table_name
+        from onceflow.sales.staging import read_clean
+
+        day = validate_partition(self.partition)
+        validate_table_name(self.table)
+        staged = read_clean(Path(self.staging_dir))
+        if staged.partition != day:
+            raise ValueError(
+                f"staging folder {self.staging_dir} holds partition {staged.partition}, not {day}"
+            )
+
+        warehouse = WarehouseHook(self.warehouse_conn_id)
+        bigquery = warehouse.is_bigquery
+        audit_hook = WarehouseHook(self.audit_conn_id) if bigquery and self.audit_conn_id else warehouse
+        if bigquery and not self.audit_conn_id:
+            raise ValueError(
+                "a BigQuery warehouse needs audit_conn_id: a SQL database for load_audit and leases"
+            )
+        store = audit_hook.get_store(self.table)
+        lease = store.acquire_lease(
+            day,
+            run_id=context["run_id"],
+            try_number=context["ti"].try_number,
+            lease_seconds=self.lease_seconds,
+        )
+        self.log.info("partition %s of %s: fence token %s", day, self.table, lease.fence_token)
+
+        if staged.reject_ratio > self.max_reject_ratio:
+            store.record_rejects(lease, staged.rejects)
+            raise AirflowFailException(
+                f"{len(staged.rejects)} of {staged.source_rows} source rows rejected for {day} "
+                f"({staged.reject_ratio:.1%} > max_reject_ratio {self.max_reject_ratio:.1%}); "
+                f"partition left unchanged, reasons recorded in the rejects table"
+            )
+
+        if bigquery:
+            if not self.bigquery_dataset:
+                raise ValueError("bigquery_dataset is required for a BigQuery warehouse")
+            store.check_fence(lease)
+            warehouse.overwrite_bigquery_partition(
+                table=self.table,
+                partition=day,
+                rows=staged.rows,
+                project_id=self.bigquery_project,
+                dataset=self.bigquery_dataset,
+                location=self.bigquery_location,
+            )
+            audit = store.record_external_load(
+                lease, rows=staged.rows, rejects=staged.rejects, processing_version=staged.processing_version
+            )
+        else:
+            audit = store.overwrite(
+                lease,
+                staged.rows,
+                staged.rejects,
+                processing_version=staged.processing_version,
+                method=self.load_method,  # type: ignore[arg-type]
+            )
+        self.log.info(
+            "loaded %s rows into %s partition %s, checksum %s",
+            audit.row_count,
+            self.table,
+            day,
+            audit.checksum,
+        )
+        self._annotate_outlets(context, audit)
+        return {
+            "table": audit.table_name,
+            "partition": audit.partition_key,
+            "row_count": audit.row_count,
+            "reject_count": audit.reject_count,
+            "checksum": audit.checksum,
+            "fence_token": audit.fence_token,
+        }
+
+    def _annotate_outlets(self, context: Context, audit: AuditRecord) -> None:
+        """Put the partition and checksum into the extra of each outlet Asset's event."""
+        from airflow.sdk import Asset
+
+        events = context.get("outlet_events")
+        if events is None:
+            return
+        for outlet in self.outlets or []:
+            if isinstance(outlet, Asset):
+                events[outlet].extra = {
+                    "table": audit.table_name,
+                    "partition": audit.partition_key,
+                    "row_count": audit.row_count,
+                    "checksum": audit.checksum,
+                }

@@ -1,0 +1,75 @@
+"""NewRowsSensor: wait for NEW rows in the queue sheet without holding a slot."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator
+
+from onceflow.triggers.sheets import NewRowsTrigger, count_new_rows
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from airflow.sdk import Context
+
+
+class NewRowsSensor(BaseSensorOperator):
+    """Succeed once the queue tab has at least ``min_rows`` NEW rows.
+
+    Deferrable by default: the task defers at once to :class:`~onceflow.triggers.sheets.NewRowsTrigger`
+    and the polling happens in the triggerer, so twenty waiting sensors occupy no worker and no
+    pool slot. With ``deferrable=False`` it pokes like any sensor (``mode="reschedule"`` advised).
+
+    :param min_rows: succeed when at least this many rows are NEW.
+    :param gcp_conn_id: the Sheets connection.
+    :param spreadsheet_id: the spreadsheet (default: the connection's extra).
+    :param sheet: the queue tab (default: the connection's extra, else ``queue``).
+    :param deferrable: wait in the triggerer (default True).
+    """
+
+    template_fields: Sequence[str] = ("spreadsheet_id", "sheet", "min_rows")
+
+    def __init__(
+        self,
+        *,
+        min_rows: int = 1,
+        gcp_conn_id: str = "onceflow_sheets",
+        spreadsheet_id: str | None = None,
+        sheet: str | None = None,
+        deferrable: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("poke_interval", 60)
+        super().__init__(**kwargs)
+        self.min_rows = min_rows
+        self.gcp_conn_id = gcp_conn_id
+        self.spreadsheet_id = spreadsheet_id
+        self.sheet = sheet
+        self.deferrable = deferrable
+
+    def poke(self, context: Context) -> bool:
+        found = count_new_rows(self.gcp_conn_id, self.spreadsheet_id, self.sheet)
+        self.log.info("%d NEW rows (waiting for %d)", found, self.min_rows)
+        return found >= int(self.min_rows)
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        self.defer(
+            trigger=NewRowsTrigger(
+                gcp_conn_id=self.gcp_conn_id,
+                spreadsheet_id=self.spreadsheet_id,
+                sheet=self.sheet,
+                min_rows=int(self.min_rows),
+                poll_interval=float(self.poke_interval),
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=float(self.timeout)) if self.timeout else None,
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> int:
+        """Resume after the trigger fired; the XCom is the number of NEW rows seen."""
+        self.log.info("trigger saw %s NEW rows", event.get("new_rows"))
+        return int(event.get("new_rows", 0))

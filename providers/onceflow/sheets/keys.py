@@ -1,0 +1,77 @@
+"""Stable identity of an article: URL normalisation, row key and deterministic run id.
+
+The row key depends only on the normalised URL, never on the row's position, so it survives the
+editor sorting, inserting and deleting rows. The run id adds the processing version, so Airflow's
+metadata database refuses a second ``article_pipeline`` run for the same article and version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+FORMULA_PREFIXES = ("=", "+", "-", "@")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_VERSION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
+RUN_ID_PREFIX = "sheet"
+
+
+class InvalidUrl(ValueError):
+    """The cell is not an article URL; ``str(error)`` is the reason written into the row."""
+
+
+def normalise_url(value: str) -> str:
+    """Return the canonical form of an http(s) URL or raise :class:`InvalidUrl` with a reason.
+
+    Surrounding whitespace is ignored; scheme and host are lower-cased; default ports and the
+    fragment are dropped; an empty path becomes ``/``. Formula-like text (``=HYPERLINK(...)``) is
+    rejected as text, never evaluated.
+
+    :param value: the cell as read.
+    """
+    text = (value or "").strip()
+    if not text:
+        raise InvalidUrl("empty URL")
+    if text.startswith(FORMULA_PREFIXES):
+        raise InvalidUrl(f"formula-like value is not a URL (not evaluated): {text[:80]!r}")
+    if any(ch.isspace() for ch in text):
+        raise InvalidUrl(f"URL contains whitespace: {text[:80]!r}")
+    if len(text) > 2048:
+        raise InvalidUrl("URL longer than 2048 characters")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as err:
+        raise InvalidUrl(f"malformed URL ({err}): {text[:80]!r}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise InvalidUrl(f"URL must start with http:// or https://: {text[:80]!r}")
+    host = (parts.hostname or "").lower()
+    if not host or not (
+        ("." in host and not host.startswith(".") and not host.endswith(".")) or host == "localhost"
+    ):
+        raise InvalidUrl(f"URL has no valid host: {text[:80]!r}")
+    netloc = host if port in (None, _DEFAULT_PORTS[scheme]) else f"{host}:{port}"
+    if parts.username or parts.password:
+        raise InvalidUrl("URL must not contain credentials")
+    return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
+
+
+def row_key(normalised_url: str) -> str:
+    """The stable key of an article: a short hash of its normalised URL."""
+    return hashlib.sha256(normalised_url.encode()).hexdigest()[:20]
+
+
+def check_version(version: str) -> str:
+    if not _VERSION_RE.match(version):
+        raise ValueError(f"processing version must match {_VERSION_RE.pattern}, got {version!r}")
+    return version
+
+
+def pipeline_run_id(key: str, version: str) -> str:
+    """Deterministic ``article_pipeline`` run id for a row key and processing version.
+
+    Valid under Airflow's default ``allowed_run_id_pattern`` (``^[A-Za-z0-9_.~:+-]+$``).
+    """
+    return f"{RUN_ID_PREFIX}__{key}__{check_version(version)}"

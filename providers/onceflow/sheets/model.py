@@ -1,0 +1,196 @@
+"""Row model of the article queue: header-based column mapping, status cells, snapshots.
+
+A sheet is read as a list of rows of strings (``values.batchGet`` with ``valueRenderOption=FORMULA``,
+so formulas come back as the text the editor typed and are never evaluated by us). Row 1 is the
+header; columns are found by header name, never by letter, so the editor may reorder them.
+
+The status cell is the one cell the claim protocol writes conditionally, and it carries the claim
+token for the rest of the row's life: ``NEW`` -> ``PROCESSING #<token>`` -> ``DONE #<token>``.
+See ``docs/sheet-queue.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+
+#: Columns the queue cannot work without. ``status`` carries the claim; ``reason`` receives the
+#: explanation for INVALID/DUPLICATE rows and reconcile flags; ``run_id`` records the Airflow run;
+#: ``score`` and ``published_url`` are written by the article chain.
+REQUIRED_COLUMNS: tuple[str, ...] = ("url", "status", "reason", "run_id", "score", "published_url")
+#: Columns filled when present (a readable copy of what the status cell already carries).
+OPTIONAL_COLUMNS: tuple[str, ...] = ("claim_token", "claimed_at")
+
+
+class Status(str, Enum):
+    """The statuses the queue understands; any other status word is left untouched."""
+
+    NEW = "NEW"
+    PROCESSING = "PROCESSING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    INVALID = "INVALID"
+    DUPLICATE = "DUPLICATE"
+
+
+#: Statuses meaning "this row owns its URL": a later NEW row with the same URL is a duplicate.
+LIVE_STATUSES = frozenset({Status.PROCESSING, Status.DONE, Status.FAILED})
+
+_STATUS_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(?:#([A-Za-z0-9._-]+))?\s*$")
+_TOKEN_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+
+
+class MissingColumnsError(ValueError):
+    """The header row lacks columns the queue needs; the message names them."""
+
+    def __init__(self, missing: list[str], header: list[str]) -> None:
+        self.missing = missing
+        super().__init__(
+            f"sheet header is missing required column(s) {', '.join(repr(m) for m in missing)}; "
+            f"found {header!r}. Add them to row 1 (names are case- and whitespace-insensitive)."
+        )
+
+
+def normalise_header(name: str) -> str:
+    """``" Published URL "`` -> ``"published_url"``."""
+    return re.sub(r"[\s-]+", "_", str(name).strip().lower())
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    """Zero-based column index of every known column, found from the header row."""
+
+    index: dict[str, int]
+
+    @classmethod
+    def from_header(cls, header: list[str]) -> ColumnMap:
+        """Map header names to indexes; raise :class:`MissingColumnsError` naming what is missing.
+
+        :param header: the first row of the sheet, as read.
+        """
+        index: dict[str, int] = {}
+        for i, name in enumerate(header):
+            key = normalise_header(name)
+            if key and key not in index:  # the leftmost of two same-named columns wins
+                index[key] = i
+        missing = [c for c in REQUIRED_COLUMNS if c not in index]
+        if missing:
+            raise MissingColumnsError(missing, [str(h) for h in header])
+        return cls(index)
+
+    def __getitem__(self, name: str) -> int:
+        return self.index[name]
+
+    def has(self, name: str) -> bool:
+        return name in self.index
+
+
+@dataclass(frozen=True)
+class StatusCell:
+    """A parsed status cell. ``status`` is None for words we do not know (left untouched)."""
+
+    raw: str
+    status: Status | None
+    token: str | None
+
+    @classmethod
+    def parse(cls, raw: str) -> StatusCell:
+        """Normalise stray whitespace and case: ``" new "`` is NEW, ``"Done #t1"`` is DONE with t1."""
+        match = _STATUS_RE.match(raw or "")
+        if not match:
+            return cls(raw, None, None)
+        word, token = match.group(1).upper(), match.group(2)
+        try:
+            status = Status(word)
+        except ValueError:
+            return cls(raw, None, None)
+        if status is Status.NEW and token:  # "NEW #x" is not something we write: leave it alone
+            return cls(raw, None, None)
+        return cls(raw, status, token)
+
+
+def status_value(status: Status, token: str) -> str:
+    """The exact text written into a claimed row's status cell."""
+    return f"{status.value} #{token}"
+
+
+def new_token(now: datetime, random_hex: str) -> str:
+    """A claim token: the claim time (so the lease is readable from the cell) plus randomness.
+
+    :param now: the claim time (aware).
+    :param random_hex: unguessable suffix, e.g. ``secrets.token_hex(5)``.
+    """
+    return f"{now.astimezone(timezone.utc).strftime(_TOKEN_TIME_FORMAT)}-{random_hex}"
+
+
+def token_time(token: str) -> datetime | None:
+    """When the claim carrying ``token`` was made, or None if the token has no time part."""
+    try:
+        return datetime.strptime(token.split("-", 1)[0], _TOKEN_TIME_FORMAT).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One data row as read. ``number`` is the 1-based sheet row at read time (a hint, not an id)."""
+
+    number: int
+    cells: dict[str, str]
+    status_cell: StatusCell
+
+    @property
+    def url(self) -> str:
+        return self.cells.get("url", "")
+
+    @property
+    def status(self) -> Status | None:
+        return self.status_cell.status
+
+    @property
+    def token(self) -> str | None:
+        return self.status_cell.token
+
+    def get(self, column: str) -> str:
+        return self.cells.get(column, "")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One consistent read of the queue tab (a single API call, so one point in time)."""
+
+    columns: ColumnMap | None
+    rows: list[Row] = field(default_factory=list)
+
+    @classmethod
+    def from_values(cls, values: list[list[object]]) -> Snapshot:
+        """Build from ``values`` as returned by the API (ragged rows, trailing blanks trimmed).
+
+        An entirely empty sheet is an empty queue; a header without the required columns raises
+        :class:`MissingColumnsError`.
+        """
+        if not values or not any(str(v).strip() for v in values[0]):
+            if any(any(str(v).strip() for v in row) for row in values[1:]):
+                raise MissingColumnsError(list(REQUIRED_COLUMNS), [])
+            return cls(None, [])
+        columns = ColumnMap.from_header([str(v) for v in values[0]])
+        rows = []
+        for offset, raw in enumerate(values[1:]):
+            cells = {
+                name: (str(raw[i]) if i < len(raw) and raw[i] is not None else "")
+                for name, i in columns.index.items()
+            }
+            rows.append(Row(offset + 2, cells, StatusCell.parse(cells["status"])))
+        return cls(columns, rows)
+
+    def rows_with_token(self, token: str) -> list[Row]:
+        return [r for r in self.rows if r.token == token]
+
+    def by_token(self) -> dict[str, list[Row]]:
+        found: dict[str, list[Row]] = {}
+        for row in self.rows:
+            if row.token:
+                found.setdefault(row.token, []).append(row)
+        return found

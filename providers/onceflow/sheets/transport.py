@@ -1,0 +1,161 @@
+"""The few Sheets API v4 calls the queue makes, behind a small interface.
+
+:class:`SheetsTransport` is what :class:`~onceflow.sheets.protocol.SheetQueue` needs;
+:class:`GoogleSheetsTransport` implements it with a google-api-python-client ``sheets`` service
+(from ``GSheetsHook.get_conn()`` in Airflow, or built directly in tests and benchmarks). It turns
+HTTP errors into :class:`~onceflow.sheets.retry.QuotaExceeded` (429, not applied) and
+:class:`~onceflow.sheets.retry.ServerError` (5xx, maybe applied), and counts calls per method.
+The client library's own retries are switched off (``num_retries=0``): a blind retry of a claim
+write is exactly what makes its outcome ambiguous, so the protocol decides what to repeat.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Protocol
+
+from onceflow.sheets.retry import QuotaExceeded, ServerError
+
+
+class SheetsTransport(Protocol):
+    """The calls the queue protocol makes. Every method is one HTTP request."""
+
+    calls: Counter[str]
+
+    def sheet_ids(self) -> dict[str, int]:
+        """Tab title -> sheetId (``spreadsheets.get``)."""
+
+    def read(self, ranges: list[str]) -> list[list[list[Any]]]:
+        """``values.batchGet`` with ``valueRenderOption=FORMULA``: values per range."""
+
+    def batch_update(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``spreadsheets.batchUpdate``: the replies, one per request, in order."""
+
+    def write_values(self, data: list[tuple[str, list[list[str]]]]) -> None:
+        """``values.batchUpdate`` with ``valueInputOption=RAW``."""
+
+    def append_values(self, range_: str, rows: list[list[str]]) -> None:
+        """``values.append`` with ``RAW`` and ``INSERT_ROWS``."""
+
+
+def _retry_after(headers: Any) -> float | None:
+    try:
+        value = headers.get("retry-after") if headers is not None else None
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+class GoogleSheetsTransport:
+    """:class:`SheetsTransport` over a google-api-python-client ``sheets`` v4 service.
+
+    :param service: ``googleapiclient.discovery.build("sheets", "v4", ...)``; not thread-safe
+        (httplib2), so use one transport per thread.
+    :param spreadsheet_id: the spreadsheet holding the queue.
+    """
+
+    def __init__(self, service: Any, spreadsheet_id: str) -> None:
+        self.service = service
+        self.spreadsheet_id = spreadsheet_id
+        self.calls: Counter[str] = Counter()
+
+    def _execute(self, method: str, request: Any) -> Any:
+        from googleapiclient.errors import HttpError
+
+        self.calls[method] += 1
+        try:
+            return request.execute(num_retries=0)
+        except HttpError as err:
+            status = int(err.resp.status)
+            retry_after = _retry_after(err.resp)
+            if status == 429:
+                raise QuotaExceeded(f"{method}: 429 {err}", retry_after) from err
+            if status >= 500:
+                raise ServerError(f"{method}: {status} {err}", retry_after) from err
+            raise
+        except (TimeoutError, OSError) as err:  # connection reset after the request was sent
+            raise ServerError(f"{method}: {err!r}") from err
+
+    def sheet_ids(self) -> dict[str, int]:
+        response = self._execute(
+            "spreadsheets.get",
+            self.service.spreadsheets().get(
+                spreadsheetId=self.spreadsheet_id, fields="sheets.properties(sheetId,title)"
+            ),
+        )
+        return {s["properties"]["title"]: int(s["properties"]["sheetId"]) for s in response.get("sheets", [])}
+
+    def read(self, ranges: list[str]) -> list[list[list[Any]]]:
+        response = self._execute(
+            "values.batchGet",
+            self.service.spreadsheets()
+            .values()
+            .batchGet(
+                spreadsheetId=self.spreadsheet_id,
+                ranges=ranges,
+                majorDimension="ROWS",
+                valueRenderOption="FORMULA",
+            ),
+        )
+        return [vr.get("values", []) for vr in response.get("valueRanges", [])]
+
+    def batch_update(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        response = self._execute(
+            "spreadsheets.batchUpdate",
+            self.service.spreadsheets().batchUpdate(
+                spreadsheetId=self.spreadsheet_id, body={"requests": requests}
+            ),
+        )
+        replies: list[dict[str, Any]] = response.get("replies", [])
+        return replies
+
+    def write_values(self, data: list[tuple[str, list[list[str]]]]) -> None:
+        self._execute(
+            "values.batchUpdate",
+            self.service.spreadsheets()
+            .values()
+            .batchUpdate(
+                spreadsheetId=self.spreadsheet_id,
+                body={
+                    "valueInputOption": "RAW",
+                    "data": [{"range": r, "majorDimension": "ROWS", "values": v} for r, v in data],
+                },
+            ),
+        )
+
+    def append_values(self, range_: str, rows: list[list[str]]) -> None:
+        self._execute(
+            "values.append",
+            self.service.spreadsheets()
+            .values()
+            .append(
+                spreadsheetId=self.spreadsheet_id,
+                range=range_,
+                valueInputOption="RAW",
+                insertDataOption="INSERT_ROWS",
+                body={"majorDimension": "ROWS", "values": rows},
+            ),
+        )
+
+    def add_sheet(self, title: str) -> None:
+        self.batch_update([{"addSheet": {"properties": {"title": title}}}])
+
+
+def anonymous_service(endpoint: str) -> Any:
+    """A ``sheets`` v4 service with anonymous credentials on ``endpoint`` (an emulator).
+
+    Uses the discovery document bundled with google-api-python-client: nothing goes to the network.
+    In Airflow, use :class:`~onceflow.hooks.sheets.SheetQueueHook` instead, which reads the endpoint
+    and credentials from the ``onceflow_sheets`` connection.
+    """
+    from google.auth.credentials import AnonymousCredentials
+    from googleapiclient.discovery import build
+
+    return build(
+        "sheets",
+        "v4",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": endpoint},
+        cache_discovery=False,
+        static_discovery=True,
+    )

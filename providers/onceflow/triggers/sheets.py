@@ -1,0 +1,79 @@
+"""NewRowsTrigger: wait in the triggerer until the queue sheet has NEW rows.
+
+Runs in the triggerer's event loop, so a waiting sensor holds no worker slot and no pool slot.
+Each poll is one ``values.batchGet`` of the queue tab, made in a thread (the Google client is
+synchronous) so the event loop keeps serving other triggers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+
+def count_new_rows(gcp_conn_id: str, spreadsheet_id: str | None, sheet: str | None) -> int:
+    """Number of rows whose status is NEW (after trimming and upper-casing). One read."""
+    from onceflow.hooks.sheets import SheetQueueHook
+    from onceflow.sheets.model import Status
+
+    hook = SheetQueueHook(gcp_conn_id, spreadsheet_id=spreadsheet_id, sheet=sheet)
+    return sum(1 for row in hook.queue().snapshot().rows if row.status is Status.NEW)
+
+
+class NewRowsTrigger(BaseTrigger):
+    """Fire once the queue has at least ``min_rows`` NEW rows.
+
+    :param gcp_conn_id: the Sheets connection.
+    :param spreadsheet_id: the spreadsheet (default: the connection's extra).
+    :param sheet: the queue tab (default: the connection's extra, else ``queue``).
+    :param min_rows: fire when at least this many rows are NEW.
+    :param poll_interval: seconds between reads (each read is one request of the read quota).
+    """
+
+    def __init__(
+        self,
+        *,
+        gcp_conn_id: str = "onceflow_sheets",
+        spreadsheet_id: str | None = None,
+        sheet: str | None = None,
+        min_rows: int = 1,
+        poll_interval: float = 60.0,
+    ) -> None:
+        super().__init__()
+        self.gcp_conn_id = gcp_conn_id
+        self.spreadsheet_id = spreadsheet_id
+        self.sheet = sheet
+        self.min_rows = min_rows
+        self.poll_interval = poll_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "gcp_conn_id": self.gcp_conn_id,
+                "spreadsheet_id": self.spreadsheet_id,
+                "sheet": self.sheet,
+                "min_rows": self.min_rows,
+                "poll_interval": self.poll_interval,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            try:
+                found = await asyncio.to_thread(
+                    count_new_rows, self.gcp_conn_id, self.spreadsheet_id, self.sheet
+                )
+            except Exception as err:  # a flaky read is not a reason to stop waiting
+                self.log.warning("reading the queue failed (%s); retrying in %ss", err, self.poll_interval)
+            else:
+                self.log.info("%d NEW rows (waiting for %d)", found, self.min_rows)
+                if found >= self.min_rows:
+                    yield TriggerEvent({"status": "found", "new_rows": found})
+                    return
+            await asyncio.sleep(self.poll_interval)

@@ -28,8 +28,8 @@ def get_provider_info() -> dict[str, Any]:
                 "tags": ["software"],
             }
         ],
-        "hooks": [],
-        "operators": [],
+        "hooks": [{"integration-name": "onceflow", "python-modules": ["onceflow.hooks.warehouse"]}],
+        "operators": [{"integration-name": "onceflow", "python-modules": ["onceflow.operators.partition"]}],
         "sensors": [],
         "triggers": [],
         "connection-types": [],

@@ -1,0 +1,192 @@
+"""Reconciliation: find broken invariants in the ledger and repair them as recorded operations.
+
+Checks (each repair is idempotent and written as a transition with actor ``reconciler``):
+
+* **expired leases still active**: ``leased`` items whose lease expired more than ``grace``
+  seconds ago go back to ``pending`` (event ``expire``).
+* **results without their follow-up**: every follow-up a committed result promised
+  (``results.follow_ups``) must exist in the outbox or as a work item; a missing one is
+  re-created (event ``repair_follow_up``).
+* **a stalled relay**: outbox rows pending for longer than ``relay_stall_seconds``. With a sink
+  the reconciler relays them itself and records ``repair_follow_up`` on each item; without one
+  it only reports.
+
+Further checks (the sheet, Airflow's runs) plug in as ``extra_checks``: callables taking the
+ledger and returning findings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from onceflow.ledger import commit, items, schema, states
+from onceflow.ledger.outbox import OutboxRelay
+from onceflow.ledger.queries import query
+
+if TYPE_CHECKING:
+    from onceflow.ledger.core import Ledger
+    from onceflow.ledger.outbox import AirflowSink
+
+
+@dataclass
+class Finding:
+    check: str
+    work_key: str | None
+    detail: str
+    repaired: bool
+
+
+@dataclass
+class ReconcileReport:
+    findings: list[Finding] = field(default_factory=list)
+    relay_stalled: bool = False
+    oldest_pending_outbox_age: float | None = None
+
+    def count(self, check: str, *, repaired: bool | None = None) -> int:
+        return sum(
+            1 for f in self.findings if f.check == check and (repaired is None or f.repaired == repaired)
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "relay_stalled": self.relay_stalled,
+            "oldest_pending_outbox_age": self.oldest_pending_outbox_age,
+            "findings": [f.__dict__ for f in self.findings],
+        }
+
+
+ExtraCheck = Callable[["Ledger"], list[Finding]]
+
+
+def expire_stale_leases(ledger: Ledger, *, grace_seconds: float = 0.0, limit: int = 1000) -> list[Finding]:
+    """Return expired-but-active leases to pending; the row is re-checked under its lock."""
+    now = ledger.clock.now()
+    with ledger.engine.connect() as conn:
+        keys = list(
+            conn.execute(query("expired_leases"), {"cutoff": now - grace_seconds, "limit": limit}).scalars()
+        )
+    found = []
+    for key in keys:
+        with ledger.engine.begin() as conn:
+            item = items.lock_item(conn, key)
+            if (
+                item is None
+                or item["state"] != states.LEASED
+                or item["lease_expires_at"] > now - grace_seconds
+            ):
+                continue  # its holder heartbeat or finished meanwhile
+            reason = (
+                f"lease of {item['lease_owner']} (token {item['fencing_token']}) "
+                f"expired at {item['lease_expires_at']}"
+            )
+            items.apply(
+                conn,
+                item,
+                "expire",
+                states.RECONCILER,
+                {"now": now, "reason": reason},
+                {"lease_expires_at": None, "available_at": now},
+            )
+        found.append(Finding("expired_lease", key, reason, repaired=True))
+    return found
+
+
+def repair_missing_follow_ups(ledger: Ledger) -> list[Finding]:
+    """Re-create follow-ups that a committed result promised but that do not exist."""
+    r, o, w = schema.results, schema.outbox, schema.work_items
+    with ledger.engine.connect() as conn:
+        promised = conn.execute(
+            sa.select(r.c.work_key, r.c.step, r.c.follow_ups).where(r.c.follow_ups.is_not(None))
+        ).all()
+        outbox_keys = set(conn.execute(sa.select(o.c.dedup_key)).scalars())
+        work_keys = set(conn.execute(sa.select(w.c.work_key)).scalars())
+    found = []
+    for work_key, step, raw in promised:
+        for spec in json.loads(raw):
+            exists = (
+                spec["key"] in work_keys if spec["type"] == "work_item" else spec["dedup_key"] in outbox_keys
+            )
+            if exists:
+                continue
+            now = ledger.clock.now()
+            reason = f"result {step!r} promised {spec['dedup_key']} but it was missing; re-created"
+            created = False
+            with ledger.engine.begin() as conn:
+                item = items.lock_item(conn, work_key)
+                # Only a finished item's promise is repaired; a re-opened one will commit again.
+                if item is not None and item["state"] == states.DONE:
+                    created = commit.write_follow_up(
+                        conn, spec, work_key=work_key, step=step, now=now, actor=states.RECONCILER
+                    )
+                    if created:
+                        ctx = {"now": now, "reason": reason}
+                        items.apply(conn, item, "repair_follow_up", states.RECONCILER, ctx)
+            if created:
+                found.append(Finding("missing_follow_up", work_key, reason, repaired=True))
+    return found
+
+
+def check_relay(
+    ledger: Ledger, report: ReconcileReport, *, relay_stall_seconds: float, sink: AirflowSink | None
+) -> None:
+    """Flag a stalled relay; with a sink, deliver the stuck rows and record it per item."""
+    now = ledger.clock.now()
+    with ledger.engine.connect() as conn:
+        oldest = conn.execute(query("outbox_oldest_pending")).scalar()
+    report.oldest_pending_outbox_age = None if oldest is None else now - oldest
+    if oldest is None or now - oldest < relay_stall_seconds:
+        return
+    report.relay_stalled = True
+    o = schema.outbox
+    with ledger.engine.connect() as conn:
+        stuck = conn.execute(
+            sa.select(o.c.work_key, o.c.dedup_key).where(
+                o.c.state == "pending", o.c.created_at <= now - relay_stall_seconds
+            )
+        ).all()
+    if sink is None:
+        for work_key, dedup in stuck:
+            report.findings.append(Finding("stalled_relay", work_key, f"{dedup} not relayed", repaired=False))
+        return
+    OutboxRelay(ledger, sink, name="reconciler").relay_once()
+    with ledger.engine.connect() as conn:
+        still = set(conn.execute(sa.select(o.c.dedup_key).where(o.c.state == "pending")).scalars())
+    for work_key, dedup in stuck:
+        repaired = dedup not in still
+        if repaired:
+            with ledger.engine.begin() as conn:
+                item = items.lock_item(conn, work_key)
+                if item is not None and item["state"] == states.DONE:
+                    items.apply(
+                        conn,
+                        item,
+                        "repair_follow_up",
+                        states.RECONCILER,
+                        {"now": ledger.clock.now(), "reason": f"relay stalled; reconciler relayed {dedup}"},
+                    )
+        report.findings.append(
+            Finding("stalled_relay", work_key, f"{dedup} stuck in outbox", repaired=repaired)
+        )
+
+
+def reconcile(
+    ledger: Ledger,
+    *,
+    grace_seconds: float = 0.0,
+    relay_stall_seconds: float = 600.0,
+    sink: AirflowSink | None = None,
+    extra_checks: Sequence[ExtraCheck] = (),
+) -> ReconcileReport:
+    """Run every check once and repair what can be repaired. Safe to run again at any time."""
+    report = ReconcileReport()
+    report.findings += expire_stale_leases(ledger, grace_seconds=grace_seconds)
+    report.findings += repair_missing_follow_ups(ledger)
+    check_relay(ledger, report, relay_stall_seconds=relay_stall_seconds, sink=sink)
+    for extra in extra_checks:
+        report.findings += extra(ledger)
+    return report

@@ -91,6 +91,7 @@ def run_dag(
     :param conf: the run's ``conf`` (``params`` overrides).
     :param run_after: when the run may start (defaults to now).
     """
+    _ensure_serialized(dag)
     kwargs: dict[str, Any] = {"run_conf": conf}
     if logical_date is not None:
         kwargs["logical_date"] = logical_date
@@ -98,6 +99,24 @@ def run_dag(
         kwargs["run_after"] = run_after
     dr = dag.test(**kwargs)
     return collect(dag.dag_id, dr.run_id)
+
+
+def _ensure_serialized(dag: DAG) -> None:
+    """Write a DAG defined outside the DAG folder (e.g. inside a test) to the metadata DB.
+
+    ``dag.test()`` only serializes DAGs it finds in a configured bundle; an inline DAG would be
+    refused with "the dag is not serialized".
+    """
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    from airflow.models.dag_version import DagVersion
+
+    if DagVersion.get_version(dag.dag_id):
+        return
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(collect_dags=False)
+    bag.bag_dag(dag)  # type: ignore[arg-type]
+    sync_bag_to_db(bag, "dags-folder", None)
 
 
 def load_dag(dag_id: str, dags_folder: str | None = None) -> DAG:

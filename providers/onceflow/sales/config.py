@@ -1,0 +1,50 @@
+"""Settings of the daily_sales DAG, read from the environment (cheap, at DAG parse time).
+
+| variable | default | meaning |
+|---|---|---|
+| ``ONCEFLOW_BUSINESS_TZ`` | ``Europe/Amsterdam`` | timezone whose midnights bound each day |
+| ``ONCEFLOW_SALES_TABLE`` | ``daily_sales`` | warehouse table (identifier, validated) |
+| ``ONCEFLOW_SALES_START_DATE`` | ``2023-01-01`` | first local day the DAG knows about |
+| ``ONCEFLOW_SALES_MAX_REJECT_RATIO`` | ``0.05`` | the load fails above this share of rejected rows |
+| ``ONCEFLOW_REPORTING_CURRENCY`` | ``EUR`` | currency of the warehouse amounts |
+| ``ONCEFLOW_SALES_STAGING_DIR`` | ``$AIRFLOW_HOME/onceflow/staging`` | files between tasks |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+from zoneinfo import ZoneInfo
+
+from onceflow.sales.partitions import validate_table_name
+
+
+@dataclasses.dataclass(frozen=True)
+class SalesConfig:
+    timezone: str = "Europe/Amsterdam"
+    table: str = "daily_sales"
+    start_date: dt.date = dt.date(2023, 1, 1)
+    max_reject_ratio: float = 0.05
+    reporting_currency: str = "EUR"
+
+    @classmethod
+    def from_env(cls) -> SalesConfig:
+        env = os.environ
+        config = cls(
+            timezone=env.get("ONCEFLOW_BUSINESS_TZ", cls.timezone),
+            table=env.get("ONCEFLOW_SALES_TABLE", cls.table),
+            start_date=dt.date.fromisoformat(
+                env.get("ONCEFLOW_SALES_START_DATE", cls.start_date.isoformat())
+            ),
+            max_reject_ratio=float(env.get("ONCEFLOW_SALES_MAX_REJECT_RATIO", cls.max_reject_ratio)),
+            reporting_currency=env.get("ONCEFLOW_REPORTING_CURRENCY", cls.reporting_currency),
+        )
+        validate_table_name(config.table)
+        ZoneInfo(config.timezone)  # fails loudly on a typo
+        return config
+
+    @property
+    def asset_uri(self) -> str:
+        """URI of the Asset the load updates (``sales_dashboard`` is scheduled on it)."""
+        return f"onceflow://warehouse/{self.table}"

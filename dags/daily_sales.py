@@ -11,6 +11,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import Asset, CronDataIntervalTimetable, dag, task
 
+from onceflow.notifications.deadline import daily_load_deadline
 from onceflow.operators.partition import PartitionOverwriteOperator
 from onceflow.sales.config import SalesConfig
 
@@ -50,6 +51,8 @@ Backfill: `airflow backfill create --dag-id daily_sales --from-date 2024-01-01 -
     },
     tags=["onceflow", "sales", "warehouse"],
     doc_md=DOC,
+    # Alert (MissedDeadlineNotifier) when day D is not loaded by 07:00 business time on D+1.
+    deadline=daily_load_deadline(business_timezone=CONFIG.timezone),
 )
 def daily_sales() -> None:
     @task

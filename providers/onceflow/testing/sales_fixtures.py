@@ -1,3 +1,83 @@
-"""pytest fixtures for sales; registered by onceflow.testing.pytest_plugin."""
+"""pytest fixtures for the daily_sales flow; registered by onceflow.testing.pytest_plugin.
+
+* ``sales_db_url``: a warehouse/shop database URL, parametrized over a SQLite file and a fresh
+  PostgreSQL database (the PostgreSQL case carries the ``postgres`` marker).
+* ``shop_orders``: ``shop_orders(url, start, end, **config)`` writes deterministic generated orders
+  into ``url`` and returns the rows written.
+* ``sales_connections``: ``sales_connections(shop_url, warehouse_url)`` points the
+  ``onceflow_shop_db`` and ``onceflow_warehouse`` connections (``AIRFLOW_CONN_*``) at two databases
+  for the rest of the test, plus a per-test staging folder.
+
+Airflow is never imported here at module level (the plugin configures it first).
+"""
 
 from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from onceflow.sales.generator import GeneratorConfig, OrderRow, generate_orders, write_orders
+
+if TYPE_CHECKING:
+    import datetime as dt
+    from collections.abc import Callable
+    from pathlib import Path
+
+
+def _sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def sales_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh empty database: a SQLite file, or (``postgres`` marker) a PostgreSQL database."""
+    if request.param == "sqlite":
+        return _sqlite_url(tmp_path / "sales.db")
+    factory: Callable[..., str] = request.getfixturevalue("postgres_url_factory")
+    return factory("sales")
+
+
+@pytest.fixture
+def shop_orders() -> Callable[..., list[OrderRow]]:
+    """``shop_orders(url, start, end, ingested_before=None, **config)`` -> rows written."""
+    from onceflow.sales.engine import make_engine
+
+    def write(
+        url: str,
+        start: dt.date,
+        end: dt.date,
+        *,
+        ingested_before: dt.datetime | None = None,
+        **config: Any,
+    ) -> list[OrderRow]:
+        rows = generate_orders(start, end, GeneratorConfig(**config))
+        if ingested_before is not None:
+            rows = [r for r in rows if r.ingested_at_utc < ingested_before]
+        engine = make_engine(url)
+        try:
+            write_orders(engine, rows)
+        finally:
+            engine.dispose()
+        return rows
+
+    return write
+
+
+@pytest.fixture
+def sales_connections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str, str], Path]:
+    """Point ``onceflow_shop_db`` and ``onceflow_warehouse`` at two URLs; returns the staging dir."""
+
+    def point(shop_url: str, warehouse_url: str) -> Path:
+        for conn_id, url in (("ONCEFLOW_SHOP_DB", shop_url), ("ONCEFLOW_WAREHOUSE", warehouse_url)):
+            conn = {
+                "conn_type": "sqlite" if url.startswith("sqlite") else "postgres",
+                "extra": {"sqlalchemy_url": url},
+            }
+            monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id}", json.dumps(conn))
+        staging = tmp_path / "staging"
+        monkeypatch.setenv("ONCEFLOW_SALES_STAGING_DIR", str(staging))
+        return staging
+
+    return point

@@ -1,0 +1,174 @@
+"""Cleaning rules: every reject reason, dedupe, refunds, currency, determinism."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+
+import pandas as pd
+import pytest
+
+from onceflow.sales.checksum import rows_checksum
+from onceflow.sales.clean import REJECT_REASONS, RejectRatioExceeded, clean_orders
+from onceflow.sales.generator import GeneratorConfig, generate_day
+from onceflow.sales.partition_store import frame_records
+from onceflow.sales.partitions import day_bounds_utc
+from onceflow.sales.schema import ORDER_COLUMNS, SALES_COLUMNS
+
+DAY = dt.date(2024, 5, 6)
+T0 = dt.datetime(2024, 5, 6, 8, 0)
+
+
+def event(row_id: int, **overrides: object) -> dict[str, object]:
+    row: dict[str, object] = {
+        "row_id": row_id,
+        "order_id": f"O{row_id}",
+        "event_type": "sale",
+        "refund_id": None,
+        "customer_id": "C1",
+        "created_at_utc": T0 + dt.timedelta(minutes=row_id),
+        "ingested_at_utc": T0 + dt.timedelta(minutes=row_id, seconds=5),
+        "amount": "10.00",
+        "currency": "EUR",
+    }
+    row.update(overrides)
+    return row
+
+
+def frame(*rows: dict[str, object]) -> pd.DataFrame:
+    return pd.DataFrame(list(rows), columns=list(ORDER_COLUMNS))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"order_id": None}, "missing_order_id"),
+        ({"order_id": "   "}, "missing_order_id"),
+        ({"event_type": "chargeback"}, "unknown_event_type"),
+        ({"event_type": None}, "unknown_event_type"),
+        ({"event_type": "refund", "refund_id": None}, "missing_refund_id"),
+        ({"amount": "12,50 EUR"}, "bad_amount"),
+        ({"amount": None}, "bad_amount"),
+        ({"amount": "1e3"}, "bad_amount"),
+        ({"amount": "10.001"}, "bad_amount"),
+        ({"amount": "-5.00"}, "non_positive_amount"),
+        ({"amount": "0.00"}, "non_positive_amount"),
+        ({"currency": "XXX"}, "unknown_currency"),
+        ({"currency": None}, "unknown_currency"),
+    ],
+)
+def test_each_malformed_row_is_rejected_with_its_reason(overrides: dict[str, object], reason: str) -> None:
+    result = clean_orders(frame(event(1), event(2, **overrides)), partition=DAY)
+    assert result.rejects["reason"].tolist() == [reason]
+    assert result.rejects["source_row_id"].tolist() == [2]
+    assert result.rows["order_id"].tolist() == ["O1"]
+    # The raw row is kept so nothing is lost.
+    assert '"row_id": 2' in result.rejects["raw"].iloc[0]
+
+
+def test_every_reason_is_covered_by_the_cases_above() -> None:
+    assert set(REJECT_REASONS) == {
+        "missing_order_id",
+        "unknown_event_type",
+        "missing_refund_id",
+        "bad_amount",
+        "non_positive_amount",
+        "unknown_currency",
+    }
+
+
+def test_exact_duplicates_collapse_to_one_order() -> None:
+    result = clean_orders(frame(event(1), event(2, order_id="O1")), partition=DAY)
+    assert result.rows["order_id"].tolist() == ["O1"]
+    assert result.duplicates_dropped == 1
+    assert result.rejects.empty
+
+
+def test_the_latest_ingested_version_of_an_order_wins() -> None:
+    late = T0 + dt.timedelta(hours=5)
+    result = clean_orders(
+        frame(event(1, amount="10.00"), event(2, order_id="O1", amount="12.00", ingested_at_utc=late)),
+        partition=DAY,
+    )
+    assert result.rows["gross_cents"].tolist() == [1200]
+
+
+def test_refunds_are_netted_per_order() -> None:
+    result = clean_orders(
+        frame(
+            event(1, amount="40.00"),
+            event(2, order_id="O1", event_type="refund", refund_id="R1", amount="15.50"),
+            event(3, order_id="O1", event_type="refund", refund_id="R1", amount="15.50"),  # duplicate refund
+        ),
+        partition=DAY,
+    )
+    row = result.rows.iloc[0]
+    assert (row.gross_cents, row.refund_cents, row.net_cents, row.event_count) == (4000, 1550, 2450, 2)
+
+
+def test_a_refund_of_an_earlier_days_order_stands_on_its_own_day() -> None:
+    result = clean_orders(
+        frame(event(1, order_id="O-old", event_type="refund", refund_id="R9", amount="5.00")), partition=DAY
+    )
+    row = result.rows.iloc[0]
+    assert (row.order_id, row.gross_cents, row.refund_cents, row.net_cents) == ("O-old", 0, 500, -500)
+
+
+def test_currencies_are_normalised_with_the_fixed_rates_half_even() -> None:
+    result = clean_orders(
+        frame(event(1, amount="10.00", currency="USD"), event(2, amount="0.25", currency="SEK")),
+        partition=DAY,
+    )
+    # 10 USD * 0.92 = 9.20 EUR; 0.25 SEK * 0.087 = 0.02175 -> 0.02 (half-even)
+    assert result.rows["gross_cents"].tolist() == [920, 2]
+    assert result.rows["source_currency"].tolist() == ["USD", "SEK"]
+
+
+def test_reporting_currency_can_change() -> None:
+    result = clean_orders(
+        frame(event(1, amount="9.20", currency="EUR")), partition=DAY, reporting_currency="USD"
+    )
+    assert result.rows["gross_cents"].tolist() == [1000]
+    with pytest.raises(ValueError, match="unknown reporting currency"):
+        clean_orders(frame(event(1)), partition=DAY, reporting_currency="XYZ")
+
+
+def test_an_empty_day_gives_an_empty_frame_with_the_right_columns() -> None:
+    result = clean_orders(frame(), partition=DAY)
+    assert list(result.rows.columns) == list(SALES_COLUMNS)
+    assert result.rows.empty and result.rejects.empty
+    assert result.reject_ratio == 0.0
+    result.check_reject_ratio(0.0)
+
+
+def test_it_fails_loudly_above_the_reject_ratio() -> None:
+    result = clean_orders(frame(event(1), event(2, currency="XXX"), event(3, amount="abc")), partition=DAY)
+    result.check_reject_ratio(0.67)
+    with pytest.raises(RejectRatioExceeded, match=r"2 of 3 rows rejected .*bad_amount.*unknown_currency"):
+        result.check_reject_ratio(0.5)
+
+
+def _generated_day(day: dt.date) -> pd.DataFrame:
+    rows = generate_day(day, GeneratorConfig(seed=3))
+    df = pd.DataFrame([r.as_dict() for r in rows])
+    df.insert(0, "row_id", range(1, len(df) + 1))
+    start, end = (b.replace(tzinfo=None) for b in day_bounds_utc(day, "Europe/Amsterdam"))
+    return df[(df.created_at_utc >= start) & (df.created_at_utc < end)].reset_index(drop=True)
+
+
+def _parquet_bytes(df: pd.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+def test_a_rerun_is_byte_identical_and_input_order_does_not_matter() -> None:
+    source = _generated_day(DAY)
+    first = clean_orders(source, partition=DAY)
+    second = clean_orders(source.sample(frac=1.0, random_state=7), partition=DAY)
+    assert _parquet_bytes(first.rows) == _parquet_bytes(second.rows)
+    assert _parquet_bytes(first.rejects) == _parquet_bytes(second.rejects)
+    assert rows_checksum(frame_records(first.rows, SALES_COLUMNS)) == rows_checksum(
+        frame_records(second.rows, SALES_COLUMNS)
+    )
+    assert first.duplicates_dropped > 0 or len(source) < 100

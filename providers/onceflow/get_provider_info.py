@@ -29,9 +29,15 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "hooks": [{"integration-name": "onceflow", "python-modules": ["onceflow.hooks.warehouse"]}],
-        "operators": [{"integration-name": "onceflow", "python-modules": ["onceflow.operators.partition"]}],
+        "operators": [
+            {
+                "integration-name": "onceflow",
+                "python-modules": ["onceflow.operators.partition", "onceflow.operators.dashboard"],
+            }
+        ],
         "sensors": [],
         "triggers": [],
         "connection-types": [],
         "plugins": [],
+        "notifications": ["onceflow.notifications.deadline.MissedDeadlineNotifier"],
     }

@@ -74,7 +74,8 @@ def fetch_dashboard_rows(conn: Connection, *, table: str, window_days: int = WIN
     """The loaded partitions of the newest ``window_days`` days of ``table``, oldest first.
 
     The window ends at the newest partition in ``load_audit``; days without an audit row are
-    simply absent from the result (the renderer shows them as not loaded).
+    simply absent from the result (the renderer shows them as not loaded). A warehouse whose
+    tables do not exist yet gives no rows.
 
     :param conn: a connection to the warehouse.
     :param table: the sales table (validated as an identifier).
@@ -83,6 +84,9 @@ def fetch_dashboard_rows(conn: Connection, *, table: str, window_days: int = WIN
     md = sa.MetaData()
     sales = sales_table(table, md)
     _, audit, _ = warehouse_tables(md)
+    inspector = sa.inspect(conn)
+    if not inspector.has_table(audit.name) or not inspector.has_table(sales.name, schema=sales.schema):
+        return []  # nothing was ever loaded into this warehouse
     newest_key = conn.execute(
         sa.select(sa.func.max(audit.c.partition_key)).where(audit.c.table_name == table)
     ).scalar_one_or_none()

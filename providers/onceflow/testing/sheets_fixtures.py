@@ -69,12 +69,14 @@ class SheetsEmulator:
 
     @property
     def request_log(self) -> RequestLog:
-        """Calls per method: ``.counts``, ``.reads``, ``.writes``, ``.total``, ``["values.get"]``, ``.reset()``."""
+        """Calls per method: ``.counts``, ``.reads``, ``.writes``, ``.total``, ``["values.get"]``,
+        ``.reset()``."""
         return self.server.request_log
 
     @property
     def faults(self) -> FaultInjector:
-        """Fault control: ``.add("429", count=2, retry_after=1)``, ``.add("apply_then_fail", count=1)``, ``.clear()``."""
+        """Fault control: ``.add("429", count=2, retry_after=1)``, ``.add("apply_then_fail", count=1)``,
+        ``.clear()``."""
         return self.server.faults
 
     def create_spreadsheet(
@@ -108,7 +110,10 @@ class SheetsEmulator:
         return connection_json(self.endpoint, **extra)
 
     def hook(self, conn_id: str = DEFAULT_CONN_ID) -> Any:
-        """A ``GSheetsHook`` on this emulator; the connection must exist (the fixture sets ``onceflow_sheets``)."""
+        """A ``GSheetsHook`` on this emulator.
+
+        :param conn_id: an existing connection; the fixture sets ``onceflow_sheets``.
+        """
         from airflow.providers.google.suite.hooks.sheets import GSheetsHook
 
         return GSheetsHook(gcp_conn_id=conn_id, api_endpoint=self.endpoint)

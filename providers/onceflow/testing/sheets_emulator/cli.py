@@ -1,0 +1,73 @@
+"""Command line: ``python -m onceflow.testing.sheets_emulator --port PORT --state FILE``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from typing import Any
+
+from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m onceflow.testing.sheets_emulator",
+        description="Google Sheets API v4 emulator on 127.0.0.1 (for tests and local runs).",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8090, help="TCP port, 0 for any free port (default 8090)")
+    parser.add_argument(
+        "--state", default=None, help="JSON state file; loaded at start, rewritten after every write"
+    )
+    parser.add_argument(
+        "--seed",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help='JSON file {"spreadsheetId", "title", "sheets": {"Queue": [[...], ...]}} to create at start '
+        "(skipped when the state already has that spreadsheetId)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the emulator until SIGINT or SIGTERM; print the endpoint once listening.
+
+    :param argv: arguments without the program name; ``None`` reads ``sys.argv``.
+    :return: process exit code.
+    """
+    args = build_parser().parse_args(argv)
+    server = SheetsEmulatorServer(args.host, args.port, args.state, verbose=args.verbose)
+    for path in args.seed:
+        with open(path, encoding="utf-8") as f:
+            spec: dict[str, Any] = json.load(f)
+        if spec.get("spreadsheetId") not in server.store.spreadsheets:
+            book = server.seed(spec)
+            print(f"seeded spreadsheet {book['spreadsheetId']} from {path}", flush=True)
+    stopper: list[threading.Thread] = []
+
+    def _stop(signum: int, frame: object) -> None:
+        if not stopper:
+            # shutdown() waits for serve_forever to return, so it must run on another thread.
+            stopper.append(threading.Thread(target=server.stop))
+            stopper[0].start()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    print(f"Sheets API emulator listening on {server.endpoint}", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        if stopper:
+            stopper[0].join()
+        else:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""Spreadsheet state (plain lists of lists) and its persistence to one JSON file.
+
+The :class:`Store` owns one lock. The server holds it around "apply the request, then persist",
+so every request is atomic with respect to every other, exactly what the claim protocol relies on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from onceflow.testing.sheets_emulator.a1 import A1Error, A1Range, format_a1, parse_a1, quote_title
+from onceflow.testing.sheets_emulator.cells import Cell, from_json, to_json
+from onceflow.testing.sheets_emulator.errors import ApiError, invalid_argument, not_found
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+DEFAULT_ROWS = 1000
+DEFAULT_COLUMNS = 26
+STATE_VERSION = 1
+
+
+@dataclass
+class Bounds:
+    """A range resolved against one sheet: zero-based, half-open, inside the grid."""
+
+    sheet: Sheet
+    start_row: int
+    end_row: int
+    start_col: int
+    end_col: int
+
+    def a1(self) -> str:
+        if self.end_row <= self.start_row or self.end_col <= self.start_col:
+            return quote_title(self.sheet.title)
+        return format_a1(self.sheet.title, self.start_row, self.end_row, self.start_col, self.end_col)
+
+
+@dataclass
+class Sheet:
+    """One tab. ``rows`` is ragged: rows and cells past the last written one are simply absent."""
+
+    sheet_id: int
+    title: str
+    row_count: int = DEFAULT_ROWS
+    column_count: int = DEFAULT_COLUMNS
+    rows: list[list[Cell]] = field(default_factory=list)
+
+    def get(self, row: int, col: int) -> Cell:
+        if row < len(self.rows):
+            cells = self.rows[row]
+            if col < len(cells):
+                return cells[col]
+        return None
+
+    def set(self, row: int, col: int, value: Cell) -> None:
+        if value is None and self.get(row, col) is None:
+            return
+        if row >= len(self.rows):
+            self.rows.extend([] for _ in range(row + 1 - len(self.rows)))
+        cells = self.rows[row]
+        if col >= len(cells):
+            cells.extend([None] * (col + 1 - len(cells)))
+        cells[col] = value
+        self.grow(row + 1, col + 1)
+
+    def grow(self, rows: int, cols: int) -> None:
+        """Writes past the grid extend it, as values.update and values.append do in Google."""
+        self.row_count = max(self.row_count, rows)
+        self.column_count = max(self.column_count, cols)
+
+    def block(self, b: Bounds) -> list[list[Cell]]:
+        """Cells of the bounds, row-major, trailing empty cells and rows trimmed."""
+        out: list[list[Cell]] = []
+        for r in range(b.start_row, min(b.end_row, len(self.rows))):
+            cells = self.rows[r][b.start_col : b.end_col]
+            end = len(cells)
+            while end and cells[end - 1] is None:
+                end -= 1
+            out.append(cells[:end])
+        while out and not out[-1]:
+            out.pop()
+        return out
+
+    def insert_rows(self, start: int, count: int) -> None:
+        if start < len(self.rows):
+            self.rows[start:start] = [[] for _ in range(count)]
+        self.row_count += count
+
+    def delete_rows(self, start: int, end: int) -> None:
+        del self.rows[start:end]
+        self.row_count -= end - start
+
+    def insert_columns(self, start: int, count: int) -> None:
+        for cells in self.rows:
+            if start < len(cells):
+                cells[start:start] = [None] * count
+        self.column_count += count
+
+    def delete_columns(self, start: int, end: int) -> None:
+        for cells in self.rows:
+            del cells[start:end]
+        self.column_count -= end - start
+
+    def properties(self, index: int) -> dict[str, Any]:
+        return {
+            "sheetId": self.sheet_id,
+            "title": self.title,
+            "index": index,
+            "sheetType": "GRID",
+            "gridProperties": {"rowCount": self.row_count, "columnCount": self.column_count},
+        }
+
+
+@dataclass
+class Spreadsheet:
+    spreadsheet_id: str
+    title: str
+    sheets: list[Sheet] = field(default_factory=list)
+    locale: str = "en_US"
+    time_zone: str = "Etc/GMT"
+
+    def sheet_by_title(self, title: str) -> Sheet | None:
+        for sheet in self.sheets:
+            if sheet.title == title:
+                return sheet
+        # Google matches sheet titles in ranges case-insensitively.
+        for sheet in self.sheets:
+            if sheet.title.lower() == title.lower():
+                return sheet
+        return None
+
+    def sheet_by_id(self, sheet_id: int) -> Sheet:
+        for sheet in self.sheets:
+            if sheet.sheet_id == sheet_id:
+                return sheet
+        raise invalid_argument(f"Invalid requests[0]: No grid with id: {sheet_id}")
+
+    def next_sheet_id(self) -> int:
+        return max((s.sheet_id for s in self.sheets), default=-1) + 1
+
+    def add_sheet(self, title: str, sheet_id: int | None = None, index: int | None = None) -> Sheet:
+        if self.sheet_by_title(title) is not None:
+            raise invalid_argument(
+                f'Invalid requests[0].addSheet: A sheet with the name "{title}" already exists. '
+                "Please enter another name."
+            )
+        if sheet_id is None:
+            sheet_id = self.next_sheet_id()
+        elif any(s.sheet_id == sheet_id for s in self.sheets):
+            raise invalid_argument(
+                f"Invalid requests[0].addSheet: A sheet with the id {sheet_id} already exists."
+            )
+        sheet = Sheet(sheet_id=sheet_id, title=title)
+        if index is None or index >= len(self.sheets):
+            self.sheets.append(sheet)
+        else:
+            self.sheets.insert(max(index, 0), sheet)
+        return sheet
+
+    def resolve(self, text: str, *, for_write: bool = False) -> Bounds:
+        """Resolve an A1 range against this spreadsheet.
+
+        Reads outside the grid fail like Google's ("exceeds grid limits"); writes may extend it.
+
+        :param text: A1 range, percent-decoded.
+        :param for_write: whether the caller will write (open ends then still stop at the grid).
+        """
+        try:
+            rng = parse_a1(text)
+        except A1Error:
+            raise invalid_argument(f"Unable to parse range: {text}") from None
+        return self.bounds(rng, text, for_write=for_write)
+
+    def bounds(self, rng: A1Range, text: str, *, for_write: bool = False) -> Bounds:
+        if rng.sheet is None:
+            sheet = self.sheets[0]
+        else:
+            found = self.sheet_by_title(rng.sheet)
+            if found is None:
+                raise invalid_argument(f"Unable to parse range: {text}")
+            sheet = found
+        end_row = sheet.row_count if rng.end_row is None else rng.end_row
+        end_col = sheet.column_count if rng.end_col is None else rng.end_col
+        if not for_write and (end_row > sheet.row_count or end_col > sheet.column_count):
+            raise invalid_argument(
+                f"Range ({text}) exceeds grid limits. Max rows: {sheet.row_count}, "
+                f"max columns: {sheet.column_count}"
+            )
+        return Bounds(sheet, rng.start_row, end_row, rng.start_col, end_col)
+
+    def resource(self) -> dict[str, Any]:
+        return {
+            "spreadsheetId": self.spreadsheet_id,
+            "properties": {
+                "title": self.title,
+                "locale": self.locale,
+                "autoRecalc": "ON_CHANGE",
+                "timeZone": self.time_zone,
+            },
+            "sheets": [{"properties": s.properties(i)} for i, s in enumerate(self.sheets)],
+            "spreadsheetUrl": f"https://docs.google.com/spreadsheets/d/{self.spreadsheet_id}/edit",
+        }
+
+
+class Store:
+    """All spreadsheets of one emulator, the lock that serialises requests, and the state file.
+
+    :param path: JSON state file; ``None`` keeps state in memory only.
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = None if path is None else os.fspath(path)
+        self.lock = threading.RLock()
+        self.spreadsheets: dict[str, Spreadsheet] = {}
+        if self.path and os.path.exists(self.path):
+            self._load()
+
+    def get(self, spreadsheet_id: str) -> Spreadsheet:
+        found = self.spreadsheets.get(spreadsheet_id)
+        if found is None:
+            raise not_found()
+        return found
+
+    def create(
+        self, title: str, sheet_titles: list[str] | None = None, spreadsheet_id: str | None = None
+    ) -> Spreadsheet:
+        """Create a spreadsheet; like Google, it always has at least one sheet (``Sheet1``)."""
+        if spreadsheet_id is None:
+            spreadsheet_id = secrets.token_urlsafe(33)[:44]
+        elif spreadsheet_id in self.spreadsheets:
+            raise ApiError(409, "ALREADY_EXISTS", f"Spreadsheet {spreadsheet_id} already exists.")
+        book = Spreadsheet(spreadsheet_id=spreadsheet_id, title=title)
+        for sheet_title in sheet_titles or ["Sheet1"]:
+            book.add_sheet(sheet_title)
+        self.spreadsheets[spreadsheet_id] = book
+        return book
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Write the whole state atomically: a temp file in the same directory, then os.replace."""
+        if not self.path:
+            return
+        data = {"version": STATE_VERSION, "spreadsheets": [_dump(b) for b in self.spreadsheets.values()]}
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(prefix=".sheets-state-", suffix=".json", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, separators=(",", ":"))
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def _load(self) -> None:
+        assert self.path is not None
+        with open(self.path, encoding="utf-8") as f:
+            data = json.load(f)
+        for raw in data.get("spreadsheets", []):
+            book = _load(raw)
+            self.spreadsheets[book.spreadsheet_id] = book
+
+
+def _dump(book: Spreadsheet) -> dict[str, Any]:
+    return {
+        "spreadsheetId": book.spreadsheet_id,
+        "title": book.title,
+        "locale": book.locale,
+        "timeZone": book.time_zone,
+        "sheets": [
+            {
+                "sheetId": s.sheet_id,
+                "title": s.title,
+                "rowCount": s.row_count,
+                "columnCount": s.column_count,
+                "rows": [[to_json(c) for c in row] for row in s.rows],
+            }
+            for s in book.sheets
+        ],
+    }
+
+
+def _load(raw: dict[str, Any]) -> Spreadsheet:
+    book = Spreadsheet(
+        spreadsheet_id=raw["spreadsheetId"],
+        title=raw["title"],
+        locale=raw.get("locale", "en_US"),
+        time_zone=raw.get("timeZone", "Etc/GMT"),
+    )
+    for s in raw["sheets"]:
+        book.sheets.append(
+            Sheet(
+                sheet_id=s["sheetId"],
+                title=s["title"],
+                row_count=s["rowCount"],
+                column_count=s["columnCount"],
+                rows=[[from_json(c) for c in row] for row in s["rows"]],
+            )
+        )
+    return book

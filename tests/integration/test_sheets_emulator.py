@@ -1,0 +1,589 @@
+"""The Sheets API emulator, driven by the real google-api-python-client through Airflow's GSheetsHook.
+
+Every call goes over HTTP to the emulator on 127.0.0.1, through the discovery document bundled with
+the client (nothing reaches the network), with the anonymous ``onceflow_sheets`` connection the
+``sheets_emulator`` fixture sets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import urllib.request
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from googleapiclient.errors import HttpError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from onceflow.testing.sheets_fixtures import SheetsEmulator
+
+QUEUE = [
+    ["url", "status", "score"],
+    ["https://example.com/a", "NEW", "1"],
+    ["https://example.com/b", "NEW"],
+    ["https://example.com/c", "DONE", "3"],
+]
+
+
+def _queue(emulator: SheetsEmulator, rows: list[list[Any]] | None = None, title: str = "Queue") -> str:
+    return emulator.create_spreadsheet("articles", sheets={title: rows if rows is not None else QUEUE})
+
+
+def _find_replace(find: str, replacement: str, **scope: Any) -> dict[str, Any]:
+    return {"findReplace": {"find": find, "replacement": replacement, "matchCase": True, **scope}}
+
+
+def _cell(sheet_id: int, row: int, col: int) -> dict[str, Any]:
+    return {
+        "range": {
+            "sheetId": sheet_id,
+            "startRowIndex": row,
+            "endRowIndex": row + 1,
+            "startColumnIndex": col,
+            "endColumnIndex": col + 1,
+        }
+    }
+
+
+def _control(emulator: SheetsEmulator, method: str, path: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(emulator.endpoint + path.lstrip("/"), data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+# -- reads ------------------------------------------------------------------------------------------
+
+
+def test_spreadsheets_get_lists_sheets_with_grid_sizes(sheets_emulator: SheetsEmulator) -> None:
+    sid = sheets_emulator.create_spreadsheet("book", sheets={"Queue": QUEUE, "Audit": []})
+    hook = sheets_emulator.hook()
+
+    book = hook.get_spreadsheet(sid)
+
+    assert book["spreadsheetId"] == sid
+    assert book["properties"]["title"] == "book"
+    assert [s["properties"]["title"] for s in book["sheets"]] == ["Queue", "Audit"]
+    assert [s["properties"]["sheetId"] for s in book["sheets"]] == [0, 1]
+    assert book["sheets"][0]["properties"]["gridProperties"] == {"rowCount": 1000, "columnCount": 26}
+    assert hook.get_sheet_titles(sid) == ["Queue", "Audit"]
+
+
+def test_values_get_trims_trailing_empty_rows_and_columns(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [["a", "", "c", ""], ["", ""], ["x"], ["", "", ""], []])
+    service = sheets_emulator.hook().get_conn()
+
+    reply = service.spreadsheets().values().get(spreadsheetId=sid, range="Queue!A1:F10").execute()
+
+    assert reply == {"range": "Queue!A1:F10", "majorDimension": "ROWS", "values": [["a", "", "c"], [], ["x"]]}
+
+
+def test_values_get_of_an_empty_range_has_no_values_key(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    service = sheets_emulator.hook().get_conn()
+
+    reply = service.spreadsheets().values().get(spreadsheetId=sid, range="Queue!E5:F6").execute()
+
+    assert reply == {"range": "Queue!E5:F6", "majorDimension": "ROWS"}
+
+
+def test_whole_column_and_open_ranges_echo_the_grid_bound(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    service = sheets_emulator.hook().get_conn()
+    values = service.spreadsheets().values()
+
+    whole = values.get(spreadsheetId=sid, range="Queue!A:B").execute()
+    open_ = values.get(spreadsheetId=sid, range="Queue!A2:B").execute()
+    sheet = values.get(spreadsheetId=sid, range="Queue").execute()
+
+    assert whole["range"] == "Queue!A1:B1000"
+    assert whole["values"] == [r[:2] for r in QUEUE]
+    assert open_["range"] == "Queue!A2:B1000"
+    assert open_["values"] == [r[:2] for r in QUEUE[1:]]
+    assert sheet["range"] == "Queue!A1:Z1000"
+    assert sheet["values"] == QUEUE
+
+
+def test_percent_encoded_ranges_with_spaces_quotes_and_colons(sheets_emulator: SheetsEmulator) -> None:
+    sid = sheets_emulator.create_spreadsheet(
+        "book", sheets={"My Queue": [["a", "b"], ["c", "d"]], "Editor's: notes/1": [["n"]]}
+    )
+    hook = sheets_emulator.hook()
+
+    assert hook.get_values(sid, "'My Queue'!A1:B2") == [["a", "b"], ["c", "d"]]
+    assert hook.get_values(sid, "'Editor''s: notes/1'!A1") == [["n"]]
+    reply = hook.update_values(sid, "'Editor''s: notes/1'!B1", [["written"]])
+    assert reply["updatedRange"] == "'Editor''s: notes/1'!B1"
+    assert sheets_emulator.values(sid, "'Editor''s: notes/1'!A1:B1") == [["n", "written"]]
+
+
+def test_a_range_without_a_sheet_name_means_the_first_sheet(sheets_emulator: SheetsEmulator) -> None:
+    sid = sheets_emulator.create_spreadsheet("book", sheets={"First": [["1"]], "Second": [["2"]]})
+
+    assert sheets_emulator.hook().get_values(sid, "A1") == [["1"]]
+
+
+def test_major_dimension_columns_transposes_and_trims(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [["a", "b", ""], ["c"]])
+    hook = sheets_emulator.hook()
+
+    assert hook.get_values(sid, "Queue!A1:C3", major_dimension="COLUMNS") == [["a", "c"], ["b"]]
+
+
+def test_batch_get_returns_one_value_range_per_range(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    hook = sheets_emulator.hook()
+
+    reply = hook.batch_get_values(sid, ["Queue!A1:A2", "Queue!B:B", "Queue!Z9"])
+
+    assert reply["spreadsheetId"] == sid
+    assert reply["valueRanges"] == [
+        {"range": "Queue!A1:A2", "majorDimension": "ROWS", "values": [["url"], ["https://example.com/a"]]},
+        {
+            "range": "Queue!B1:B1000",
+            "majorDimension": "ROWS",
+            "values": [["status"], ["NEW"], ["NEW"], ["DONE"]],
+        },
+        {"range": "Queue!Z9", "majorDimension": "ROWS"},
+    ]
+
+
+def test_a_sheet_of_50000_rows_reads_in_one_call(sheets_emulator: SheetsEmulator) -> None:
+    rows = [["url", "status", "score", "published_url"]]
+    rows += [[f"https://example.com/{i}", "NEW", str(i % 100), ""] for i in range(50_000)]
+    sid = _queue(sheets_emulator, rows)
+    hook = sheets_emulator.hook()
+
+    values = hook.get_values(sid, "Queue!A:D")
+
+    assert len(values) == 50_001
+    assert values[-1] == ["https://example.com/49999", "NEW", "99"]
+    assert sheets_emulator.request_log["values.get"] == 1
+
+
+# -- errors -----------------------------------------------------------------------------------------
+
+
+def test_unknown_spreadsheet_is_a_google_shaped_404(sheets_emulator: SheetsEmulator) -> None:
+    hook = sheets_emulator.hook()
+
+    with pytest.raises(HttpError) as caught:
+        hook.get_values("no-such-spreadsheet", "A1")
+
+    assert caught.value.status_code == 404
+    assert json.loads(caught.value.content)["error"] == {
+        "code": 404,
+        "message": "Requested entity was not found.",
+        "status": "NOT_FOUND",
+    }
+
+
+@pytest.mark.parametrize("bad_range", ["Nope!A1", "Queue!A0", "Queue!A1:", "Queue!ZZZZ1"])
+def test_a_bad_range_is_a_400_invalid_argument(sheets_emulator: SheetsEmulator, bad_range: str) -> None:
+    sid = _queue(sheets_emulator)
+
+    with pytest.raises(HttpError) as caught:
+        sheets_emulator.hook().get_values(sid, bad_range)
+
+    error = json.loads(caught.value.content)["error"]
+    assert caught.value.status_code == 400
+    assert error["status"] == "INVALID_ARGUMENT"
+    assert error["message"] == f"Unable to parse range: {bad_range}"
+
+
+def test_reading_past_the_grid_is_a_400(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+
+    with pytest.raises(HttpError) as caught:
+        sheets_emulator.hook().get_values(sid, "Queue!A1001")
+
+    assert caught.value.status_code == 400
+    assert "exceeds grid limits" in json.loads(caught.value.content)["error"]["message"]
+
+
+# -- values.update ------------------------------------------------------------------------------------
+
+
+def test_values_update_reports_what_it_updated(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    hook = sheets_emulator.hook()
+
+    reply = hook.update_values(sid, "Queue!D1:E2", [["published_url", "note"], ["https://pub/a"]])
+
+    assert reply == {
+        "spreadsheetId": sid,
+        "updatedRange": "Queue!D1:E2",
+        "updatedRows": 2,
+        "updatedColumns": 2,
+        "updatedCells": 3,
+    }
+    assert sheets_emulator.values(sid, "Queue!D1:E2") == [["published_url", "note"], ["https://pub/a"]]
+
+
+def test_values_update_from_a_single_cell_grows_with_the_data(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+
+    reply = sheets_emulator.hook().update_values(sid, "Queue!B2", [["A", "B", "C"], ["D", "E", "F"]])
+
+    assert reply["updatedRange"] == "Queue!B2:D3"
+    assert reply["updatedCells"] == 6
+
+
+def test_values_update_past_its_range_is_refused_and_changes_nothing(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+
+    with pytest.raises(HttpError) as caught:
+        sheets_emulator.hook().update_values(sid, "Queue!A1:B1", [["x", "y"], ["z"]])
+
+    assert caught.value.status_code == 400
+    assert "tried writing to row [2]" in json.loads(caught.value.content)["error"]["message"]
+    assert sheets_emulator.values(sid, "Queue!A1:B1") == [["url", "status"]]
+
+
+def test_null_skips_a_cell_and_empty_string_clears_it(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+
+    sheets_emulator.hook().update_values(sid, "Queue!A2:C2", [[None, "", "9"]])
+
+    assert sheets_emulator.values(sid, "Queue!A2:C2") == [["https://example.com/a", "", "9"]]
+
+
+def test_include_values_in_response_echoes_the_written_cells(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    hook = sheets_emulator.hook()
+
+    reply = hook.update_values(
+        sid, "Queue!C2", [["42"]], value_input_option="USER_ENTERED", include_values_in_response=True
+    )
+
+    assert reply["updatedData"] == {"range": "Queue!C2", "majorDimension": "ROWS", "values": [["42"]]}
+
+
+def test_values_update_with_major_dimension_columns(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [])
+
+    reply = sheets_emulator.hook().update_values(
+        sid, "Queue!A1", [["a", "b", "c"]], major_dimension="COLUMNS"
+    )
+
+    assert reply["updatedRange"] == "Queue!A1:A3"
+    assert sheets_emulator.values(sid, "Queue!A1:C3") == [["a"], ["b"], ["c"]]
+
+
+def test_value_input_option_is_required(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    service = sheets_emulator.hook().get_conn()
+
+    with pytest.raises(HttpError) as caught:
+        service.spreadsheets().values().update(
+            spreadsheetId=sid, range="Queue!A1", body={"values": [["x"]]}
+        ).execute()
+
+    assert caught.value.status_code == 400
+
+
+# -- RAW vs USER_ENTERED and formula-like values ------------------------------------------------------
+
+
+def test_user_entered_parses_numbers_booleans_and_formulas(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [])
+    hook = sheets_emulator.hook()
+
+    hook.update_values(
+        sid,
+        "Queue!A1",
+        [["42", "3.5", "true", "=SUM(1,2)", "'=literal", "NEW"]],
+        value_input_option="USER_ENTERED",
+    )
+
+    unformatted = hook.get_values(sid, "Queue!A1:F1", value_render_option="UNFORMATTED_VALUE")
+    formatted = hook.get_values(sid, "Queue!A1:F1")
+    formulas = hook.get_values(sid, "Queue!A1:F1", value_render_option="FORMULA")
+    assert unformatted == [[42, 3.5, True, "=SUM(1,2)", "=literal", "NEW"]]
+    assert formatted == [["42", "3.5", "TRUE", "=SUM(1,2)", "=literal", "NEW"]]
+    assert formulas == [[42, 3.5, True, "=SUM(1,2)", "=literal", "NEW"]]
+
+
+def test_raw_stores_formula_like_text_as_a_string(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [])
+    hook = sheets_emulator.hook()
+
+    hook.update_values(sid, "Queue!A1", [["=IMPORTXML(1)", "42", "true"]], value_input_option="RAW")
+    hook.update_values(sid, "Queue!A2", [["=IMPORTXML(1)"]], value_input_option="USER_ENTERED")
+
+    assert hook.get_values(sid, "Queue!A1:C1", value_render_option="UNFORMATTED_VALUE") == [
+        ["=IMPORTXML(1)", "42", "true"]
+    ]
+    # A formula cell and a text cell look alike when read, but only the formula is one: findReplace
+    # without includeFormulas sees the text cell only.
+    reply = (
+        hook.get_conn()
+        .spreadsheets()
+        .batchUpdate(spreadsheetId=sid, body={"requests": [_find_replace("IMPORTXML", "X", sheetId=0)]})
+        .execute()
+    )
+    assert reply["replies"][0]["findReplace"]["valuesChanged"] == 1
+    assert sheets_emulator.values(sid, "Queue!A1:A2") == [["=X(1)"], ["=IMPORTXML(1)"]]
+
+
+# -- spreadsheets.batchUpdate: findReplace --------------------------------------------------------------
+
+
+def test_find_replace_on_one_cell_with_match_entire_cell(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    service = sheets_emulator.hook().get_conn()
+    claim = _find_replace("NEW", "CLAIMED token-1", matchEntireCell=True, **_cell(0, 1, 1))
+
+    first = service.spreadsheets().batchUpdate(spreadsheetId=sid, body={"requests": [claim]}).execute()
+    second = service.spreadsheets().batchUpdate(spreadsheetId=sid, body={"requests": [claim]}).execute()
+
+    assert first == {
+        "spreadsheetId": sid,
+        "replies": [
+            {
+                "findReplace": {
+                    "valuesChanged": 1,
+                    "rowsChanged": 1,
+                    "sheetsChanged": 1,
+                    "occurrencesChanged": 1,
+                }
+            }
+        ],
+    }
+    assert second["replies"] == [{"findReplace": {}}]
+    assert sheets_emulator.values(sid, "Queue!B2:B3") == [["CLAIMED token-1"], ["NEW"]]
+
+
+def test_match_entire_cell_does_not_match_a_substring(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [["status"], ["NEWS"], ["NEW"]])
+    service = sheets_emulator.hook().get_conn()
+
+    reply = (
+        service.spreadsheets()
+        .batchUpdate(
+            spreadsheetId=sid, body={"requests": [_find_replace("NEW", "X", matchEntireCell=True, sheetId=0)]}
+        )
+        .execute()
+    )
+
+    assert reply["replies"][0]["findReplace"]["occurrencesChanged"] == 1
+    assert sheets_emulator.values(sid, "Queue!A1:A3") == [["status"], ["NEWS"], ["X"]]
+
+
+def test_find_replace_counts_occurrences_rows_and_sheets(sheets_emulator: SheetsEmulator) -> None:
+    sid = sheets_emulator.create_spreadsheet(
+        "book",
+        sheets={"One": [["a-a", "a"], ["b"]], "Two": [["a"]], "Three": [['=A1&"a"']]},
+        value_input_option="USER_ENTERED",
+    )
+    service = sheets_emulator.hook().get_conn()
+
+    reply = (
+        service.spreadsheets()
+        .batchUpdate(spreadsheetId=sid, body={"requests": [_find_replace("a", "z", allSheets=True)]})
+        .execute()
+    )
+
+    assert reply["replies"][0]["findReplace"] == {
+        "valuesChanged": 3,
+        "rowsChanged": 2,
+        "sheetsChanged": 2,
+        "occurrencesChanged": 4,
+    }
+    assert sheets_emulator.values(sid, "One!A1:B1") == [["z-z", "z"]]
+
+
+def test_find_replace_in_formulas_only_when_asked(sheets_emulator: SheetsEmulator) -> None:
+    sid = sheets_emulator.create_spreadsheet(
+        "book", sheets={"S": [["=SUM(A2)", "SUM"]]}, value_input_option="USER_ENTERED"
+    )
+    service = sheets_emulator.hook().get_conn()
+
+    reply = (
+        service.spreadsheets()
+        .batchUpdate(
+            spreadsheetId=sid,
+            body={"requests": [_find_replace("SUM", "MAX", sheetId=0, includeFormulas=True)]},
+        )
+        .execute()
+    )
+
+    assert reply["replies"][0]["findReplace"] == {
+        "valuesChanged": 1,
+        "formulasChanged": 1,
+        "rowsChanged": 1,
+        "sheetsChanged": 1,
+        "occurrencesChanged": 2,
+    }
+    assert sheets_emulator.values(sid, "S!A1:B1") == [["=MAX(A2)", "MAX"]]
+
+
+def test_find_replace_is_case_insensitive_unless_match_case(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [["new"], ["NEW"]])
+    service = sheets_emulator.hook().get_conn()
+    spec = {"find": "NEW", "replacement": "X", "matchEntireCell": True, "sheetId": 0}
+
+    exact = (
+        service.spreadsheets()
+        .batchUpdate(spreadsheetId=sid, body={"requests": [{"findReplace": {**spec, "matchCase": True}}]})
+        .execute()
+    )
+    loose = (
+        service.spreadsheets()
+        .batchUpdate(spreadsheetId=sid, body={"requests": [{"findReplace": spec}]})
+        .execute()
+    )
+
+    assert exact["replies"][0]["findReplace"]["occurrencesChanged"] == 1
+    assert loose["replies"][0]["findReplace"]["occurrencesChanged"] == 1
+    assert sheets_emulator.values(sid, "Queue!A1:A2") == [["X"], ["X"]]
+
+
+def test_find_replace_by_regex_with_groups(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [["CLAIMED abc 7"]])
+    service = sheets_emulator.hook().get_conn()
+
+    service.spreadsheets().batchUpdate(
+        spreadsheetId=sid,
+        body={
+            "requests": [
+                _find_replace(r"^CLAIMED (\w+) (\d+)$", "DONE $1 ($2)", searchByRegex=True, sheetId=0)
+            ]
+        },
+    ).execute()
+
+    assert sheets_emulator.values(sid, "Queue!A1") == [["DONE abc (7)"]]
+
+
+def test_a_failing_request_rolls_back_the_whole_batch(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    service = sheets_emulator.hook().get_conn()
+
+    with pytest.raises(HttpError) as caught:
+        service.spreadsheets().batchUpdate(
+            spreadsheetId=sid,
+            body={"requests": [_find_replace("NEW", "GONE", sheetId=0), _find_replace("x", "y", sheetId=99)]},
+        ).execute()
+
+    assert caught.value.status_code == 400
+    assert "requests[1]" in json.loads(caught.value.content)["error"]["message"]
+    assert sheets_emulator.values(sid, "Queue!B2:B3") == [["NEW"], ["NEW"]]
+
+
+# -- atomicity under real races -------------------------------------------------------------------------
+
+_CLAIMER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from google.auth.credentials import AnonymousCredentials
+    from googleapiclient.discovery import build
+
+    # The bare client (what GSheetsHook builds) keeps the start-up of four processes short.
+    endpoint, sid, token, go_file = sys.argv[1:5]
+    service = build(
+        "sheets", "v4", credentials=AnonymousCredentials(), cache_discovery=False,
+        client_options={"api_endpoint": endpoint},
+    )
+    service.spreadsheets().get(spreadsheetId=sid).execute()  # connect before the start line
+    print("ready", flush=True)
+    while not os.path.exists(go_file):
+        time.sleep(0.001)
+    cell = {"sheetId": 0, "startRowIndex": 1, "endRowIndex": 2, "startColumnIndex": 1, "endColumnIndex": 2}
+    body = {"requests": [{"findReplace": {
+        "find": "NEW", "replacement": "CLAIMED " + token, "matchCase": True, "matchEntireCell": True,
+        "range": cell,
+    }}]}
+    reply = service.spreadsheets().batchUpdate(spreadsheetId=sid, body=body).execute(num_retries=0)
+    print(json.dumps(reply["replies"][0]["findReplace"].get("occurrencesChanged", 0)), flush=True)
+    """
+)
+
+
+def test_exactly_one_of_8_threads_and_4_processes_claims_a_cell(
+    sheets_emulator: SheetsEmulator, tmp_path: Path
+) -> None:
+    sid = _queue(sheets_emulator)
+    go_file = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CLAIMER, sheets_emulator.endpoint, sid, f"proc-{i}", str(go_file)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=os.environ.copy(),
+        )
+        for i in range(4)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+        barrier = threading.Barrier(8 + 1)
+        results: dict[str, int] = {}
+
+        def claim(token: str) -> None:
+            service = sheets_emulator.hook().get_conn()
+            service.spreadsheets().get(spreadsheetId=sid).execute()
+            request = service.spreadsheets().batchUpdate(
+                spreadsheetId=sid,
+                body={
+                    "requests": [
+                        _find_replace("NEW", f"CLAIMED {token}", matchEntireCell=True, **_cell(0, 1, 1))
+                    ]
+                },
+            )
+            barrier.wait()
+            reply = request.execute(num_retries=0)
+            results[token] = reply["replies"][0]["findReplace"].get("occurrencesChanged", 0)
+
+        threads = [threading.Thread(target=claim, args=(f"thread-{i}",)) for i in range(8)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        go_file.touch()
+        for t in threads:
+            t.join(timeout=60)
+        for i, proc in enumerate(procs):
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == 0
+            results[f"proc-{i}"] = json.loads(out.strip().splitlines()[-1])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
+    winners = [token for token, changed in results.items() if changed == 1]
+    assert len(results) == 12
+    assert len(winners) == 1
+    assert sum(results.values()) == 1
+    assert sheets_emulator.values(sid, "Queue!B2") == [[f"CLAIMED {winners[0]}"]]
+    assert sheets_emulator.request_log["spreadsheets.batchUpdate"] == 12
+
+
+# -- request log --------------------------------------------------------------------------------------
+
+
+def test_the_request_log_counts_calls_per_method(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    hook = sheets_emulator.hook()
+
+    hook.get_values(sid, "Queue!A:C")
+    hook.get_values(sid, "Queue!A1")
+    hook.batch_get_values(sid, ["Queue!A1", "Queue!B1"])
+    hook.update_values(sid, "Queue!D1", [["x"]])
+
+    assert sheets_emulator.request_log.counts == {"values.get": 2, "values.batchGet": 1, "values.update": 1}
+    assert (sheets_emulator.request_log.reads, sheets_emulator.request_log.writes) == (3, 1)
+    over_http = _control(sheets_emulator, "GET", "/_emulator/requests")
+    assert over_http["counts"] == {"values.get": 2, "values.batchGet": 1, "values.update": 1}
+    assert over_http["total"] == 4
+
+    _control(sheets_emulator, "DELETE", "/_emulator/requests")
+    assert sheets_emulator.request_log.total == 0

@@ -282,6 +282,7 @@ class PartitionStore:
             self._replace_rejects(
                 conn, partition_key(lease.partition), frame_records(rejects, REJECT_COLUMNS)
             )
+            self._release_key(conn, partition_key(lease.partition))
 
     def check_fence(self, lease: Lease) -> None:
         """Raise :class:`StaleAttemptError` unless ``lease`` still holds the newest token."""
@@ -400,7 +401,18 @@ class PartitionStore:
                 ],
             )
 
+    def _release_key(self, conn: Connection, key: str) -> None:
+        # Expire the lease at commit so another run may load the partition right away; the row
+        # keeps the token, run and try, so older attempts stay fenced out.
+        lt = self.lease_table
+        conn.execute(
+            lt.update()
+            .where(lt.c.table_name == self.table_name, lt.c.partition_key == key)
+            .values(expires_at_utc=self.clock())
+        )
+
     def _upsert_audit(self, conn: Connection, audit: AuditRecord) -> None:
+        self._release_key(conn, audit.partition_key)
         at = self.audit_table
         values = dataclasses.asdict(audit)
         conn.execute(

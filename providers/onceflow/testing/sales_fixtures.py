@@ -13,6 +13,7 @@ Airflow is never imported here at module level (the plugin configures it first).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,6 @@ import pytest
 from onceflow.sales.generator import GeneratorConfig, OrderRow, generate_orders, write_orders
 
 if TYPE_CHECKING:
-    import datetime as dt
     from collections.abc import Callable
     from pathlib import Path
 
@@ -81,3 +81,30 @@ def sales_connections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callab
         return staging
 
     return point
+
+
+def source_frame(day: dt.date, config: GeneratorConfig, *, ingested_before: dt.datetime | None = None) -> Any:
+    """The shop rows a run for ``day`` reads, computed without a database (for expectations).
+
+    Events come from ``day`` and the three days before it (refunds arrive up to 72 hours late);
+    ``row_id`` is the position in generation order, as a fresh database would assign it.
+    """
+    import pandas as pd
+
+    from onceflow.sales.partitions import day_bounds_utc
+
+    rows = generate_orders(day - dt.timedelta(days=3), day + dt.timedelta(days=1), config)
+    df = pd.DataFrame([r.as_dict() for r in rows])
+    df.insert(0, "row_id", range(1, len(df) + 1))
+    start, end = (b.replace(tzinfo=None) for b in day_bounds_utc(day, config.timezone))
+    keep = (df["created_at_utc"] >= start) & (df["created_at_utc"] < end)
+    if ingested_before is not None:
+        keep &= df["ingested_at_utc"] < ingested_before
+    return df[keep].reset_index(drop=True)
+
+
+def clean_day(day: dt.date, config: GeneratorConfig, *, ingested_before: dt.datetime | None = None) -> Any:
+    """:func:`~onceflow.sales.clean.clean_orders` of :func:`source_frame` (a ``CleanResult``)."""
+    from onceflow.sales.clean import clean_orders
+
+    return clean_orders(source_frame(day, config, ingested_before=ingested_before), partition=day)

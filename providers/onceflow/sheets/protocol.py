@@ -91,6 +91,10 @@ class ClaimResult:
     rejected: list[Rejection] = field(default_factory=list)
     aimed: int = 0
     lost: int = 0
+    #: claims that landed on a different row than aimed at (rows moved between read and write)
+    redirected: int = 0
+    #: claims confirmed only by the read-back, the write's reply having been lost (5xx after apply)
+    recovered: int = 0
 
 
 def a1_sheet(title: str) -> str:
@@ -246,14 +250,14 @@ class SheetQueue:
         if not targets:
             return result
         result.aimed = len(targets)
-        issued: set[str] = set()
+        issued: dict[str, Row] = {}  # token -> the row it was aimed at
         status_col = snapshot.columns["status"]
 
         def attempt() -> list[dict[str, Any]]:
             # fresh tokens on every attempt: one token can then match at most one cell, ever
             now = self.clock()
             tokens = [new_token(now, secrets.token_hex(5)) for _ in targets]
-            issued.update(tokens)
+            issued.update(zip(tokens, targets, strict=True))
             requests = [
                 self._find_replace(
                     self._cell(row.number, status_col),
@@ -264,11 +268,13 @@ class SheetQueue:
             ]
             return self.transport.batch_update(requests)
 
+        ambiguous = False
         try:
             replies = self.backoff.call(attempt)
             log.info("claim write: %d of %d changed", sum(map(_occurrences, replies)), len(targets))
         except ServerError as err:  # maybe applied: the verification read decides
             log.warning("claim write outcome unknown (%s); verifying by reading back", err)
+            ambiguous = True
 
         verified = self.snapshot()
         found = {t: rows for t, rows in verified.by_token().items() if t in issued}
@@ -278,6 +284,7 @@ class SheetQueue:
             self._retoken(verified, extra)
         verdicts = classify_claimed(verified, mine)
         rejects = {t: v for t, v in verdicts.items() if not v.ok}
+        result.redirected = sum(1 for t, row in mine.items() if row.url != issued[t].url)
         for token, verdict in sorted(verdicts.items(), key=lambda tv: tv[1].row.number):
             if verdict.ok and verdict.key and verdict.normalised_url:
                 result.claims.append(
@@ -306,6 +313,8 @@ class SheetQueue:
                 if v.status
             ]
         result.lost = len(targets) - len(mine)
+        if ambiguous:
+            result.recovered = len(mine)
         return result
 
     def _retoken(self, snapshot: Snapshot, extra: list[tuple[str, Row]]) -> None:

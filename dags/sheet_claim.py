@@ -1,0 +1,55 @@
+"""sheet_claim: wait for NEW rows in the queue sheet, claim them, start one article run per row."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import dag
+
+from onceflow.operators.sheets import SheetClaimOperator
+from onceflow.sensors.sheets import NewRowsSensor
+
+DOC_MD = """
+### sheet_claim
+
+Every five minutes: a deferrable `NewRowsSensor` waits in the triggerer (holding no worker or pool
+slot) until the queue tab has NEW rows, then `SheetClaimOperator` claims up to `max_rows` of them
+**in the sheet first** (one read, one conditional `batchUpdate`, one verification read) and only
+then creates one `article_pipeline` run per claimed row, with the deterministic run id
+`sheet__<row key>__<processing version>`. A run that already exists counts as success.
+
+Connection `onceflow_sheets` (extras `spreadsheet_id`, `sheet`, and `api_endpoint` for the
+emulator). Pool `onceflow_sheets`. Orphaned claims are repaired by `sheet_reconcile`.
+Docs: `docs/sheet-queue.md`.
+"""
+
+
+@dag(
+    dag_id="sheet_claim",
+    schedule="*/5 * * * *",
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["onceflow", "sheet-queue"],
+    doc_md=DOC_MD,
+    params={"max_rows": 50, "processing_version": "v1"},
+    default_args={"owner": "onceflow", "retries": 2, "retry_delay": timedelta(seconds=30)},
+)
+def sheet_claim() -> None:
+    wait = NewRowsSensor(
+        task_id="wait_for_new_rows",
+        pool="onceflow_sheets",
+        poke_interval=30,
+        timeout=4 * 60,
+        soft_fail=True,  # nothing new before the next run: skip, do not fail
+    )
+    claim = SheetClaimOperator(
+        task_id="claim_rows",
+        max_rows="{{ params.max_rows }}",  # type: ignore[arg-type]  # rendered to a number
+        processing_version="{{ params.processing_version }}",
+    )
+    wait >> claim
+
+
+sheet_claim()

@@ -1,0 +1,84 @@
+"""sheet_reconcile: repair claims without runs and flag inconsistent rows, logging every action."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+from airflow.sdk import dag, get_current_context, task
+
+DOC_MD = """
+### sheet_reconcile
+
+Scans the queue sheet against Airflow and repairs what the normal path cannot see:
+
+* rows **PROCESSING past their lease** (`lease_minutes`, counted from the claim time carried in
+  the claim token) with no queued or running `article_pipeline` run: a missing run (the claimer
+  died between claim and run creation) is created, a failed one is cleared, both under the same
+  deterministic run id, so repair never duplicates work; after `max_redrives` failures the row
+  is marked FAILED;
+* a URL claimed by two rows: the later claim becomes DUPLICATE;
+* rows DONE without a published link, and published links on rows that are not DONE: flagged.
+
+Every action is appended to the `audit` tab with its reason and time; flags are not repeated.
+Docs: `docs/sheet-queue.md`.
+"""
+
+
+@dag(
+    dag_id="sheet_reconcile",
+    schedule="*/15 * * * *",
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["onceflow", "sheet-queue", "reconcile"],
+    doc_md=DOC_MD,
+    params={"lease_minutes": 60, "processing_version": "v1", "max_redrives": 3},
+    default_args={"owner": "onceflow", "retries": 2, "retry_delay": timedelta(minutes=1)},
+)
+def sheet_reconcile() -> None:
+    @task(pool="onceflow_sheets")
+    def reconcile() -> list[dict[str, Any]]:
+        """One read of the sheet, run states from Airflow, then the repairs, each audited."""
+        from datetime import datetime, timezone
+
+        from onceflow.hooks.sheets import SheetQueueHook
+        from onceflow.operators.sheets import ARTICLE_PIPELINE, create_dag_run
+        from onceflow.sheets import reconcile as rec
+
+        context = get_current_context()
+        params = context["params"]
+        ti = context["ti"]
+        version = str(params["processing_version"])
+        queue = SheetQueueHook().queue(version)
+
+        def run_state(run_id: str) -> str | None:
+            if not ti.get_dr_count(dag_id=ARTICLE_PIPELINE, run_ids=[run_id]):
+                return None
+            return str(ti.get_dagrun_state(dag_id=ARTICLE_PIPELINE, run_id=run_id))
+
+        # the lease is about the real present, not the data interval
+        now = datetime.now(timezone.utc)
+        plan = rec.plan(
+            queue.snapshot(),
+            now=now,
+            lease=timedelta(minutes=float(params["lease_minutes"])),
+            version=version,
+            run_state=run_state,
+            audit=queue.read_audit(),
+            max_redrives=int(params["max_redrives"]),
+        )
+        return rec.apply(
+            plan.actions,
+            queue,
+            now=now,
+            create_run=lambda run_id, conf, reset: create_dag_run(
+                ARTICLE_PIPELINE, run_id, conf, reset=reset
+            ),
+        )
+
+    reconcile()
+
+
+sheet_reconcile()

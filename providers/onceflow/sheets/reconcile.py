@@ -1,0 +1,204 @@
+"""Reconcile the sheet with Airflow: find broken invariants and plan logged repairs.
+
+Invariants, each checked from one read of the queue tab and the run states Airflow reports:
+
+* a row PROCESSING past its lease has a queued or running run; if the run is missing (the
+  claimer died between claim and run creation) it is created, if it failed it is cleared, both
+  under the same deterministic run id, so repair never duplicates work;
+* a URL is owned by one live row; a second PROCESSING row for it becomes DUPLICATE;
+* a DONE row has a published link, and a published link belongs to a DONE row (flagged).
+
+Planning is pure (this module); :func:`apply` executes a plan through the queue and callbacks, and
+every action is appended to the audit tab with its reason and time.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from onceflow.sheets.keys import pipeline_run_id
+from onceflow.sheets.model import LIVE_STATUSES, Row, Snapshot, Status, token_time
+from onceflow.sheets.validation import judge_url
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from datetime import datetime, timedelta
+
+    from onceflow.sheets.protocol import SheetQueue
+
+log = logging.getLogger(__name__)
+
+REDRIVE_MISSING = "claimed row had no run (claimer stopped between claim and run creation)"
+REDRIVE_FAILED = "run failed; cleared and re-run under the same run id"
+GIVE_UP = "run failed after {n} re-drives; row marked FAILED"
+SUCCESS_NOT_DONE = "run succeeded but the row is still PROCESSING (nothing wrote the result back)"
+DONE_NO_LINK = "row is DONE but has no published_url"
+LINK_NOT_DONE = "row has a published_url but its status is not DONE"
+CLAIMED_TWICE = "same URL claimed by two rows; the later claim is a duplicate of {first}"
+
+#: Run states that mean "something is already driving this row".
+ACTIVE_RUN_STATES = frozenset({"queued", "running"})
+
+
+@dataclass(frozen=True)
+class Action:
+    """One repair or flag.
+
+    :param kind: ``create_run``, ``reset_run``, ``transition`` or ``flag``.
+    """
+
+    kind: str
+    reason: str
+    row: Row
+    run_id: str = ""
+    new_status: Status | None = None
+
+    def audit_entry(self, now: datetime) -> dict[str, str]:
+        return {
+            "time": now.isoformat(timespec="seconds"),
+            "action": self.kind,
+            "reason": self.reason,
+            "row_key": judge_url(self.row).key or "",
+            "url": self.row.url,
+            "claim_token": self.row.token or "",
+            "run_id": self.run_id,
+        }
+
+
+@dataclass
+class Plan:
+    actions: list[Action] = field(default_factory=list)
+
+    def of(self, kind: str) -> list[Action]:
+        return [a for a in self.actions if a.kind == kind]
+
+
+def _already_logged(audit: list[dict[str, str]], action: Action) -> int:
+    return sum(
+        1
+        for e in audit
+        if e.get("action") == action.kind
+        and e.get("reason") == action.reason
+        and e.get("claim_token", "") == (action.row.token or "")
+        and e.get("url", "") == action.row.url
+    )
+
+
+def plan(
+    snapshot: Snapshot,
+    *,
+    now: datetime,
+    lease: timedelta,
+    version: str,
+    run_state: Callable[[str], str | None],
+    audit: list[dict[str, str]],
+    max_redrives: int = 3,
+) -> Plan:
+    """Decide what to repair.
+
+    :param snapshot: one read of the queue tab.
+    :param now: current time (aware).
+    :param lease: how long a claim may stay PROCESSING before its run is checked.
+    :param version: processing version (part of the run id).
+    :param run_state: run id -> Airflow run state (``queued``, ``running``, ``success``,
+        ``failed``), or None when no such run exists.
+    :param audit: the audit tab so far; flags are not repeated, re-drives are counted.
+    :param max_redrives: failed runs re-driven at most this often per claim, then FAILED.
+    """
+    result = Plan()
+
+    def add(action: Action, once: bool = False) -> None:
+        if once and _already_logged(audit, action):
+            return
+        result.actions.append(action)
+
+    owner: dict[str, Row] = {}
+    for row in sorted(
+        (r for r in snapshot.rows if r.status in LIVE_STATUSES),
+        key=lambda r: (r.status is Status.PROCESSING, r.token or ""),
+    ):
+        key = judge_url(row).key
+        if key is None:
+            continue
+        first = owner.setdefault(key, row)
+        if first is not row and row.status is Status.PROCESSING and row.token:
+            add(
+                Action(
+                    "transition",
+                    CLAIMED_TWICE.format(first=first.token or first.url),
+                    row,
+                    new_status=Status.DUPLICATE,
+                )
+            )
+
+    duplicates = {a.row.token for a in result.actions}
+    for row in snapshot.rows:
+        link = row.get("published_url").strip()
+        if row.status is Status.DONE and not link:
+            add(Action("flag", DONE_NO_LINK, row), once=True)
+        if link and row.status is not Status.DONE:
+            add(Action("flag", LINK_NOT_DONE, row), once=True)
+        if row.status is not Status.PROCESSING or not row.token or row.token in duplicates:
+            continue
+        claimed_at = token_time(row.token)
+        if claimed_at is not None and now - claimed_at < lease:
+            continue
+        key = judge_url(row).key
+        if key is None:
+            continue
+        run_id = pipeline_run_id(key, version)
+        state = run_state(run_id)
+        if state is None:
+            add(Action("create_run", REDRIVE_MISSING, row, run_id))
+        elif state in ACTIVE_RUN_STATES:
+            continue
+        elif state == "failed":
+            redrives = _already_logged(audit, Action("reset_run", REDRIVE_FAILED, row))
+            if redrives >= max_redrives:
+                add(Action("transition", GIVE_UP.format(n=redrives), row, run_id, Status.FAILED))
+            else:
+                add(Action("reset_run", REDRIVE_FAILED, row, run_id))
+        elif state == "success":
+            add(Action("flag", SUCCESS_NOT_DONE, row, run_id), once=True)
+    return result
+
+
+def apply(
+    actions: list[Action],
+    queue: SheetQueue,
+    *,
+    now: datetime,
+    create_run: Callable[[str, dict[str, str], bool], str],
+) -> list[dict[str, str]]:
+    """Carry out a plan; append every action to the audit tab; return the audit entries.
+
+    :param create_run: ``(run_id, conf, reset) -> "created" | "exists"``.
+    """
+    entries = []
+    for action in actions:
+        row = action.row
+        token = row.token or ""
+        if action.kind in ("create_run", "reset_run"):
+            verdict = judge_url(row)
+            conf = {
+                "claim_token": token,
+                "row_key": verdict.key or "",
+                "url": verdict.normalised_url or row.url,
+                "spreadsheet_id": getattr(queue.transport, "spreadsheet_id", ""),
+                "sheet": queue.sheet,
+                "processing_version": queue.version,
+            }
+            outcome = create_run(action.run_id, conf, action.kind == "reset_run")
+            log.info("%s %s: %s", action.kind, action.run_id, outcome)
+        elif (
+            action.kind == "transition"
+            and action.new_status is not None
+            and not queue.transition(token, Status.PROCESSING, action.new_status)
+        ):
+            log.info("row %s already moved on; nothing to do", token)
+            continue
+        entries.append(action.audit_entry(now))
+    queue.audit(entries)
+    return entries

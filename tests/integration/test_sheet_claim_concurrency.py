@@ -1,0 +1,279 @@
+"""Eight claimers race over 1,000 NEW rows: every row is claimed exactly once.
+
+The claimers are real google-api-python-client clients talking HTTP to the Sheets emulator, as
+threads of this process and as separate processes; then the same with injected 429s and
+"apply then fail" (the write lands, the client sees a 500), and while an editor inserts and
+deletes rows under them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+import threading
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from onceflow.sheets.keys import normalise_url, row_key
+from onceflow.sheets.model import Snapshot, Status
+from onceflow.sheets.protocol import SheetQueue
+from onceflow.sheets.retry import Backoff
+from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+
+if TYPE_CHECKING:
+    from onceflow.testing.sheets_fixtures import SheetsEmulator
+
+HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
+CLAIMERS = 8
+ROWS = 1000
+LIMIT = 40
+
+
+def _seed(emulator: SheetsEmulator, rows: int = ROWS) -> str:
+    data = [HEADER] + [[f"https://news.example.com/story/{i}", "NEW"] for i in range(rows)]
+    return emulator.create_spreadsheet("articles", sheets={"queue": data})
+
+
+def _queue(emulator: SheetsEmulator, sid: str, seed: int) -> SheetQueue:
+    transport = GoogleSheetsTransport(anonymous_service(emulator.endpoint), sid)
+    return SheetQueue(transport, backoff=Backoff(base=0.05, cap=1.0, attempts=30), rng=random.Random(seed))
+
+
+def _drain(queue: SheetQueue) -> list[dict[str, Any]]:
+    """Claim until a read shows no NEW rows; return every claim won."""
+    won: list[dict[str, Any]] = []
+    while True:
+        result = queue.claim(LIMIT)
+        won += [{"token": c.token, "row_key": c.row_key} for c in result.claims]
+        won.append({"redirected": result.redirected, "recovered": result.recovered})
+        if result.aimed == 0:
+            return won
+
+
+def _claim_with_threads(emulator: SheetsEmulator, sid: str) -> list[dict[str, Any]]:
+    results: list[list[dict[str, Any]]] = [[] for _ in range(CLAIMERS)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(CLAIMERS)
+
+    def claimer(i: int) -> None:
+        try:
+            queue = _queue(emulator, sid, i)
+            barrier.wait()
+            results[i] = _drain(queue)
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(CLAIMERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    return [c for r in results for c in r]
+
+
+PROCESS_CLAIMER = textwrap.dedent(
+    """
+    import json, random, sys, time
+    from onceflow.sheets.protocol import SheetQueue
+    from onceflow.sheets.retry import Backoff
+    from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+
+    endpoint, sid, seed, limit, start_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    queue = SheetQueue(GoogleSheetsTransport(anonymous_service(endpoint), sid),
+                       backoff=Backoff(base=0.05, cap=1.0, attempts=30), rng=random.Random(seed))
+    time.sleep(max(0.0, start_at - time.time()))  # start together
+    while True:
+        result = queue.claim(limit)
+        for c in result.claims:
+            print(json.dumps({"token": c.token, "row_key": c.row_key}), flush=True)
+        print(json.dumps({"redirected": result.redirected, "recovered": result.recovered}), flush=True)
+        if result.aimed == 0:
+            break
+    """
+)
+
+
+def _claim_with_processes(emulator: SheetsEmulator, sid: str) -> list[dict[str, Any]]:
+    import time
+
+    start_at = time.time() + 4  # interpreter start-up on a busy machine
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                PROCESS_CLAIMER,
+                emulator.endpoint,
+                sid,
+                str(i),
+                str(LIMIT),
+                str(start_at),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(CLAIMERS)
+    ]
+    claims: list[dict[str, Any]] = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err[-3000:]
+            claims += [json.loads(line) for line in out.splitlines() if line.strip()]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return claims
+
+
+def _assert_exactly_once(
+    emulator: SheetsEmulator, sid: str, claims: list[dict[str, Any]], expected_urls: set[str]
+) -> None:
+    won = [c for c in claims if "token" in c]
+    per_key = Counter(c["row_key"] for c in won)
+    twice = {k: n for k, n in per_key.items() if n > 1}
+    assert not twice, f"rows claimed more than once: {twice}"
+    expected_keys = {row_key(normalise_url(u)) for u in expected_urls}
+    assert set(per_key) == expected_keys, (
+        f"{len(expected_keys - set(per_key))} rows never claimed, {len(set(per_key) - expected_keys)} unexpected"
+    )
+    # the sheet agrees: each claimed token sits in exactly one row, beside the URL it was claimed for
+    snapshot = Snapshot.from_values(emulator.values(sid, "queue"))
+    by_token = snapshot.by_token()
+    for c in won:
+        rows = by_token.get(c["token"], [])
+        assert len(rows) == 1, f"token {c['token']} in {len(rows)} rows"
+        assert rows[0].status is Status.PROCESSING
+        assert row_key(normalise_url(rows[0].url)) == c["row_key"], "claim bound to the wrong row"
+    stray = set(by_token) - {c["token"] for c in won}
+    assert not stray, f"tokens in the sheet that no claimer owns: {sorted(stray)[:5]}"
+    assert not [r for r in snapshot.rows if r.status is Status.NEW and r.url in expected_urls]
+
+
+def _urls(n: int = ROWS) -> set[str]:
+    return {f"https://news.example.com/story/{i}" for i in range(n)}
+
+
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_eight_claimers_claim_every_row_exactly_once(sheets_emulator: SheetsEmulator, mode: str) -> None:
+    sid = _seed(sheets_emulator)
+    race = _claim_with_threads if mode == "threads" else _claim_with_processes
+    claims = race(sheets_emulator, sid)
+    _assert_exactly_once(sheets_emulator, sid, claims, _urls())
+    assert sheets_emulator.request_log["spreadsheets.batchUpdate"] < ROWS, "claims must be batched"
+
+
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_exactly_once_survives_429s_and_apply_then_fail(sheets_emulator: SheetsEmulator, mode: str) -> None:
+    sid = _seed(sheets_emulator)
+    faults = sheets_emulator.faults
+    faults.add("429", count=6, retry_after=1)  # honoured: a 1 s floor under the jitter
+    faults.add("429", probability=0.15, seed=7, retry_after=0)
+    faults.add("apply_then_fail", probability=0.25, seed=11, methods=["spreadsheets.batchUpdate"])
+    faults.add("500", probability=0.05, seed=13, methods=["values.batchGet"])
+    race = _claim_with_threads if mode == "threads" else _claim_with_processes
+    claims = race(sheets_emulator, sid)
+    faults.clear()
+    _assert_exactly_once(sheets_emulator, sid, claims, _urls())
+    fired = sheets_emulator.request_log.snapshot()["faults"]
+    assert fired.get("429", 0) >= 6 and fired.get("apply_then_fail", 0) > 0 and fired.get("500", 0) > 0, fired
+    # some claims were won although their write reported failure: the read-back found the tokens
+    assert sum(c.get("recovered", 0) for c in claims) > 0
+
+
+def _editor(
+    emulator: SheetsEmulator, sid: str, stop: threading.Event, inserted: list[str], seed: int
+) -> None:
+    """Insert filler rows, insert new articles and delete filler rows, anywhere, until stopped."""
+    rng = random.Random(seed)
+    service = anonymous_service(emulator.endpoint)
+    sheet_id = GoogleSheetsTransport(service, sid).sheet_ids()["queue"]
+    n = 0
+    while not stop.is_set():
+        n += 1
+        values = service.spreadsheets().values().get(spreadsheetId=sid, range="queue!A:B").execute()["values"]
+        size = len(values)
+        action = rng.random()
+        if action < 0.4 or size < 3:
+            at = rng.randint(1, size)
+            new = rng.random() < 0.5
+            url = f"https://news.example.com/late/{seed}-{n}" if new else f"https://filler.example.com/{n}"
+            if new:
+                inserted.append(url)
+            cells = [
+                {"userEnteredValue": {"stringValue": url}},
+                {"userEnteredValue": {"stringValue": "NEW" if new else "HOLD"}},
+            ]
+            requests: list[dict[str, Any]] = [
+                {
+                    "insertDimension": {
+                        "range": {
+                            "sheetId": sheet_id,
+                            "dimension": "ROWS",
+                            "startIndex": at,
+                            "endIndex": at + 1,
+                        }
+                    }
+                },
+                {
+                    "updateCells": {
+                        "start": {"sheetId": sheet_id, "rowIndex": at, "columnIndex": 0},
+                        "rows": [{"values": cells}],
+                        "fields": "userEnteredValue",
+                    }
+                },
+            ]
+        else:
+            fillers = [i for i, row in enumerate(values) if len(row) > 1 and row[1] == "HOLD"]
+            if not fillers:
+                continue
+            at = rng.choice(fillers)
+            requests = [
+                {
+                    "deleteDimension": {
+                        "range": {
+                            "sheetId": sheet_id,
+                            "dimension": "ROWS",
+                            "startIndex": at,
+                            "endIndex": at + 1,
+                        }
+                    }
+                }
+            ]
+        # only this editor changes the structure, so its own read-then-delete cannot miss
+        service.spreadsheets().batchUpdate(spreadsheetId=sid, body={"requests": requests}).execute()
+
+
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_exactly_once_while_the_editor_inserts_and_deletes_rows(
+    sheets_emulator: SheetsEmulator, mode: str
+) -> None:
+    sid = _seed(sheets_emulator)
+    stop = threading.Event()
+    inserted: list[str] = []
+    editor = threading.Thread(target=_editor, args=(sheets_emulator, sid, stop, inserted, 5))
+    editor.start()
+    try:
+        race = _claim_with_threads if mode == "threads" else _claim_with_processes
+        claims = race(sheets_emulator, sid)
+    finally:
+        stop.set()
+        editor.join(timeout=60)
+    claims += _drain(_queue(sheets_emulator, sid, 99))  # articles the editor added at the very end
+    _assert_exactly_once(sheets_emulator, sid, claims, _urls() | set(inserted))
+    snapshot = Snapshot.from_values(sheets_emulator.values(sid, "queue"))
+    fillers = [r for r in snapshot.rows if r.url.startswith("https://filler.")]
+    assert all(r.status_cell.raw == "HOLD" and not r.get("reason") for r in fillers), (
+        "filler rows were touched"
+    )
+    # the hazard really happened: some claims landed on another row than the one aimed at
+    assert sum(c.get("redirected", 0) for c in claims) > 0

@@ -84,7 +84,8 @@ PROCESS_CLAIMER = textwrap.dedent(
     from onceflow.sheets.retry import Backoff
     from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 
-    endpoint, sid, seed, limit, start_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    endpoint, sid = sys.argv[1], sys.argv[2]
+    seed, limit, start_at = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     queue = SheetQueue(GoogleSheetsTransport(anonymous_service(endpoint), sid),
                        backoff=Backoff(base=0.05, cap=1.0, attempts=30), rng=random.Random(seed))
     time.sleep(max(0.0, start_at - time.time()))  # start together
@@ -143,9 +144,8 @@ def _assert_exactly_once(
     twice = {k: n for k, n in per_key.items() if n > 1}
     assert not twice, f"rows claimed more than once: {twice}"
     expected_keys = {row_key(normalise_url(u)) for u in expected_urls}
-    assert set(per_key) == expected_keys, (
-        f"{len(expected_keys - set(per_key))} rows never claimed, {len(set(per_key) - expected_keys)} unexpected"
-    )
+    missing, unexpected = expected_keys - set(per_key), set(per_key) - expected_keys
+    assert not missing and not unexpected, f"{len(missing)} rows never claimed, {len(unexpected)} unexpected"
     # the sheet agrees: each claimed token sits in exactly one row, beside the URL it was claimed for
     snapshot = Snapshot.from_values(emulator.values(sid, "queue"))
     by_token = snapshot.by_token()

@@ -28,15 +28,24 @@ def get_provider_info() -> dict[str, Any]:
                 "tags": ["software"],
             }
         ],
-        "hooks": [{"integration-name": "onceflow", "python-modules": ["onceflow.hooks.warehouse"]}],
+        "hooks": [
+            {
+                "integration-name": "onceflow",
+                "python-modules": ["onceflow.hooks.warehouse", "onceflow.hooks.sheets"],
+            }
+        ],
         "operators": [
             {
                 "integration-name": "onceflow",
-                "python-modules": ["onceflow.operators.partition", "onceflow.operators.dashboard"],
+                "python-modules": [
+                    "onceflow.operators.partition",
+                    "onceflow.operators.dashboard",
+                    "onceflow.operators.sheets",
+                ],
             }
         ],
-        "sensors": [],
-        "triggers": [],
+        "sensors": [{"integration-name": "onceflow", "python-modules": ["onceflow.sensors.sheets"]}],
+        "triggers": [{"integration-name": "onceflow", "python-modules": ["onceflow.triggers.sheets"]}],
         "connection-types": [],
         "plugins": [],
         "notifications": ["onceflow.notifications.deadline.MissedDeadlineNotifier"],

@@ -587,3 +587,426 @@ def test_the_request_log_counts_calls_per_method(sheets_emulator: SheetsEmulator
 
     _control(sheets_emulator, "DELETE", "/_emulator/requests")
     assert sheets_emulator.request_log.total == 0
+
+
+# -- values.batchUpdate, append, clear ------------------------------------------------------------------
+
+
+def test_values_batch_update_writes_every_range_and_totals(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    hook = sheets_emulator.hook()
+
+    reply = hook.batch_update_values(
+        sid,
+        ranges=["Queue!B2", "Queue!D2:E3"],
+        values=[[["CLAIMED t"]], [["x", "y"], ["z"]]],
+        include_values_in_response=True,
+    )
+
+    assert reply["totalUpdatedRows"] == 3
+    assert reply["totalUpdatedColumns"] == 3
+    assert reply["totalUpdatedCells"] == 4
+    assert reply["totalUpdatedSheets"] == 1
+    assert [r["updatedRange"] for r in reply["responses"]] == ["Queue!B2", "Queue!D2:E3"]
+    assert reply["responses"][1]["updatedData"]["values"] == [["x", "y"], ["z"]]
+    assert sheets_emulator.values(sid, "Queue!B2:E3") == [["CLAIMED t", "1", "x", "y"], ["NEW", "", "z"]]
+
+
+def test_values_batch_update_is_all_or_nothing(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+
+    with pytest.raises(HttpError) as caught:
+        sheets_emulator.hook().batch_update_values(
+            sid, ranges=["Queue!B2", "Nope!A1"], values=[[["CLAIMED t"]], [["x"]]]
+        )
+
+    assert caught.value.status_code == 400
+    assert sheets_emulator.values(sid, "Queue!B2") == [["NEW"]]
+
+
+def test_append_overwrite_lands_after_the_last_row_of_the_table(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [["url", "status"], ["a", "NEW"], ["b", "NEW"], [], [], ["far", "away"]])
+    hook = sheets_emulator.hook()
+
+    reply = hook.append_values(sid, "Queue!A:B", [["c", "NEW"]])
+
+    assert reply == {
+        "spreadsheetId": sid,
+        "tableRange": "Queue!A1:B3",
+        "updates": {
+            "spreadsheetId": sid,
+            "updatedRange": "Queue!A4:B4",
+            "updatedRows": 1,
+            "updatedColumns": 2,
+            "updatedCells": 2,
+        },
+    }
+    assert sheets_emulator.values(sid, "Queue!A4:B6") == [["c", "NEW"], [], ["far", "away"]]
+
+
+def test_append_insert_rows_pushes_the_rows_below_down(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [["url", "status"], ["a", "NEW"], [], ["below", "x"]])
+    hook = sheets_emulator.hook()
+    rows_before = hook.get_spreadsheet(sid)["sheets"][0]["properties"]["gridProperties"]["rowCount"]
+
+    reply = hook.append_values(
+        sid, "Queue!A1:B1", [["b", "NEW"], ["c", "NEW"]], insert_data_option="INSERT_ROWS"
+    )
+
+    assert reply["updates"]["updatedRange"] == "Queue!A3:B4"
+    assert sheets_emulator.values(sid, "Queue!A1:B6") == [
+        ["url", "status"],
+        ["a", "NEW"],
+        ["b", "NEW"],
+        ["c", "NEW"],
+        [],
+        ["below", "x"],
+    ]
+    rows_after = hook.get_spreadsheet(sid)["sheets"][0]["properties"]["gridProperties"]["rowCount"]
+    assert rows_after == rows_before + 2
+
+
+def test_append_starts_at_the_first_column_of_the_table(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [["", "h1", "h2"], ["", "v1", "v2"]])
+
+    reply = sheets_emulator.hook().append_values(sid, "Queue!A:E", [["n1", "n2"]])
+
+    assert reply["tableRange"] == "Queue!B1:C2"
+    assert reply["updates"]["updatedRange"] == "Queue!B3:C3"
+
+
+def test_append_to_an_empty_sheet_starts_at_the_range(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [])
+
+    reply = sheets_emulator.hook().append_values(
+        sid, "Queue!B2", [["first"]], include_values_in_response=True
+    )
+
+    assert "tableRange" not in reply
+    assert reply["updates"]["updatedRange"] == "Queue!B2"
+    assert reply["updates"]["updatedData"]["values"] == [["first"]]
+
+
+def test_concurrent_appends_lose_no_row(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [["writer", "n"]])
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def append(writer: int) -> None:
+        try:
+            hook = sheets_emulator.hook()
+            barrier.wait()
+            for n in range(10):
+                hook.append_values(
+                    sid, "Queue!A:B", [[f"w{writer}", str(n)]], insert_data_option="INSERT_ROWS"
+                )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=append, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    assert errors == []
+    rows = sheets_emulator.values(sid, "Queue!A2:B")
+    assert sorted(map(tuple, rows)) == sorted((f"w{w}", str(n)) for w in range(8) for n in range(10))
+
+
+def test_values_clear_and_batch_clear(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    hook = sheets_emulator.hook()
+
+    cleared = hook.clear(sid, "Queue!C:C")
+    batch = hook.batch_clear(sid, ["Queue!A4:B4", "Queue!B2"])
+
+    assert cleared == {"spreadsheetId": sid, "clearedRange": "Queue!C1:C1000"}
+    assert batch == {"spreadsheetId": sid, "clearedRanges": ["Queue!A4:B4", "Queue!B2"]}
+    assert hook.get_values(sid, "Queue!A:C") == [
+        ["url", "status"],
+        ["https://example.com/a"],
+        ["https://example.com/b", "NEW"],
+    ]
+
+
+# -- spreadsheets.batchUpdate: rows, sheets, cells --------------------------------------------------------
+
+
+def _batch(sheets_emulator: SheetsEmulator, sid: str, *requests: dict[str, Any]) -> dict[str, Any]:
+    service = sheets_emulator.hook().get_conn()
+    return service.spreadsheets().batchUpdate(spreadsheetId=sid, body={"requests": list(requests)}).execute()  # type: ignore[no-any-return]
+
+
+def _rows(sheet_id: int, start: int, end: int) -> dict[str, Any]:
+    return {"range": {"sheetId": sheet_id, "dimension": "ROWS", "startIndex": start, "endIndex": end}}
+
+
+def test_insert_and_delete_rows_move_the_rows_below(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+
+    inserted = _batch(sheets_emulator, sid, {"insertDimension": _rows(0, 1, 3)})
+    assert inserted["replies"] == [{}]
+    assert sheets_emulator.values(sid, "Queue!A1:A5") == [
+        ["url"],
+        [],
+        [],
+        ["https://example.com/a"],
+        ["https://example.com/b"],
+    ]
+
+    _batch(sheets_emulator, sid, {"deleteDimension": _rows(0, 1, 4)})
+    assert sheets_emulator.values(sid, "Queue!A:A") == [
+        ["url"],
+        ["https://example.com/b"],
+        ["https://example.com/c"],
+    ]
+    book = sheets_emulator.hook().get_spreadsheet(sid)
+    assert book["sheets"][0]["properties"]["gridProperties"]["rowCount"] == 999
+
+
+def test_deleting_every_row_is_refused(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+
+    with pytest.raises(HttpError) as caught:
+        _batch(sheets_emulator, sid, {"deleteDimension": _rows(0, 0, 1000)})
+
+    assert caught.value.status_code == 400
+    assert sheets_emulator.values(sid, "Queue!A1") == [["url"]]
+
+
+def test_add_sheet_creates_an_audit_tab_to_append_to(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    hook = sheets_emulator.hook()
+
+    reply = _batch(sheets_emulator, sid, {"addSheet": {"properties": {"title": "Audit Log"}}})
+    hook.append_values(sid, "'Audit Log'!A:C", [["time", "row", "reason"]])
+    hook.append_values(sid, "'Audit Log'!A:C", [["t1", "7", "re-driven"]])
+
+    assert reply["replies"][0]["addSheet"]["properties"] == {
+        "sheetId": 1,
+        "title": "Audit Log",
+        "index": 1,
+        "sheetType": "GRID",
+        "gridProperties": {"rowCount": 1000, "columnCount": 26},
+    }
+    assert hook.get_values(sid, "'Audit Log'!A:C") == [["time", "row", "reason"], ["t1", "7", "re-driven"]]
+    with pytest.raises(HttpError) as caught:
+        _batch(sheets_emulator, sid, {"addSheet": {"properties": {"title": "Audit Log"}}})
+    assert "already exists" in json.loads(caught.value.content)["error"]["message"]
+
+
+def test_update_cells_and_append_cells(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+
+    def row(*values: dict[str, Any]) -> dict[str, Any]:
+        return {"values": [{"userEnteredValue": v} for v in values]}
+
+    _batch(
+        sheets_emulator,
+        sid,
+        {
+            "updateCells": {
+                "start": {"sheetId": 0, "rowIndex": 1, "columnIndex": 3},
+                "rows": [row({"stringValue": "pub"}, {"numberValue": 2}, {"formulaValue": "=1"})],
+                "fields": "userEnteredValue",
+            }
+        },
+        {
+            "appendCells": {
+                "sheetId": 0,
+                "rows": [row({"stringValue": "https://example.com/d"}, {"boolValue": True})],
+                "fields": "*",
+            }
+        },
+    )
+
+    assert sheets_emulator.values(sid, "Queue!D2:F2") == [["pub", 2, "=1"]]
+    assert sheets_emulator.values(sid, "Queue!A5:B5") == [["https://example.com/d", True]]
+
+
+def test_an_unsupported_request_kind_is_a_clear_400(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+
+    with pytest.raises(HttpError) as caught:
+        _batch(sheets_emulator, sid, {"sortRange": {}})
+
+    assert caught.value.status_code == 400
+    assert "sortRange is not supported" in json.loads(caught.value.content)["error"]["message"]
+
+
+# -- faults -----------------------------------------------------------------------------------------------
+
+
+def test_429_carries_retry_after_and_resource_exhausted(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    sheets_emulator.faults.add("429", count=1, retry_after=7)
+    service = sheets_emulator.hook().get_conn()
+
+    with pytest.raises(HttpError) as caught:
+        service.spreadsheets().values().get(spreadsheetId=sid, range="Queue!A1").execute(num_retries=0)
+
+    assert caught.value.status_code == 429
+    assert caught.value.resp["retry-after"] == "7"
+    assert json.loads(caught.value.content)["error"]["status"] == "RESOURCE_EXHAUSTED"
+    # The fault was for one request only.
+    assert service.spreadsheets().values().get(spreadsheetId=sid, range="Queue!A1").execute(num_retries=0)
+
+
+def test_the_client_retries_through_429s(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    sheets_emulator.faults.add("429", count=2, retry_after=1, methods=["values.get"])
+
+    values = sheets_emulator.hook().get_values(sid, "Queue!A1:B1")
+
+    assert values == [["url", "status"]]
+    assert sheets_emulator.request_log["values.get"] == 3
+    assert sheets_emulator.request_log.snapshot()["faults"] == {"429": 2}
+
+
+def test_faults_are_armed_over_http_and_filtered_by_method(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    armed = _control(
+        sheets_emulator,
+        "POST",
+        "/_emulator/faults",
+        {"kind": "500", "count": 1, "methods": ["values.update"]},
+    )
+    assert armed["faults"][0]["kind"] == "500"
+    service = sheets_emulator.hook().get_conn()
+
+    assert service.spreadsheets().values().get(spreadsheetId=sid, range="Queue!A1").execute(num_retries=0)
+    with pytest.raises(HttpError) as caught:
+        service.spreadsheets().values().update(
+            spreadsheetId=sid, range="Queue!B2", valueInputOption="RAW", body={"values": [["X"]]}
+        ).execute(num_retries=0)
+
+    assert caught.value.status_code == 500
+    assert sheets_emulator.values(sid, "Queue!B2") == [["NEW"]]  # a plain 500 applies nothing
+    assert _control(sheets_emulator, "GET", "/_emulator/faults") == {"faults": []}
+
+
+def test_apply_then_fail_lands_the_write_and_makes_the_retry_ambiguous(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    sid = _queue(sheets_emulator)
+    sheets_emulator.faults.add("apply_then_fail", count=1, methods=["spreadsheets.batchUpdate"])
+    service = sheets_emulator.hook().get_conn()
+    claim = service.spreadsheets().batchUpdate(
+        spreadsheetId=sid,
+        body={"requests": [_find_replace("NEW", "CLAIMED mine", matchEntireCell=True, **_cell(0, 1, 1))]},
+    )
+
+    # The client's automatic retry repeats the findReplace: the first attempt won, but the reply the
+    # caller sees says nothing changed. Only reading the cell back tells the truth.
+    reply = claim.execute(num_retries=1)
+
+    assert reply["replies"] == [{"findReplace": {}}]
+    assert sheets_emulator.values(sid, "Queue!B2") == [["CLAIMED mine"]]
+    assert sheets_emulator.request_log["spreadsheets.batchUpdate"] == 2
+    assert sheets_emulator.request_log.snapshot()["faults"] == {"apply_then_fail": 1}
+
+
+def test_apply_then_fail_without_retry_is_a_500_after_the_write(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    sheets_emulator.faults.add("apply_then_fail", count=1)
+
+    with pytest.raises(HttpError) as caught:
+        sheets_emulator.hook().get_conn().spreadsheets().values().update(
+            spreadsheetId=sid, range="Queue!B2", valueInputOption="RAW", body={"values": [["X"]]}
+        ).execute(num_retries=0)
+
+    assert caught.value.status_code == 500
+    assert sheets_emulator.values(sid, "Queue!B2") == [["X"]]
+
+
+def test_probabilistic_faults_repeat_with_the_same_seed(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    service = sheets_emulator.hook().get_conn()
+
+    def pattern() -> list[int]:
+        sheets_emulator.faults.clear()
+        sheets_emulator.faults.add("500", probability=0.5, seed=42)
+        statuses = []
+        for _ in range(20):
+            try:
+                service.spreadsheets().values().get(spreadsheetId=sid, range="Queue!A1").execute(
+                    num_retries=0
+                )
+                statuses.append(200)
+            except HttpError as exc:
+                statuses.append(exc.status_code)
+        return statuses
+
+    first, second = pattern(), pattern()
+
+    assert first == second
+    assert set(first) == {200, 500}
+
+
+def test_latency_fault_delays_but_does_not_fail(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    rule = sheets_emulator.faults.add("latency", latency=0.2, count=2)
+
+    assert sheets_emulator.hook().get_values(sid, "Queue!A1") == [["url"]]
+    assert rule.fired == 1
+    assert sheets_emulator.request_log.snapshot()["faults"] == {}
+
+
+# -- persistence --------------------------------------------------------------------------------------------
+
+
+def test_state_survives_a_restart_even_for_a_client_connected_before(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    hook = sheets_emulator.hook()
+    hook.update_values(sid, "Queue!B2", [["CLAIMED t"]])
+    hook.update_values(sid, "Queue!A5", [["=1+1"]], value_input_option="USER_ENTERED")
+
+    sheets_emulator.restart()
+
+    assert hook.get_values(sid, "Queue!B2:B3") == [["CLAIMED t"], ["NEW"]]
+    assert hook.get_values(sid, "Queue!A5", value_render_option="FORMULA") == [["=1+1"]]
+    # The formula is still a formula after the reload: includeFormulas finds it.
+    reply = _batch(sheets_emulator, sid, _find_replace("=1+1", "=2+2", sheetId=0, includeFormulas=True))
+    assert reply["replies"][0]["findReplace"]["formulasChanged"] == 1
+
+
+def _start_cli(state: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "onceflow.testing.sheets_emulator", "--port", "0", "--state", str(state)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "listening on " in line, line
+    return proc, line.rsplit(" ", 1)[-1].strip()
+
+
+def test_the_command_line_server_keeps_state_across_kill_9(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.providers.google.suite.hooks.sheets import GSheetsHook
+
+    from onceflow.testing.sheets_fixtures import connection_json
+
+    state = tmp_path / "state.json"
+    proc, endpoint = _start_cli(state)
+    try:
+        monkeypatch.setenv("AIRFLOW_CONN_SHEETS_CLI", connection_json(endpoint))
+        hook = GSheetsHook(gcp_conn_id="sheets_cli", api_endpoint=endpoint)
+        sid = hook.create_spreadsheet(
+            {"properties": {"title": "cli"}, "sheets": [{"properties": {"title": "Queue"}}]}
+        )["spreadsheetId"]
+        hook.update_values(sid, "Queue!A1", [["url", "status"], ["u", "NEW"]])
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+    proc, endpoint = _start_cli(state)
+    try:
+        hook = GSheetsHook(gcp_conn_id="sheets_cli", api_endpoint=endpoint)
+        assert hook.get_values(sid, "Queue!A:B") == [["url", "status"], ["u", "NEW"]]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0

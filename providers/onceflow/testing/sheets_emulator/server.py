@@ -283,6 +283,9 @@ def _make_handler(emulator: SheetsEmulatorServer) -> type[BaseHTTPRequestHandler
 
         def setup(self) -> None:
             super().setup()
+            # Headers and body are two writes; without NODELAY, Nagle plus the client's delayed
+            # ACK can add ~40 ms to every keep-alive request.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with emulator._connections_lock:
                 emulator._connections.add(self.connection)
 

@@ -14,6 +14,7 @@ pool, with :class:`~onceflow.priority.NightlyFirstWeightStrategy` as ``weight_ru
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import textwrap
 import time
 from typing import TYPE_CHECKING, Any
@@ -156,7 +157,7 @@ def test_with_one_slot_the_nightly_run_goes_before_older_backfill_days(
     assert [t["priority_weight"] for t in tis] == [1001, 1, 1, 1]
     # They really competed: nobody started before the holder let go, then one at a time.
     assert tis[0]["start_date"] >= holder["end_date"]
-    for earlier, later in zip(tis, tis[1:]):
+    for earlier, later in itertools.pairwise(tis):
         assert later["start_date"] >= earlier["end_date"]
 
 

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from googleapiclient.errors import HttpError
 
+from onceflow.testing.sheets_emulator.errors import ApiError
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -1010,3 +1012,17 @@ def test_the_command_line_server_keeps_state_across_kill_9(
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+def test_an_in_memory_emulator_from_the_factory_forgets_on_restart(
+    sheets_emulator_factory: Any,
+) -> None:
+    emulator = sheets_emulator_factory(state=None)
+    sid = emulator.create_spreadsheet("t", sheets={"Queue": [["x"]]})
+    assert emulator.values(sid, "Queue!A1") == [["x"]]
+
+    emulator.restart()
+
+    with pytest.raises(ApiError) as caught:
+        emulator.values(sid, "Queue!A1")
+    assert caught.value.code == 404

@@ -21,7 +21,7 @@ import pytest
 from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from onceflow.testing.sheets_emulator.faults import FaultInjector
@@ -50,11 +50,11 @@ def connection_json(endpoint: str, **extra: Any) -> str:
 class SheetsEmulator:
     """A running emulator plus helpers to seed it, inspect it and break it.
 
-    :param state: the JSON state file (kept across :meth:`restart`).
+    :param state: the JSON state file (kept across :meth:`restart`); ``None`` keeps state in memory.
     :param port: port to bind, 0 for any free port.
     """
 
-    def __init__(self, state: str | Path, port: int = 0) -> None:
+    def __init__(self, state: str | Path | None, port: int = 0) -> None:
         self.state = state
         self.server = SheetsEmulatorServer(port=port, state=state).start()
 
@@ -139,4 +139,27 @@ def sheets_emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
         emulator.stop()
 
 
-__all__ = ["SheetsEmulator", "connection_json", "sheets_emulator"]
+_DEFAULT_STATE = object()
+
+
+@pytest.fixture
+def sheets_emulator_factory(tmp_path: Path) -> Iterator[Callable[..., SheetsEmulator]]:
+    """Make more emulators: ``factory(state=<tmp file>, port=0)``; ``state=None`` keeps state in
+    memory only. Every one is stopped at teardown. It sets no connection: use ``.connection_json()``."""
+    made: list[SheetsEmulator] = []
+
+    def factory(state: Any = _DEFAULT_STATE, port: int = 0) -> SheetsEmulator:
+        if state is _DEFAULT_STATE:
+            state = tmp_path / f"sheets-state-{len(made)}.json"
+        emulator = SheetsEmulator(state, port=port)
+        made.append(emulator)
+        return emulator
+
+    try:
+        yield factory
+    finally:
+        for emulator in made:
+            emulator.stop()
+
+
+__all__ = ["SheetsEmulator", "connection_json", "sheets_emulator", "sheets_emulator_factory"]

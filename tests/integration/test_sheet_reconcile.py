@@ -1,0 +1,210 @@
+"""sheet_claim, article_pipeline and sheet_reconcile with ``dag.test()`` against the Sheets emulator.
+
+Runs are created through the Task SDK (``TriggerDagRun`` to the supervisor, then the Execution API)
+into the session's real metadata database; ``dag.test()`` does not execute the runs it creates
+(no scheduler here; ``tests/acceptance/test_sheet_claim_cluster.py`` does that).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from onceflow.sheets import reconcile
+from onceflow.sheets.keys import normalise_url, pipeline_run_id, row_key
+from onceflow.sheets.model import Snapshot, Status
+from onceflow.sheets.protocol import SheetQueue
+from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+
+if TYPE_CHECKING:
+    from onceflow.testing.sheets_fixtures import SheetsEmulator
+
+HEADER = ["url", "status", "reason", "run_id", "score", "published_url", "claim_token", "claimed_at"]
+
+
+@pytest.fixture
+def queue_sheet(sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Make a queue spreadsheet on the emulator and point ``onceflow_sheets`` at it."""
+
+    def make(rows: list[list[str]]) -> str:
+        sid = sheets_emulator.create_spreadsheet("articles", sheets={"queue": [HEADER, *rows]})
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid)
+        )
+        return sid
+
+    return make
+
+
+def _runs(dag_id: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return {
+            dr.run_id: (str(dr.state), dict(dr.conf or {}))
+            for dr in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id))
+        }
+
+
+def _run_id(url: str) -> str:
+    return pipeline_run_id(row_key(normalise_url(url)), "v1")
+
+
+def _urls(tag: str, n: int) -> list[str]:
+    return [f"https://{tag}.example.com/a/{i}" for i in range(n)]
+
+
+def test_sheet_claim_claims_first_then_creates_one_run_per_row(
+    run_dag: Any, queue_sheet: Any, sheets_emulator: SheetsEmulator
+) -> None:
+    urls = _urls(uuid.uuid4().hex[:8], 4)
+    sid = queue_sheet([[u, "NEW"] for u in urls] + [["", "NEW"]])
+    result = run_dag("sheet_claim", conf={"max_rows": 10, "processing_version": "v1"})
+    assert result.state == "success", result.ti_states
+    out = result.xcom("claim_rows")
+    assert out["runs"] == {_run_id(u): "created" for u in urls}
+    assert [r["status"] for r in out["rejected"]] == ["INVALID"]
+    runs = _runs("article_pipeline")
+    for claim in out["claims"]:
+        state, conf = runs[claim["run_id"]]
+        assert state == "queued" and conf["claim_token"] == claim["claim_token"]
+
+    # the editor puts one row back to NEW: it is claimed again, and the existing run is accepted
+    rows = Snapshot.from_values(sheets_emulator.values(sid, "queue")).rows
+    again = rows[0]
+    service = anonymous_service(sheets_emulator.endpoint)
+    service.spreadsheets().values().update(
+        spreadsheetId=sid, range=f"queue!B{again.number}", valueInputOption="RAW", body={"values": [["NEW"]]}
+    ).execute()
+    second = run_dag("sheet_claim", conf={"max_rows": 10, "processing_version": "v1"})
+    assert second.state == "success", second.ti_states
+    assert second.xcom("claim_rows")["runs"] == {_run_id(again.url): "exists"}
+    assert sum(1 for run_id in _runs("article_pipeline") if run_id == _run_id(again.url)) == 1
+
+
+def test_article_pipeline_reads_its_row_back_by_token_wherever_it_moved(
+    run_dag: Any, queue_sheet: Any, sheets_emulator: SheetsEmulator
+) -> None:
+    urls = _urls(uuid.uuid4().hex[:8], 3)
+    sid = queue_sheet([[u, "NEW"] for u in urls])
+    queue = SheetQueue(GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid), spread=1)
+    claim = queue.claim(1).claims[0]
+    # the editor inserts two rows above the claimed one
+    service = anonymous_service(sheets_emulator.endpoint)
+    sheet_id = queue.sheet_id()
+    insert = {
+        "insertDimension": {
+            "range": {"sheetId": sheet_id, "dimension": "ROWS", "startIndex": 1, "endIndex": 3}
+        }
+    }
+    service.spreadsheets().batchUpdate(spreadsheetId=sid, body={"requests": [insert]}).execute()
+    result = run_dag("article_pipeline", conf=claim.conf(sid, "queue", "v1"))
+    assert result.state == "success", result.ti_states
+    assert result.xcom("read_claimed_row")["url"] == claim.url
+    row = queue.find(claim.token)
+    assert row is not None and row.number == claim.row_number + 2
+    assert row.get("run_id") == result.run_id and row.get("claim_token") == claim.token
+    assert row.get("claimed_at").startswith(claim.claimed_at.isoformat()[:16])
+    assert row.status is Status.PROCESSING, "the article chain (a later issue) is what finishes the row"
+
+
+KILLED_CLAIMER = textwrap.dedent(
+    """
+    import sys
+    from onceflow.hooks.sheets import SheetQueueHook
+
+    result = SheetQueueHook().queue("v1").claim(int(sys.argv[1]))
+    print("TOKENS", *[c.token for c in result.claims], flush=True)
+    sys.stdin.readline()  # about to create the runs: the test kills us here
+    raise SystemExit("not killed")
+    """
+)
+
+
+def test_a_claimer_killed_between_claim_and_run_creation_is_repaired_with_exactly_one_run(
+    run_dag: Any, queue_sheet: Any, sheets_emulator: SheetsEmulator
+) -> None:
+    urls = _urls(uuid.uuid4().hex[:8], 3)
+    sid = queue_sheet([[u, "NEW"] for u in urls])
+    claimer = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CLAIMER, "2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    assert claimer.stdout is not None
+    line = ""
+    while not line.startswith("TOKENS"):  # Airflow logs to stdout too
+        line = claimer.stdout.readline()
+        assert line, "claimer exited before claiming"
+    tokens = line.split()[1:]
+    os.kill(claimer.pid, signal.SIGKILL)
+    assert claimer.wait(timeout=30) == -signal.SIGKILL
+    assert len(tokens) == 2, claimer.stderr.read() if claimer.stderr else ""
+    rows = {r.token: r for r in Snapshot.from_values(sheets_emulator.values(sid, "queue")).rows if r.token}
+    orphan_runs = {_run_id(rows[t].url) for t in tokens}
+    assert not orphan_runs & set(_runs("article_pipeline")), "no run exists for the orphaned claims yet"
+
+    # within the lease, nothing happens; past it, the missing runs are created once
+    fresh = run_dag(
+        "sheet_reconcile", conf={"lease_minutes": 60, "processing_version": "v1", "max_redrives": 3}
+    )
+    assert fresh.state == "success" and fresh.xcom("reconcile") == []
+    params = {"lease_minutes": 0, "processing_version": "v1", "max_redrives": 3}
+    first = run_dag("sheet_reconcile", conf=params)
+    assert first.state == "success", first.ti_states
+    assert sorted(e["run_id"] for e in first.xcom("reconcile")) == sorted(orphan_runs)
+    second = run_dag("sheet_reconcile", conf=params)
+    assert second.state == "success" and second.xcom("reconcile") == [], "a queued run is left alone"
+    runs = _runs("article_pipeline")
+    for token in tokens:
+        run_id = _run_id(rows[token].url)
+        assert [r for r in runs if r == run_id] == [run_id]
+        assert runs[run_id][1]["claim_token"] == token
+    queue = SheetQueue(GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid))
+    audit = queue.read_audit()
+    assert sorted(e["claim_token"] for e in audit) == sorted(tokens)
+    assert {e["reason"] for e in audit} == {reconcile.REDRIVE_MISSING} and all(e["time"] for e in audit)
+
+
+def test_reconcile_flags_done_without_link_and_link_without_done_once(
+    run_dag: Any, queue_sheet: Any, sheets_emulator: SheetsEmulator
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    sid = queue_sheet(
+        [
+            [f"https://{tag}.example/1", "DONE #20250101T000000Z-aa", "", "", "", ""],
+            [f"https://{tag}.example/2", "HOLD", "", "", "", f"https://pub.example/{tag}/2"],
+            [
+                f"https://{tag}.example/3",
+                "DONE #20250101T000000Z-bb",
+                "",
+                "",
+                "7",
+                f"https://pub.example/{tag}/3",
+            ],
+        ]
+    )
+    params = {"lease_minutes": 60, "processing_version": "v1", "max_redrives": 3}
+    first = run_dag("sheet_reconcile", conf=params)
+    assert first.state == "success", first.ti_states
+    flagged = {(e["url"], e["reason"]) for e in first.xcom("reconcile")}
+    assert flagged == {
+        (f"https://{tag}.example/1", reconcile.DONE_NO_LINK),
+        (f"https://{tag}.example/2", reconcile.LINK_NOT_DONE),
+    }
+    assert run_dag("sheet_reconcile", conf=params).xcom("reconcile") == []
+    queue = SheetQueue(GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid))
+    assert len(queue.read_audit()) == 2
+    assert [r.status_cell.raw for r in queue.snapshot().rows][1] == "HOLD", "flags change nothing in the row"

@@ -1,0 +1,54 @@
+# onceflow: two commands matter: `make run` and `make test`. Everything they need is installed here.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# uv comes from PyPI; Python downloads are off because only package registries are reachable.
+UV := $(PYTHON) -m uv
+export UV_PYTHON_DOWNLOADS := never
+PYTEST_ARGS ?=
+
+.PHONY: help install system-deps lint format test test-fast test-slow bench run clean
+
+help:
+	@echo "make run    start Airflow on embedded defaults (SQLite, Sheets emulator) with this repo's DAGs"
+	@echo "make test   lint + the whole test suite (set ONCEFLOW_TEST_DATABASE_URL for PostgreSQL)"
+	@echo "make lint   ruff + mypy only;  make bench  benchmarks;  make test-slow  the slow suite"
+
+$(VENV)/.synced: pyproject.toml uv.lock
+	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet --disable-pip-version-check "uv>=0.5"
+	$(UV) sync --frozen --python $(PYTHON)
+	@touch $@
+
+install: system-deps $(VENV)/.synced
+
+# Debian packages the tests use (unshare for the parse guard; apertium comes with the article chain).
+system-deps:
+	@bash .ci/system-deps
+
+lint: $(VENV)/.synced
+	$(VENV)/bin/ruff check providers tests dags plugins benchmarks
+	$(VENV)/bin/ruff format --check providers tests dags plugins benchmarks
+	$(VENV)/bin/mypy
+
+format: $(VENV)/.synced
+	$(VENV)/bin/ruff check --fix providers tests dags plugins benchmarks
+	$(VENV)/bin/ruff format providers tests dags plugins benchmarks
+
+test: install lint
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+
+test-fast: install
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+test-slow: install
+	$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
+
+bench: install
+	@set -e; for b in benchmarks/bench_*.py; do echo "=== $$b"; $(PY) $$b; done
+
+run: install
+	$(VENV)/bin/onceflow up --home .onceflow
+
+clean:
+	rm -rf .onceflow .pytest_cache .mypy_cache .ruff_cache

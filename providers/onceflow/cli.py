@@ -1,0 +1,84 @@
+"""The ``onceflow`` console script: run the local stack, emulators, demo data and admin commands.
+
+Subcommands import what they need when they run, so ``onceflow --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from onceflow.local_run import LocalRunConfig, run
+
+    return run(
+        LocalRunConfig.from_args(
+            home=args.home,
+            dags_folder=args.dags_folder,
+            plugins_folder=args.plugins_folder,
+            port=args.port,
+            demo_days=args.demo_days,
+            exit_when_ready=args.exit_when_ready,
+        )
+    )
+
+
+def _cmd_sheets_emulator(args: argparse.Namespace) -> int:
+    from onceflow.testing.sheets_emulator import main
+
+    return main(list(args.emulator_args))
+
+
+def _cmd_pools(args: argparse.Namespace) -> int:
+    from onceflow.pools import pools_import_json
+
+    print(pools_import_json())
+    return 0
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    from onceflow import __version__
+
+    print(__version__)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="onceflow", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start Airflow on embedded defaults with this repo's DAGs (`make run`)")
+    up.add_argument("--home", default=".onceflow", help="folder for AIRFLOW_HOME, data and logs")
+    up.add_argument("--dags-folder", default="dags")
+    up.add_argument("--plugins-folder", default="plugins")
+    up.add_argument("--port", type=int, default=8080, help="api-server/UI port (a free one if taken)")
+    up.add_argument("--demo-days", type=int, default=14, help="days of demo orders to generate")
+    up.add_argument("--exit-when-ready", action="store_true", help="stop once everything is up (smoke test)")
+    up.set_defaults(func=_cmd_up)
+
+    emu = sub.add_parser("sheets-emulator", help="the Google Sheets API v4 emulator", add_help=False)
+    emu.add_argument("emulator_args", nargs=argparse.REMAINDER)
+    emu.set_defaults(func=_cmd_sheets_emulator)
+
+    pools = sub.add_parser("pools", help="print onceflow's pools as `airflow pools import` JSON")
+    pools.set_defaults(func=_cmd_pools)
+
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=_cmd_version)
+
+    from onceflow.sales.cli import add_parser as add_sales
+
+    add_sales(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The package registers itself as an Airflow provider, and lists everything it ships."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import onceflow
+from onceflow.get_provider_info import get_provider_info
+
+KINDS = {"hooks": "hooks", "operators": "operators", "sensors": "sensors", "triggers": "triggers"}
+
+
+def _airflow(*args: str, airflow_env: Any) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **airflow_env.variables}
+    return subprocess.run(
+        [sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_airflow_providers_get_lists_onceflow(airflow_env: Any) -> None:
+    """The real CLI finds the provider through the apache_airflow_provider entry point."""
+    proc = _airflow("providers", "get", "airflow-provider-onceflow", "--output", "json", airflow_env=airflow_env)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout[proc.stdout.index("[") :])
+    assert rows[0]["Provider"] == "airflow-provider-onceflow"
+    assert rows[0]["Version"] == onceflow.__version__
+
+
+def _declared_modules(kind: str) -> set[str]:
+    info = get_provider_info()
+    return {m for entry in info.get(kind, []) for m in entry.get("python-modules", [])}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_module_of_a_kind_is_declared(kind: str) -> None:
+    package = importlib.import_module(f"onceflow.{KINDS[kind]}")
+    shipped = {
+        f"onceflow.{KINDS[kind]}.{m.name}" for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")
+    }
+    assert shipped == _declared_modules(kind)
+
+
+def test_declared_connection_types_resolve_to_hooks() -> None:
+    for entry in get_provider_info().get("connection-types", []):
+        module, _, name = entry["hook-class-name"].rpartition(".")
+        hook = getattr(importlib.import_module(module), name)
+        assert inspect.isclass(hook)
+        assert hook.conn_type == entry["connection-type"]
+
+
+def test_notifications_and_plugins_import() -> None:
+    info = get_provider_info()
+    for path in info.get("notifications", []):
+        module, _, name = path.rpartition(".")
+        assert inspect.isclass(getattr(importlib.import_module(module), name))
+    for plugin in info.get("plugins", []):
+        module, _, name = plugin["plugin-class"].rpartition(".")
+        assert inspect.isclass(getattr(importlib.import_module(module), name))

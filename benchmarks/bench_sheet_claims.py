@@ -138,7 +138,8 @@ def main() -> None:
                 p, n = m["protocol"], m["naive"]
                 print(
                     f"{rows:>7} {batch:>5} |"
-                    f" {p['reads_per_claim']:>11.3f} / {p['writes_per_claim']:<9.3f} {p['claims_per_min']:>10.0f} |"
+                    f" {p['reads_per_claim']:>11.3f} / {p['writes_per_claim']:<9.3f}"
+                    f" {p['claims_per_min']:>10.0f} |"
                     f" {n['reads_per_claim']:>8.3f} / {n['writes_per_claim']:<9.3f}"
                     f" {n['claims_per_min']:>10.0f} | {p['claims_per_min'] / n['claims_per_min']:>5.1f}x |"
                     f" {p['seconds_per_wakeup']:>6.2f}/{n['seconds_per_wakeup']:<6.2f}",

@@ -188,7 +188,7 @@ def test_unknown_spreadsheet_is_a_google_shaped_404(sheets_emulator: SheetsEmula
     }
 
 
-@pytest.mark.parametrize("bad_range", ["Nope!A1", "Queue!A0", "Queue!A1:", "Queue!ZZZZ1"])
+@pytest.mark.parametrize("bad_range", ["Nope!A1", "Queue!A0", "Queue!A1:", "Queue!ZZZZ1", "Queue!A:C5"])
 def test_a_bad_range_is_a_400_invalid_argument(sheets_emulator: SheetsEmulator, bad_range: str) -> None:
     sid = _queue(sheets_emulator)
 
@@ -201,11 +201,12 @@ def test_a_bad_range_is_a_400_invalid_argument(sheets_emulator: SheetsEmulator, 
     assert error["message"] == f"Unable to parse range: {bad_range}"
 
 
-def test_reading_past_the_grid_is_a_400(sheets_emulator: SheetsEmulator) -> None:
+@pytest.mark.parametrize("past", ["Queue!A1001", "Queue!A1001:B", "Queue!AA1:AB2"])
+def test_reading_past_the_grid_is_a_400(sheets_emulator: SheetsEmulator, past: str) -> None:
     sid = _queue(sheets_emulator)
 
     with pytest.raises(HttpError) as caught:
-        sheets_emulator.hook().get_values(sid, "Queue!A1001")
+        sheets_emulator.hook().get_values(sid, past)
 
     assert caught.value.status_code == 400
     assert "exceeds grid limits" in json.loads(caught.value.content)["error"]["message"]
@@ -973,9 +974,18 @@ def test_state_survives_a_restart_even_for_a_client_connected_before(sheets_emul
     assert reply["replies"][0]["findReplace"]["formulasChanged"] == 1
 
 
-def _start_cli(state: Path) -> tuple[subprocess.Popen[str], str]:
+def _start_cli(state: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "onceflow.testing.sheets_emulator", "--port", "0", "--state", str(state)],
+        [
+            sys.executable,
+            "-m",
+            "onceflow.testing.sheets_emulator",
+            "--port",
+            "0",
+            "--state",
+            str(state),
+            *args,
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -993,7 +1003,11 @@ def test_the_command_line_server_keeps_state_across_kill_9(
     from onceflow.testing.sheets_fixtures import connection_json
 
     state = tmp_path / "state.json"
-    proc, endpoint = _start_cli(state)
+    seed = tmp_path / "seed.json"
+    seed.write_text(
+        json.dumps({"spreadsheetId": "seeded", "title": "s", "sheets": {"Queue": [["from seed"]]}})
+    )
+    proc, endpoint = _start_cli(state, "--seed", str(seed))
     try:
         monkeypatch.setenv("AIRFLOW_CONN_SHEETS_CLI", connection_json(endpoint))
         hook = GSheetsHook(gcp_conn_id="sheets_cli", api_endpoint=endpoint)
@@ -1001,14 +1015,17 @@ def test_the_command_line_server_keeps_state_across_kill_9(
             {"properties": {"title": "cli"}, "sheets": [{"properties": {"title": "Queue"}}]}
         )["spreadsheetId"]
         hook.update_values(sid, "Queue!A1", [["url", "status"], ["u", "NEW"]])
+        hook.update_values("seeded", "Queue!B1", [["written"]])
     finally:
         proc.kill()
         proc.wait(timeout=30)
 
-    proc, endpoint = _start_cli(state)
+    # The seed is skipped now: the state already has that spreadsheet, with the later write.
+    proc, endpoint = _start_cli(state, "--seed", str(seed))
     try:
         hook = GSheetsHook(gcp_conn_id="sheets_cli", api_endpoint=endpoint)
         assert hook.get_values(sid, "Queue!A:B") == [["url", "status"], ["u", "NEW"]]
+        assert hook.get_values("seeded", "Queue!A1:B1") == [["from seed", "written"]]
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             spec: dict[str, Any] = json.load(f)
         if spec.get("spreadsheetId") not in server.store.spreadsheets:
             book = server.seed(spec)
-            print(f"seeded spreadsheet {book['spreadsheetId']} from {path}", flush=True)
+            # stderr: the first line on stdout is always the endpoint, for callers using --port 0.
+            print(f"seeded spreadsheet {book['spreadsheetId']} from {path}", file=sys.stderr, flush=True)
     stopper: list[threading.Thread] = []
 
     def _stop(signum: int, frame: object) -> None:

@@ -64,8 +64,10 @@ class Write:
             self.sheet.set(row, col, value)
 
     def bounds(self) -> Bounds:
+        # An empty write still reports the cell it was anchored at.
+        rows, cols = max(self.rows, 1), max(self.cols, 1)
         return Bounds(
-            self.sheet, self.start_row, self.start_row + self.rows, self.start_col, self.start_col + self.cols
+            self.sheet, self.start_row, self.start_row + rows, self.start_col, self.start_col + cols
         )
 
     def summary(self, spreadsheet_id: str) -> dict[str, Any]:

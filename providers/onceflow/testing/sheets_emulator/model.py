@@ -188,7 +188,9 @@ class Spreadsheet:
             sheet = found
         end_row = sheet.row_count if rng.end_row is None else rng.end_row
         end_col = sheet.column_count if rng.end_col is None else rng.end_col
-        if not for_write and (end_row > sheet.row_count or end_col > sheet.column_count):
+        outside = end_row > sheet.row_count or end_col > sheet.column_count
+        outside = outside or rng.start_row >= sheet.row_count or rng.start_col >= sheet.column_count
+        if not for_write and outside:
             raise invalid_argument(
                 f"Range ({text}) exceeds grid limits. Max rows: {sheet.row_count}, "
                 f"max columns: {sheet.column_count}"

@@ -40,7 +40,7 @@ from airflow.sdk import dag, task
 @dag(schedule=None, start_date=pendulum.datetime(2020, 1, 1, tz="UTC"), catchup=False, tags=["test"],
      doc_md="Holds one warehouse slot until the release file exists.",
      default_args={{"owner": "onceflow", "retries": 0}})
-def slot_holder():
+def {holder}():
     @task(pool="{pool}")
     def hold() -> None:
         while not Path({release!r}).exists():
@@ -49,7 +49,7 @@ def slot_holder():
     hold()
 
 
-slot_holder()
+{holder}()
 """
 
 PROBE_DAG = """
@@ -69,7 +69,7 @@ from onceflow.priority import NightlyFirstWeightStrategy
     default_args={{"owner": "onceflow", "retries": 0, "pool": "{pool}",
                    "weight_rule": NightlyFirstWeightStrategy()}},
 )
-def priority_probe():
+def {probe}():
     @task
     def load() -> None:
         pass
@@ -77,7 +77,7 @@ def priority_probe():
     load()
 
 
-priority_probe()
+{probe}()
 """
 
 PLUGIN = """
@@ -101,27 +101,32 @@ def run_competition(factory: Callable[..., Any], tmp_path: Path, slots: int) -> 
     dags.mkdir()
     plugins.mkdir()
     (plugins / "onceflow_priority_plugin.py").write_text(PLUGIN)
-    (dags / "slot_holder.py").write_text(textwrap.dedent(HOLDER_DAG.format(pool=POOL, release=str(release))))
+    # DAG ids per experiment: the session's metadata DB outlives a cluster, and runs of an
+    # earlier experiment must not satisfy this one's waits.
+    holder_id, probe_id = f"slot_holder_{slots}", f"priority_probe_{slots}"
+    (dags / f"{holder_id}.py").write_text(
+        textwrap.dedent(HOLDER_DAG.format(pool=POOL, release=str(release), holder=holder_id))
+    )
     cluster = factory(
         dags_folder=dags, pools={POOL: slots}, env={"AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins)}
     )
 
-    holder_run = cluster.trigger("slot_holder")
+    holder_run = cluster.trigger(holder_id)
     poll(
-        lambda: [t for t in cluster.task_instances("slot_holder", holder_run) if t["state"] == "running"],
+        lambda: [t for t in cluster.task_instances(holder_id, holder_run) if t["state"] == "running"],
         timeout=120,
         what="the holder to take its slot",
         cluster=cluster,
     )
 
-    (dags / "priority_probe.py").write_text(textwrap.dedent(PROBE_DAG.format(pool=POOL)))
-    cluster.wait_for_dag("priority_probe")
+    (dags / f"{probe_id}.py").write_text(textwrap.dedent(PROBE_DAG.format(pool=POOL, probe=probe_id)))
+    cluster.wait_for_dag(probe_id)
     today = dt.datetime.now(dt.timezone.utc).date()
     cluster.cli(
         "backfill",
         "create",
         "--dag-id",
-        "priority_probe",
+        probe_id,
         "--from-date",
         (today - dt.timedelta(days=6)).isoformat(),
         "--to-date",
@@ -129,17 +134,17 @@ def run_competition(factory: Callable[..., Any], tmp_path: Path, slots: int) -> 
     )
 
     def probe_tis(states: set[str]) -> list[dict[str, Any]] | None:
-        tis = cluster.task_instances("priority_probe")
+        tis = cluster.task_instances(probe_id)
         return tis if len(tis) == 4 and all(t["state"] in states for t in tis) else None
 
     # One slot: all four compete (scheduled, none started). Many: all done without the holder's slot.
     waiting_for = {"scheduled"} if slots == 1 else {"success"}
     poll(lambda: probe_tis(waiting_for), timeout=180, what=f"probe tasks {waiting_for}", cluster=cluster)
     release.touch()
-    assert cluster.wait_for_run("slot_holder", holder_run, timeout=120) == "success"
+    assert cluster.wait_for_run(holder_id, holder_run, timeout=120) == "success"
     tis = poll(lambda: probe_tis({"success"}), timeout=180, what="probe tasks to succeed", cluster=cluster)
-    [holder] = cluster.task_instances("slot_holder", holder_run)
-    runs = {r["run_id"]: r for r in cluster.dag_runs("priority_probe")}
+    [holder] = cluster.task_instances(holder_id, holder_run)
+    runs = {r["run_id"]: r for r in cluster.dag_runs(probe_id)}
     return {"holder": holder, "tis": sorted(tis, key=lambda t: t["start_date"]), "runs": runs}
 
 
@@ -175,4 +180,4 @@ def test_with_free_slots_the_same_weights_order_nothing(
     ]
     assert sorted(t["priority_weight"] for t in tis) == [1, 1, 1, 1001]
     # Every probe task ran to the end while the holder still held its slot: none waited for one.
-    assert all(t["end_date"] <= holder["end_date"] for t in tis)
+    assert all(holder["start_date"] <= t["start_date"] and t["end_date"] <= holder["end_date"] for t in tis)

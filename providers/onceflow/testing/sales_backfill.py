@@ -1,0 +1,229 @@
+"""Backfills of daily_sales through a real scheduler, and the day-by-day pass they must equal.
+
+Used by ``tests/acceptance/test_backfill_daily_sales.py`` and ``benchmarks/bench_backfill.py``;
+usable for your own DAGs the same way:
+
+* :func:`backfill_window` turns local days into ``--from-date``/``--to-date`` values. Plain dates
+  are read as UTC midnight, so in a timezone east of UTC ``--from-date 2024-10-20`` silently
+  skips local 20 October (its logical date is 19 October 22:00 UTC).
+* :func:`create_backfill` runs ``airflow backfill create`` and :func:`wait_for_backfill` waits
+  until the scheduler marks that backfill complete.
+* :func:`day_by_day_pass` loads each day with the same hook, cleaning and fenced overwrite the
+  DAG uses, one day after the other, outside Airflow; :func:`partition_audits` reads
+  ``load_audit`` so two warehouses can be compared partition by partition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+from zoneinfo import ZoneInfo
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from pathlib import Path
+
+    from onceflow.testing.airflow_cluster import AirflowCluster
+
+
+class PartitionAudit(NamedTuple):
+    """What ``load_audit`` says about one partition."""
+
+    row_count: int
+    reject_count: int
+    checksum: str
+    fence_token: int
+    run_id: str
+
+
+def local_days(first: dt.date, last: dt.date) -> list[dt.date]:
+    """Every day from ``first`` to ``last``, both included."""
+    return [first + dt.timedelta(days=n) for n in range((last - first).days + 1)]
+
+
+def backfill_window(first: dt.date, last: dt.date, timezone: str) -> tuple[str, str]:
+    """``--from-date``/``--to-date`` values selecting exactly the local days ``first..last``.
+
+    Both are the local midnights that start those days (the logical dates of their runs), with
+    their UTC offsets, so DST and the CLI's UTC default cannot shift the window.
+    """
+    tz = ZoneInfo(timezone)
+    start = dt.datetime.combine(first, dt.time(0), tzinfo=tz)
+    end = dt.datetime.combine(last, dt.time(0), tzinfo=tz)
+    return start.isoformat(), end.isoformat()
+
+
+def create_backfill(
+    cluster: AirflowCluster,
+    dag_id: str,
+    first: dt.date,
+    last: dt.date,
+    *,
+    timezone: str,
+    max_active_runs: int,
+    reprocess_behavior: str | None = None,
+) -> int:
+    """``airflow backfill create`` for the local days ``first..last``; returns the backfill id."""
+    start, end = backfill_window(first, last, timezone)
+    before = _latest_backfill_id(cluster, dag_id)
+    args = [
+        "backfill",
+        "create",
+        "--dag-id",
+        dag_id,
+        "--from-date",
+        start,
+        "--to-date",
+        end,
+        "--max-active-runs",
+        str(max_active_runs),
+    ]
+    if reprocess_behavior:
+        args += ["--reprocess-behavior", reprocess_behavior]
+    cluster.cli(*args)
+    backfill_id = _latest_backfill_id(cluster, dag_id)
+    if backfill_id is None or backfill_id == before:
+        raise RuntimeError(f"airflow backfill create made no backfill for {dag_id} {start}..{end}")
+    return backfill_id
+
+
+def _latest_backfill_id(cluster: AirflowCluster, dag_id: str) -> int | None:
+    rows = cluster.query("SELECT MAX(id) AS id FROM backfill WHERE dag_id = :dag_id", dag_id=dag_id)
+    return rows[0]["id"] if rows and rows[0]["id"] is not None else None
+
+
+def wait_for_backfill(
+    cluster: AirflowCluster, backfill_id: int, *, timeout: float = 900.0, poll: float = 2.0
+) -> list[dict[str, Any]]:
+    """Wait until the scheduler completes backfill ``backfill_id``; return its runs by logical date."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = cluster.query("SELECT completed_at FROM backfill WHERE id = :id", id=backfill_id)
+        if rows and rows[0]["completed_at"] is not None:
+            return backfill_runs(cluster, backfill_id)
+        time.sleep(poll)
+    runs = backfill_runs(cluster, backfill_id)
+    states = sorted({str(r["state"]) for r in runs})
+    raise TimeoutError(
+        f"backfill {backfill_id} not complete after {timeout}s ({len(runs)} runs, states {states})\n"
+        f"{cluster.log_tails()}"
+    )
+
+
+def backfill_runs(cluster: AirflowCluster, backfill_id: int) -> list[dict[str, Any]]:
+    """The DAG runs of a backfill, oldest logical date first."""
+    return cluster.query(
+        "SELECT r.run_id, r.state, r.logical_date, r.start_date, r.end_date FROM backfill_dag_run b "
+        "JOIN dag_run r ON r.id = b.dag_run_id WHERE b.backfill_id = :id ORDER BY r.logical_date",
+        id=backfill_id,
+    )
+
+
+def partition_audits(
+    url: str, days: Sequence[dt.date], table: str = "daily_sales"
+) -> dict[str, PartitionAudit]:
+    """``load_audit`` of ``table`` for ``days`` (missing partitions are absent), by partition key."""
+    from onceflow.sales.engine import make_engine
+    from onceflow.sales.partition_store import PartitionStore
+
+    engine = make_engine(url)
+    try:
+        store = PartitionStore(engine, table)
+        found = {}
+        for day in days:
+            audit = store.audit(day)
+            if audit is not None:
+                found[audit.partition_key] = PartitionAudit(
+                    audit.row_count, audit.reject_count, audit.checksum, audit.fence_token, audit.run_id
+                )
+        return found
+    finally:
+        engine.dispose()
+
+
+def day_by_day_pass(
+    shop_url: str,
+    warehouse_url: str,
+    days: Sequence[dt.date],
+    *,
+    timezone: str,
+    table: str = "daily_sales",
+    reporting_currency: str = "EUR",
+) -> dict[str, PartitionAudit]:
+    """Load ``days`` one after the other into ``warehouse_url`` with the DAG's own building blocks.
+
+    Read [D 00:00, D+1 00:00) local from the shop, clean, overwrite the partition under a fresh
+    lease: what one ``daily_sales`` run does, minus Airflow.
+    """
+    from airflow.sdk import Connection
+
+    from onceflow.hooks.warehouse import ShopDbHook
+    from onceflow.sales.clean import PROCESSING_VERSION, clean_orders
+    from onceflow.sales.engine import make_engine
+    from onceflow.sales.partition_store import PartitionStore
+    from onceflow.sales.partitions import day_bounds_utc
+
+    shop = ShopDbHook()
+    # The hook the DAG uses, handed its connection directly instead of looking one up.
+    shop.connection = Connection(
+        conn_id=shop.conn_id, conn_type="postgres", extra=json.dumps({"sqlalchemy_url": shop_url})
+    )
+    warehouse = make_engine(warehouse_url)
+    try:
+        store = PartitionStore(warehouse, table)
+        store.create_schema()
+        for day in days:
+            start, end = day_bounds_utc(day, timezone)
+            result = clean_orders(
+                shop.read_interval(start, end), partition=day, reporting_currency=reporting_currency
+            )
+            lease = store.acquire_lease(day, run_id=f"day_by_day__{day.isoformat()}", try_number=1)
+            store.overwrite(lease, result.rows, result.rejects, processing_version=PROCESSING_VERSION)
+    finally:
+        shop.engine.dispose()
+        warehouse.dispose()
+    return partition_audits(warehouse_url, days, table)
+
+
+@contextlib.contextmanager
+def standalone_cluster(
+    workdir: Path,
+    dags_folder: Path,
+    *,
+    env: dict[str, str] | None = None,
+    pools: dict[str, int] | None = None,
+    parallelism: int = 8,
+    use_postgres: bool = True,
+) -> Iterator[AirflowCluster]:
+    """A migrated Airflow installation and its running cluster, outside pytest (benchmarks).
+
+    The metadata DB is a fresh PostgreSQL database by default; everything is removed on exit.
+    Airflow is not imported into the calling process: pools are set through the CLI.
+    """
+    from onceflow.testing.airflow_cluster import AirflowCluster
+    from onceflow.testing.airflow_env import prepare
+
+    airflow_env = prepare(
+        dags_folder=dags_folder,
+        plugins_folder=workdir / "plugins",
+        use_postgres=use_postgres,
+        home=workdir / "home",
+    )
+    try:
+        airflow_env.migrate()
+        cluster = AirflowCluster(
+            airflow_env.variables,
+            workdir / "cluster",
+            dags_folder=dags_folder,
+            env=env,
+            parallelism=parallelism,
+        )
+        with cluster:
+            for name, slots in (pools or {}).items():
+                cluster.cli("pools", "set", name, str(slots), "onceflow benchmark pool")
+            yield cluster
+    finally:
+        airflow_env.cleanup()

@@ -570,6 +570,36 @@ def test_exactly_one_of_8_threads_and_4_processes_claims_a_cell(
     assert sheets_emulator.request_log["spreadsheets.batchUpdate"] == 12
 
 
+def test_a_long_request_is_applied_as_one_step_against_concurrent_ones(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    # Each findReplace scans 20,000 cells, far longer than a thread switch: without the lock the
+    # scans interleave and the column ends up with several tokens (checked by removing the lock).
+    sid = _queue(sheets_emulator, [["status"]] + [["NEW"] for _ in range(20_000)])
+    barrier = threading.Barrier(8)
+    results: dict[int, int] = {}
+
+    def claim_all(writer: int) -> None:
+        service = sheets_emulator.hook().get_conn()
+        request = service.spreadsheets().batchUpdate(
+            spreadsheetId=sid,
+            body={"requests": [_find_replace("NEW", f"CLAIMED {writer}", matchEntireCell=True, sheetId=0)]},
+        )
+        barrier.wait()
+        reply = request.execute(num_retries=0)
+        results[writer] = reply["replies"][0]["findReplace"].get("occurrencesChanged", 0)
+
+    threads = [threading.Thread(target=claim_all, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    assert sorted(results.values()) == [0] * 7 + [20_000]
+    winner = max(results, key=lambda w: results[w])
+    assert {row[0] for row in sheets_emulator.values(sid, "Queue!A2:A")} == {f"CLAIMED {winner}"}
+
+
 # -- request log --------------------------------------------------------------------------------------
 
 

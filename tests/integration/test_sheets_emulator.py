@@ -986,6 +986,27 @@ def test_latency_fault_delays_but_does_not_fail(sheets_emulator: SheetsEmulator)
     assert sheets_emulator.request_log.snapshot()["faults"] == {}
 
 
+def test_a_quota_answers_429_with_the_wait_until_the_window_frees(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator)
+    _control(sheets_emulator, "POST", "/_emulator/quota", {"reads_per_minute": 2, "writes_per_minute": 1})
+    values = sheets_emulator.hook().get_conn().spreadsheets().values()
+
+    values.get(spreadsheetId=sid, range="Queue!A1").execute(num_retries=0)
+    values.get(spreadsheetId=sid, range="Queue!A1").execute(num_retries=0)
+    values.update(
+        spreadsheetId=sid, range="Queue!D1", valueInputOption="RAW", body={"values": [["x"]]}
+    ).execute(num_retries=0)
+    with pytest.raises(HttpError) as caught:
+        values.get(spreadsheetId=sid, range="Queue!A1").execute(num_retries=0)
+
+    assert caught.value.status_code == 429
+    assert 55 <= int(caught.value.resp["retry-after"]) <= 60
+    assert "Read requests" in json.loads(caught.value.content)["error"]["message"]
+    assert sheets_emulator.request_log.snapshot()["faults"] == {"quota": 1}
+    _control(sheets_emulator, "DELETE", "/_emulator/quota")
+    assert values.get(spreadsheetId=sid, range="Queue!A1").execute(num_retries=0)
+
+
 # -- persistence --------------------------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from onceflow.testing.sheets_emulator.cells import (
     to_json,
 )
 from onceflow.testing.sheets_emulator.faults import Fault, FaultInjector
+from onceflow.testing.sheets_emulator.quota import Quota
 
 
 @pytest.mark.parametrize(
@@ -111,3 +112,17 @@ def test_fault_rules_reject_nonsense() -> None:
         Fault(kind="500", probability=1.5)
     with pytest.raises(ValueError):
         Fault.from_json({"kind": "500", "cuont": 1})
+
+
+def test_the_quota_admits_per_window_and_says_how_long_to_wait() -> None:
+    now = [100.0]
+    quota = Quota(reads_per_minute=2, writes_per_minute=1, window=60.0, clock=lambda: now[0])
+
+    assert [quota.admit(False), quota.admit(False)] == [None, None]
+    now[0] = 110.0
+    assert quota.admit(False) == 50.0  # the reads of t=100 leave the window at t=160
+    assert quota.admit(True) is None  # writes have their own budget
+    assert quota.admit(True) == 60.0
+    now[0] = 160.0
+    assert [quota.admit(False), quota.admit(False), quota.admit(False)] == [None, None, 60.0]
+    assert Quota.header(0.2) == "1"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from onceflow.testing.sheets_emulator.quota import Quota
 from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
 
 if TYPE_CHECKING:
@@ -78,6 +79,21 @@ class SheetsEmulator:
         """Fault control: ``.add("429", count=2, retry_after=1)``, ``.add("apply_then_fail", count=1)``,
         ``.clear()``."""
         return self.server.faults
+
+    def set_quota(
+        self, reads_per_minute: int | None = 60, writes_per_minute: int | None = 60, window: float = 60.0
+    ) -> Quota:
+        """Enforce Google-like per-window request quotas (429 + Retry-After past them).
+
+        :param reads_per_minute: reads admitted per window, ``None`` for no limit.
+        :param writes_per_minute: writes admitted per window, ``None`` for no limit.
+        :param window: window length in seconds (shorten it in tests).
+        """
+        self.server.quota = Quota(reads_per_minute, writes_per_minute, window)
+        return self.server.quota
+
+    def clear_quota(self) -> None:
+        self.server.quota = None
 
     def create_spreadsheet(
         self,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from onceflow.testing.sheets_emulator.cli import main
 from onceflow.testing.sheets_emulator.faults import Fault
+from onceflow.testing.sheets_emulator.quota import Quota
 from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
 
-__all__ = ["Fault", "SheetsEmulatorServer", "main"]
+__all__ = ["Fault", "Quota", "SheetsEmulatorServer", "main"]

@@ -9,6 +9,7 @@ import sys
 import threading
 from typing import Any
 
+from onceflow.testing.sheets_emulator.quota import Quota
 from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
 
 
@@ -30,6 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
         help='JSON file {"spreadsheetId", "title", "sheets": {"Queue": [[...], ...]}} to create at start '
         "(skipped when the state already has that spreadsheetId)",
     )
+    parser.add_argument(
+        "--quota",
+        nargs=2,
+        type=int,
+        metavar=("READS", "WRITES"),
+        default=None,
+        help="enforce Google-like per-minute quotas, e.g. --quota 60 60 (default: no quota)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return parser
 
@@ -42,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     server = SheetsEmulatorServer(args.host, args.port, args.state, verbose=args.verbose)
+    if args.quota:
+        server.quota = Quota(reads_per_minute=args.quota[0], writes_per_minute=args.quota[1])
     for path in args.seed:
         with open(path, encoding="utf-8") as f:
             spec: dict[str, Any] = json.load(f)

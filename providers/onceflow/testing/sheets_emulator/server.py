@@ -23,6 +23,7 @@ from onceflow.testing.sheets_emulator.cells import Skip, parse_input, render
 from onceflow.testing.sheets_emulator.errors import ApiError, invalid_argument, not_found
 from onceflow.testing.sheets_emulator.faults import Fault, FaultInjector
 from onceflow.testing.sheets_emulator.model import Store
+from onceflow.testing.sheets_emulator.quota import Quota
 from onceflow.testing.sheets_emulator.requestlog import RequestLog
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class SheetsEmulatorServer:
         self.store = Store(state)
         self.faults = FaultInjector()
         self.request_log = RequestLog()
+        self.quota: Quota | None = None
         self.verbose = verbose
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
@@ -161,6 +163,11 @@ class SheetsEmulatorServer:
         """Apply one API request: count it, inject faults, then apply + persist under the lock."""
         handler, writes = METHODS[request.method]
         self.request_log.record(request.method, writes=writes)
+        quota = self.quota
+        wait = quota.admit(writes) if quota is not None else None
+        if wait is not None:
+            self.request_log.record_fault("quota")
+            return 429, _quota_error(writes), {"Retry-After": Quota.header(wait)}
         decision = self.faults.decide(request.method)
         if decision.latency > 0:
             time.sleep(decision.latency)
@@ -203,6 +210,17 @@ class SheetsEmulatorServer:
         if key == ("DELETE", "/_emulator/faults"):
             self.faults.clear()
             return {"faults": []}
+        if key == ("GET", "/_emulator/quota"):
+            return {"quota": self.quota.to_json() if self.quota else None}
+        if key == ("POST", "/_emulator/quota"):
+            try:
+                self.quota = Quota.from_json(body or {})
+            except (TypeError, ValueError) as exc:
+                raise invalid_argument(str(exc)) from None
+            return {"quota": self.quota.to_json()}
+        if key == ("DELETE", "/_emulator/quota"):
+            self.quota = None
+            return {"quota": None}
         if key == ("POST", "/_emulator/spreadsheets"):
             return self.seed(body)
         if key == ("GET", "/_emulator/values"):

@@ -45,7 +45,7 @@ Backfill: `airflow backfill create --dag-id daily_sales --from-date 2024-01-01 -
     max_active_tasks=8,
     default_args={
         "owner": "data-eng",
-        "retries": 2,
+        "retries": CONFIG.retries,
         "retry_delay": dt.timedelta(minutes=5),
         "pool": POOL,
     },

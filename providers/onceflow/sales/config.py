@@ -7,6 +7,7 @@
 | ``ONCEFLOW_SALES_START_DATE`` | ``2023-01-01`` | first local day the DAG knows about |
 | ``ONCEFLOW_SALES_MAX_REJECT_RATIO`` | ``0.05`` | the load fails above this share of rejected rows |
 | ``ONCEFLOW_REPORTING_CURRENCY`` | ``EUR`` | currency of the warehouse amounts |
+| ``ONCEFLOW_SALES_RETRIES`` | ``2`` | task retries (tests that expect failure set 0) |
 | ``ONCEFLOW_SALES_STAGING_DIR`` | ``$AIRFLOW_HOME/onceflow/staging`` | files between tasks |
 """
 
@@ -27,6 +28,7 @@ class SalesConfig:
     start_date: dt.date = dt.date(2023, 1, 1)
     max_reject_ratio: float = 0.05
     reporting_currency: str = "EUR"
+    retries: int = 2
 
     @classmethod
     def from_env(cls) -> SalesConfig:
@@ -39,6 +41,7 @@ class SalesConfig:
             ),
             max_reject_ratio=float(env.get("ONCEFLOW_SALES_MAX_REJECT_RATIO", cls.max_reject_ratio)),
             reporting_currency=env.get("ONCEFLOW_REPORTING_CURRENCY", cls.reporting_currency),
+            retries=int(env.get("ONCEFLOW_SALES_RETRIES", cls.retries)),
         )
         validate_table_name(config.table)
         ZoneInfo(config.timezone)  # fails loudly on a typo

@@ -48,7 +48,7 @@ def test_the_dashboard_is_scheduled_on_the_asset_the_load_updates_and_parses_che
     assert (
         parsed["schedule"]
         == parsed["outlets"]
-        == [["onceflow.warehouse.daily_sales", "onceflow://warehouse/daily_sales"]]
+        == [["onceflow.warehouse.daily_sales", "x-onceflow://warehouse/daily_sales"]]
     )
     assert parsed["matplotlib_loaded"] is False
     assert parsed["pandas_loaded"] is False

@@ -90,5 +90,5 @@ def test_daily_sales_uses_the_data_interval_timetable() -> None:
     )
     load = dag.task_dict["load"]
     assert load.pool == "onceflow_warehouse"
-    assert [o.uri for o in load.outlets] == ["onceflow://warehouse/daily_sales"]
+    assert [o.uri for o in load.outlets] == ["x-onceflow://warehouse/daily_sales"]
     assert dag.max_active_runs == 4

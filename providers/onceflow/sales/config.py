@@ -50,4 +50,6 @@ class SalesConfig:
     @property
     def asset_uri(self) -> str:
         """URI of the Asset the load updates (``sales_dashboard`` is scheduled on it)."""
-        return f"onceflow://warehouse/{self.table}"
+        # The "x-" scheme marks a private URI: Airflow then skips loading every provider's
+        # URI normalizers, which would add ~4 s to each cold parse of the DAG files.
+        return f"x-onceflow://warehouse/{self.table}"

@@ -221,6 +221,7 @@ class Store:
         self.path = None if path is None else os.fspath(path)
         self.lock = threading.RLock()
         self.spreadsheets: dict[str, Spreadsheet] = {}
+        self._encoded: dict[str, str] = {}  # spreadsheet id -> its JSON as last saved
         if self.path and os.path.exists(self.path):
             self._load()
 
@@ -246,17 +247,31 @@ class Store:
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def save(self) -> None:
-        """Write the whole state atomically: a temp file in the same directory, then os.replace."""
+    def save(self, changed: str | None = None) -> None:
+        """Write the whole state atomically: a temp file in the same directory, then os.replace.
+
+        Each spreadsheet's JSON is cached, so a write re-encodes only the spreadsheet it changed.
+
+        :param changed: id of the only spreadsheet that changed since the last save; ``None``
+            re-encodes all of them.
+        """
         if not self.path:
             return
-        data = {"version": STATE_VERSION, "spreadsheets": [_dump(b) for b in self.spreadsheets.values()]}
+        if changed is None:
+            self._encoded.clear()
+        else:
+            self._encoded.pop(changed, None)
+        parts = []
+        for sid, book in self.spreadsheets.items():
+            if sid not in self._encoded:
+                self._encoded[sid] = json.dumps(_dump(book), separators=(",", ":"))
+            parts.append(self._encoded[sid])
+        text = f'{{"version":{STATE_VERSION},"spreadsheets":[{",".join(parts)}]}}'
         directory = os.path.dirname(os.path.abspath(self.path))
         fd, tmp = tempfile.mkstemp(prefix=".sheets-state-", suffix=".json", dir=directory)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                # dumps, not dump: dump streams through the pure-Python encoder, ~10x slower.
-                f.write(json.dumps(data, separators=(",", ":")))
+                f.write(text)
             os.replace(tmp, self.path)
         except BaseException:
             if os.path.exists(tmp):

@@ -181,7 +181,7 @@ class SheetsEmulatorServer:
         with self.store.lock:
             reply = handler(self.store, request)
             if writes:
-                self.store.save()
+                self.store.save(request.spreadsheet_id or reply.get("spreadsheetId"))
         if failure is not None:  # apply_then_fail: the write has landed and been persisted
             self.request_log.record_fault("apply_then_fail")
             return 500, _internal_error(), {}
@@ -249,7 +249,7 @@ class SheetsEmulatorServer:
                         value = parse_input(raw, option)
                         if value is not Skip:
                             sheet.set(r, c, value)  # type: ignore[arg-type]
-            self.store.save()
+            self.store.save(book.spreadsheet_id)
             return book.resource()
 
     def raw_values(self, spreadsheet_id: str, range_: str) -> list[list[Any]]:

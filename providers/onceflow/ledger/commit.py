@@ -145,9 +145,16 @@ def commit_result(
                     {"lease_expires_at": None, "last_error_class": None, "last_error": None},
                     owner=lease.owner,
                 )
-            stored = _stored_result(conn, lease.work_key, step, version)
-            assert stored is not None
-            return stored
+            return ResultRecord(
+                work_key=lease.work_key,
+                step=step,
+                processing_version=version,
+                fencing_token=lease.token,
+                payload=json.loads(json.dumps(payload)),
+                committed_by=lease.owner,
+                committed_at=now,
+                follow_ups=specs,
+            )
     raise _refuse(engine, lease, item, now, f"commit of {step!r}")
 
 

@@ -58,7 +58,8 @@ def claim(
             if found is None:
                 return None
             granted = dict(found._mapping)
-        _check_and_record(conn, granted, owner, worker_version, now)
+        # PostgreSQL's statement wrote the transition row itself; SQLite's is written here.
+        _check_and_record(conn, granted, owner, worker_version, now, write=is_sqlite(conn))
     return Lease(
         work_key=granted["work_key"],
         kind=granted["kind"],
@@ -75,7 +76,9 @@ def claim(
     )
 
 
-def _check_and_record(conn: Connection, granted: dict, owner: str, worker_version: str, now: float) -> None:
+def _check_and_record(
+    conn: Connection, granted: dict, owner: str, worker_version: str, now: float, *, write: bool
+) -> None:
     event = "claim" if granted["from_state"] == states.PENDING else "reclaim_expired"
     before = {
         "work_key": granted["work_key"],
@@ -89,6 +92,8 @@ def _check_and_record(conn: Connection, granted: dict, owner: str, worker_versio
     }
     # Raises (and so rolls the grant back) if the SQL ever granted what the table forbids.
     states.check(event, before, states.WORKER, {"now": now, "worker_version": worker_version})
+    if not write:
+        return
     items.record(
         conn,
         work_key=granted["work_key"],

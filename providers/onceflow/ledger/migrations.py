@@ -146,8 +146,11 @@ def _v3(conn: Connection) -> None:
     _add_column(conn, "work_items", sa.Column("lane", sa.String(32), nullable=False, server_default="new"))
     _add_column(conn, "work_items", sa.Column("recheck_id", sa.Integer))
     conn.exec_driver_sql("DROP INDEX ix_work_items_claim_v1")
+    # Partial and in claim order: a claim walks only live items, best first, and stops at the
+    # first one it can lock, instead of sorting every finished item of the kind.
     conn.exec_driver_sql(
-        "CREATE INDEX ix_work_items_claim ON work_items (kind, lane, state, priority, available_at)"
+        "CREATE INDEX ix_work_items_claim ON work_items (kind, lane, priority DESC, available_at, id)"
+        " WHERE state IN ('pending', 'leased')"
     )
     conn.exec_driver_sql("CREATE INDEX ix_work_items_recheck ON work_items (recheck_id)")
 

@@ -3,7 +3,8 @@
 -- preconditions of "claim" and "reclaim_expired" in onceflow/ledger/states.py.
 
 -- name: claim_postgresql
--- One statement: pick the best eligible item nobody else has locked, lease it, return it.
+-- One statement: pick the best eligible item nobody else has locked, lease it, record the
+-- transition, return it.
 -- SKIP LOCKED makes concurrent claimers walk past each other's candidates instead of queueing.
 WITH candidate AS (
     SELECT id, state, available_at, lease_expires_at, required_version,
@@ -17,21 +18,31 @@ WITH candidate AS (
     ORDER BY priority DESC, available_at, id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE work_items AS w
+    SET state = 'leased',
+        lease_owner = :owner,
+        lease_expires_at = :now + :lease_seconds,
+        fencing_token = w.fencing_token + 1,
+        attempts = w.attempts + 1,
+        updated_at = :now
+    FROM candidate AS c
+    WHERE w.id = c.id
+    RETURNING w.work_key, w.kind, w.fencing_token, w.lease_expires_at, w.attempts, w.payload,
+              w.required_version, w.lane, w.recheck_id, w.reason,
+              c.state AS from_state, c.available_at AS from_available_at,
+              c.lease_expires_at AS from_lease_expires_at, c.attempts AS from_attempts,
+              c.max_attempts AS from_max_attempts
+),
+audit AS (
+    INSERT INTO transitions (work_key, event, from_state, to_state, actor, owner, fencing_token, at)
+    SELECT work_key,
+           CASE WHEN from_state = 'pending' THEN 'claim' ELSE 'reclaim_expired' END,
+           from_state, 'leased', 'worker', :owner, fencing_token, :now
+    FROM claimed
 )
-UPDATE work_items AS w
-SET state = 'leased',
-    lease_owner = :owner,
-    lease_expires_at = :now + :lease_seconds,
-    fencing_token = w.fencing_token + 1,
-    attempts = w.attempts + 1,
-    updated_at = :now
-FROM candidate AS c
-WHERE w.id = c.id
-RETURNING w.work_key, w.kind, w.fencing_token, w.lease_expires_at, w.attempts, w.payload,
-          w.required_version, w.lane, w.recheck_id, w.reason,
-          c.state AS from_state, c.available_at AS from_available_at,
-          c.lease_expires_at AS from_lease_expires_at, c.attempts AS from_attempts,
-          c.max_attempts AS from_max_attempts
+SELECT * FROM claimed
 
 -- name: pick_sqlite
 -- SQLite has no row locks: the caller holds the database write lock (BEGIN IMMEDIATE), so the

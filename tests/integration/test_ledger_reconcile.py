@@ -1,0 +1,105 @@
+"""Reconciliation and the outbox relay (relay against a recording sink; the Airflow sinks are
+tested against the real metadata DB in test_ledger_airflow.py)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from onceflow.ledger import FollowUp
+from onceflow.ledger.outbox import OutboxRelay, pending_rows
+from onceflow.ledger.reconcile import reconcile
+
+
+class RecordingSink:
+    """An AirflowSink that remembers what it was asked; run ids are unique like Airflow's."""
+
+    def __init__(self, fail: bool = False):
+        self.runs: dict[tuple[str, str], dict] = {}
+        self.events: list[tuple[str, dict]] = []
+        self.fail = fail
+
+    def trigger_dag_run(self, dag_id, run_id, conf):
+        if self.fail:
+            raise ConnectionError("api-server down")
+        if (dag_id, run_id) in self.runs:
+            return False
+        self.runs[(dag_id, run_id)] = conf
+        return True
+
+    def emit_asset_event(self, uri, extra):
+        if self.fail:
+            raise ConnectionError("api-server down")
+        self.events.append((uri, extra))
+
+
+def commit_one(ledger, key, follow_ups):
+    ledger.add("fetch", key)
+    lease = ledger.claim("fetch", "w", 30, "v1")
+    ledger.commit_result(lease, "fetch", {}, follow_ups=follow_ups)
+
+
+def test_the_relay_delivers_each_outbox_row_once(ledger):
+    commit_one(
+        ledger, "a:1", [FollowUp.dag_run("article_pipeline", {"x": 1}), FollowUp.asset_event("file:///a")]
+    )
+    sink = RecordingSink()
+    report = OutboxRelay(ledger, sink).relay_once()
+    assert report.relayed == 2 and report.errors == []
+    (((dag_id, run_id), conf),) = sink.runs.items()
+    assert dag_id == "article_pipeline" and run_id.startswith("onceflow__a:1__fetch__v1")
+    assert conf == {"x": 1, "onceflow_work_key": "a:1", "onceflow_step": "fetch"}
+    assert sink.events[0][0] == "file:///a"
+    assert OutboxRelay(ledger, sink).relay_once().relayed == 0
+    assert pending_rows(ledger) == []
+
+
+def test_a_failed_delivery_stays_pending_with_its_error(ledger):
+    commit_one(ledger, "a:1", [FollowUp.dag_run("d")])
+    report = OutboxRelay(ledger, RecordingSink(fail=True)).relay_once()
+    assert report.relayed == 0 and "ConnectionError" in report.errors[0]
+    with ledger.engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT state, attempts, last_error FROM outbox")).one()
+    assert row[0] == "pending" and row[1] == 1 and "api-server down" in row[2]
+    assert OutboxRelay(ledger, RecordingSink()).relay_once().relayed == 1
+
+
+def test_reconcile_returns_expired_leases_to_pending_once(ledger, fake_clock):
+    ledger.add("fetch", "a:1")
+    ledger.add("fetch", "a:2")
+    ledger.claim("fetch", "w1", 30, "v1")
+    live = ledger.claim("fetch", "w2", 300, "v1")
+    fake_clock.advance(60)
+    report = reconcile(ledger)
+    assert [f.work_key for f in report.findings] == ["a:1"]
+    assert ledger.item("a:1").state == "pending" and ledger.item(live.work_key).state == "leased"
+    expire = ledger.history("a:1")[-1]
+    assert expire.event == "expire" and expire.actor == "reconciler" and "w1" in expire.reason
+    assert reconcile(ledger).findings == []
+
+
+def test_reconcile_recreates_a_missing_follow_up_and_records_it(ledger):
+    commit_one(ledger, "a:1", [FollowUp.dag_run("d"), FollowUp.work_item("translate", "a:1:tr")])
+    with ledger.engine.begin() as conn:  # someone "cleaned up" by hand
+        conn.execute(sa.text("DELETE FROM outbox"))
+        conn.execute(sa.text("DELETE FROM work_items WHERE work_key = 'a:1:tr'"))
+    report = reconcile(ledger)
+    assert report.count("missing_follow_up", repaired=True) == 2
+    assert [r.target for r in pending_rows(ledger)] == ["d"]
+    assert ledger.item("a:1:tr").state == "pending"
+    repairs = [t for t in ledger.history("a:1") if t.event == "repair_follow_up"]
+    assert len(repairs) == 2 and {t.actor for t in repairs} == {"reconciler"}
+    assert reconcile(ledger).findings == []
+
+
+def test_reconcile_flags_a_stalled_relay_and_repairs_it_with_a_sink(ledger, fake_clock):
+    commit_one(ledger, "a:1", [FollowUp.dag_run("d")])
+    fake_clock.advance(60)
+    assert reconcile(ledger, relay_stall_seconds=600).relay_stalled is False
+    fake_clock.advance(600)
+    report = reconcile(ledger, relay_stall_seconds=600)
+    assert report.relay_stalled and report.count("stalled_relay", repaired=False) == 1
+    sink = RecordingSink()
+    report = reconcile(ledger, relay_stall_seconds=600, sink=sink)
+    assert report.count("stalled_relay", repaired=True) == 1 and len(sink.runs) == 1
+    assert ledger.history("a:1")[-1].event == "repair_follow_up"
+    assert reconcile(ledger, relay_stall_seconds=600, sink=sink).findings == []

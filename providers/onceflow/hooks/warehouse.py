@@ -198,12 +198,12 @@ class WarehouseHook(_SqlConnectionHook):
         :param project_id: GCP project (default: the connection's).
         :param dataset: BigQuery dataset.
         :param location: job location.
-        :return: the finished job's API representation.
+        :return: job id, final state, destination and output rows of the finished job.
         """
         from airflow.providers.google.cloud.hooks.bigquery import BigQueryHook
 
         from onceflow.sales.bigquery import load_partition
 
-        bq = BigQueryHook(gcp_conn_id=self.conn_id, location=location)
+        bq = BigQueryHook(gcp_conn_id=self.conn_id, location=location, use_legacy_sql=False)
         client = bq.get_client(project_id=project_id or bq.project_id, location=location)
         return load_partition(client, dataset=dataset, table=table, partition=partition, rows=rows)

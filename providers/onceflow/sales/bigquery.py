@@ -62,7 +62,7 @@ def load_partition(
     :param table: table id; the decorator ``$YYYYMMDD`` is added here.
     :param partition: the day to replace.
     :param rows: sales rows of that day.
-    :return: the finished job's API representation.
+    :return: job id, final state, destination and output rows of the finished job.
     """
     from google.cloud import bigquery
 
@@ -86,4 +86,9 @@ def load_partition(
     data = ndjson(rows)
     job = client.load_table_from_file(io.BytesIO(data), destination, job_config=job_config, size=len(data))
     job.result()
-    return dict(job.to_api_repr())
+    return {
+        "job_id": job.job_id,
+        "state": job.state,
+        "destination": destination,
+        "output_rows": job.output_rows,
+    }

@@ -31,7 +31,11 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {
                 "integration-name": "onceflow",
-                "python-modules": ["onceflow.hooks.warehouse", "onceflow.hooks.sheets"],
+                "python-modules": [
+                    "onceflow.hooks.warehouse",
+                    "onceflow.hooks.sheets",
+                    "onceflow.hooks.ledger",
+                ],
             }
         ],
         "operators": [
@@ -41,6 +45,7 @@ def get_provider_info() -> dict[str, Any]:
                     "onceflow.operators.partition",
                     "onceflow.operators.dashboard",
                     "onceflow.operators.sheets",
+                    "onceflow.operators.ledger",
                 ],
             }
         ],

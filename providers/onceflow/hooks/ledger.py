@@ -1,0 +1,164 @@
+"""``LedgerHook``: the work ledger behind the Airflow connection ``onceflow_ledger``, and the two
+Airflow sinks of the outbox relay.
+
+The connection resolves to a SQLAlchemy URL like the warehouse's: a ``postgres`` connection
+(``postgresql+psycopg2://login:password@host:port/schema``), a ``sqlite`` connection (the file
+path in ``host``), or any connection whose extra holds ``{"sqlalchemy_url": "..."}``. When the
+connection is not defined anywhere, the ledger is an embedded SQLite file,
+``$AIRFLOW_HOME/onceflow/ledger.db``, so a laptop needs no setup; use PostgreSQL as soon as
+more than one machine runs workers.
+
+Sinks (``onceflow.ledger.outbox.AirflowSink``):
+
+* :class:`TaskSdkSink` works inside a running task (real workers and ``dag.test``): DAG runs go
+  through the Task SDK's supervisor channel to the Execution API; Asset events are added to the
+  task's ``AssetAlias`` outlet and recorded when the task succeeds.
+* :class:`MetadataDbSink` writes Airflow's metadata database through its ORM, for code that may
+  (the scheduler side, plugins, tests, maintenance scripts); Airflow 3 workers may not.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from onceflow.hooks.warehouse import connection_url, embedded_dir
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from onceflow.ledger import Ledger
+
+OUTBOX_ASSET_ALIAS = "onceflow-ledger-outbox"
+EMBEDDED_FILE = "ledger.db"
+
+
+class LedgerHook(BaseHook):
+    """Open the work ledger named by an Airflow connection.
+
+    :param ledger_conn_id: Airflow connection id (default ``onceflow_ledger``).
+    """
+
+    conn_name_attr: ClassVar[str] = "ledger_conn_id"
+    default_conn_name: ClassVar[str] = "onceflow_ledger"
+    conn_type: ClassVar[str] = "postgres"
+    hook_name: ClassVar[str] = "onceflow work ledger"
+
+    def __init__(self, ledger_conn_id: str = default_conn_name) -> None:
+        super().__init__()
+        self.ledger_conn_id = ledger_conn_id
+
+    @cached_property
+    def connection(self) -> Any | None:
+        """The Airflow connection, or ``None`` when it is not defined anywhere."""
+        try:
+            return self.get_connection(self.ledger_conn_id)
+        except AirflowNotFoundException:
+            return None
+
+    def get_url(self) -> str:
+        """The ledger's SQLAlchemy URL (the embedded SQLite file when the connection is missing)."""
+        if self.connection is None:
+            path = embedded_dir() / EMBEDDED_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.log.info(
+                "connection %r not defined; using the embedded ledger %s", self.ledger_conn_id, path
+            )
+            return f"sqlite:///{path}"
+        return connection_url(self.connection)
+
+    @cached_property
+    def engine(self) -> Engine:
+        from onceflow.ledger import create_ledger_engine
+
+        return create_ledger_engine(self.get_url(), pool_pre_ping=True)
+
+    def get_conn(self) -> Engine:
+        """The SQLAlchemy engine (Airflow's hook protocol)."""
+        return self.engine
+
+    def get_ledger(self) -> Ledger:
+        """The :class:`~onceflow.ledger.Ledger`, migrated to the newest schema."""
+        from onceflow.ledger import Ledger
+
+        return Ledger(self.engine)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Airflow UI "Test" button: connect and report the schema version."""
+        from onceflow.ledger.migrations import current_version
+
+        try:
+            return True, f"ledger schema version {current_version(self.engine)}"
+        except Exception as exc:
+            return False, str(exc)
+
+
+class TaskSdkSink:
+    """Relay from inside a running task, without metadata-DB access (Airflow 3 workers).
+
+    :param outlet_events: the task context's ``outlet_events``; the task must declare
+        ``AssetAlias(OUTBOX_ASSET_ALIAS)`` among its outlets for Asset events.
+    """
+
+    def __init__(self, outlet_events: Any | None = None) -> None:
+        self.outlet_events = outlet_events
+
+    def trigger_dag_run(self, dag_id: str, run_id: str, conf: dict[str, Any]) -> bool:
+        from airflow.sdk.exceptions import ErrorType
+        from airflow.sdk.execution_time.comms import ErrorResponse, TriggerDagRun
+        from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
+
+        response = SUPERVISOR_COMMS.send(TriggerDagRun(dag_id=dag_id, run_id=run_id, conf=conf))
+        if isinstance(response, ErrorResponse):
+            if response.error == ErrorType.DAGRUN_ALREADY_EXISTS:
+                return False
+            raise RuntimeError(f"triggering {dag_id}/{run_id} failed: {response.error} {response.detail}")
+        return True
+
+    def emit_asset_event(self, uri: str, extra: dict[str, Any]) -> None:
+        from airflow.sdk import Asset, AssetAlias
+
+        if self.outlet_events is None:
+            raise RuntimeError("TaskSdkSink needs the task's outlet_events to emit Asset events")
+        self.outlet_events[AssetAlias(OUTBOX_ASSET_ALIAS)].add(Asset(uri=uri), extra=extra)
+
+
+class MetadataDbSink:
+    """Relay by writing Airflow's metadata database directly (processes allowed to use the ORM)."""
+
+    def trigger_dag_run(self, dag_id: str, run_id: str, conf: dict[str, Any]) -> bool:
+        from airflow.api.common.trigger_dag import trigger_dag
+        from airflow.exceptions import DagRunAlreadyExists
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+        from airflow.utils.types import DagRunTriggeredByType
+
+        with create_session() as session:
+            if DagRun.find(dag_id=dag_id, run_id=run_id, session=session):
+                return False
+            try:
+                trigger_dag(
+                    dag_id,
+                    run_id=run_id,
+                    conf=conf,
+                    triggered_by=DagRunTriggeredByType.OPERATOR,
+                    session=session,
+                )
+            except DagRunAlreadyExists:
+                return False
+        return True
+
+    def emit_asset_event(self, uri: str, extra: dict[str, Any]) -> None:
+        from airflow.assets.manager import AssetManager
+        from airflow.models.asset import AssetModel
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            asset = session.scalar(select(AssetModel).where(AssetModel.uri == uri, AssetModel.active.has()))
+            if asset is None:
+                raise LookupError(f"no active Airflow asset with uri {uri!r}")
+            AssetManager.register_asset_change(asset=asset, extra=extra, session=session)

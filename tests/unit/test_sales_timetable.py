@@ -92,3 +92,23 @@ def test_daily_sales_uses_the_data_interval_timetable() -> None:
     assert load.pool == "onceflow_warehouse"
     assert [o.uri for o in load.outlets] == ["x-onceflow://warehouse/daily_sales"]
     assert dag.max_active_runs == 4
+
+
+def test_a_backfill_date_without_offset_is_utc_and_skips_the_first_local_day() -> None:
+    """``airflow backfill create --from-date 2024-01-01`` parses the date in UTC (the default
+    timezone): 01:00 in Amsterdam, which aligns to the *next* local midnight. Pass the offset."""
+    from airflow._shared.timezones.timezone import parse
+    from airflow.sdk import CronDataIntervalTimetable
+    from airflow.timetables.base import TimeRestriction
+
+    core = _core(CronDataIntervalTimetable("0 0 * * *", timezone=AMS))
+
+    def first_day(from_date: str) -> dt.date:
+        info = core.next_dagrun_info(  # type: ignore[attr-defined]
+            last_automated_data_interval=None,
+            restriction=TimeRestriction(earliest=parse(from_date), latest=None, catchup=True),
+        )
+        return info.data_interval.start.in_timezone(AMS).date()
+
+    assert first_day("2024-01-01") == dt.date(2024, 1, 2)
+    assert first_day("2024-01-01T00:00:00+01:00") == dt.date(2024, 1, 1)

@@ -251,6 +251,42 @@ def test_values_update_past_its_range_is_refused_and_changes_nothing(sheets_emul
     assert sheets_emulator.values(sid, "Queue!A1:B1") == [["url", "status"]]
 
 
+@pytest.mark.parametrize(
+    ("range_", "values", "message"),
+    [
+        (
+            "Queue!A1001",
+            [["x"]],
+            "Range ('Queue'!A1001) exceeds grid limits. Max rows: 1000, max columns: 26",
+        ),
+        ("Queue!A999", [["x"], ["y"], ["z"]], "Range ('Queue'!A999:A1001) exceeds grid limits"),
+        ("Queue!Z1", [["x", "y"]], "Range ('Queue'!Z1:AA1) exceeds grid limits"),
+    ],
+)
+def test_values_update_cannot_write_past_the_grid(
+    sheets_emulator: SheetsEmulator, range_: str, values: list[list[str]], message: str
+) -> None:
+    sid = _queue(sheets_emulator)
+
+    with pytest.raises(HttpError) as caught:
+        sheets_emulator.hook().update_values(sid, range_, values)
+
+    assert caught.value.status_code == 400
+    assert json.loads(caught.value.content)["error"]["message"].startswith(message)
+    assert sheets_emulator.values(sid, "Queue!A999:A1000") == []
+
+
+def test_append_grows_the_grid_where_update_cannot(sheets_emulator: SheetsEmulator) -> None:
+    sid = _queue(sheets_emulator, [["h"]] + [[str(i)] for i in range(999)])
+    hook = sheets_emulator.hook()
+
+    reply = hook.append_values(sid, "Queue!A:A", [["1000"], ["1001"]])
+
+    assert reply["updates"]["updatedRange"] == "Queue!A1001:A1002"
+    assert hook.get_spreadsheet(sid)["sheets"][0]["properties"]["gridProperties"]["rowCount"] == 1002
+    assert hook.get_values(sid, "Queue!A1001:A1002") == [["1000"], ["1001"]]
+
+
 def test_null_skips_a_cell_and_empty_string_clears_it(sheets_emulator: SheetsEmulator) -> None:
     sid = _queue(sheets_emulator)
 

@@ -20,7 +20,7 @@ from onceflow.testing.sheets_emulator.cells import (
     render,
 )
 from onceflow.testing.sheets_emulator.errors import invalid_argument
-from onceflow.testing.sheets_emulator.model import Bounds, Sheet, Spreadsheet, Store
+from onceflow.testing.sheets_emulator.model import Bounds, Sheet, Spreadsheet, Store, grid_error
 
 
 @dataclass
@@ -135,7 +135,8 @@ def plan_write(
     """Validate one ValueRange write and return what it would change.
 
     A single-cell range is an anchor the data grows from; a larger range bounds the data and
-    writing past it is an error, as in Google.
+    writing past it is an error, as in Google. values.update cannot write past the sheet's grid
+    (Google answers "exceeds grid limits"); values.append, given an ``anchor``, grows the grid.
 
     :param book: the spreadsheet.
     :param range_text: the A1 range of the request.
@@ -147,7 +148,7 @@ def plan_write(
         rng = parse_a1(range_text)
     except A1Error:
         raise invalid_argument(f"Unable to parse range: {range_text}") from None
-    bounds = anchor or book.bounds(rng, range_text, for_write=True)
+    bounds = anchor or book.bounds(rng, range_text)
     values = body.get("values") or []
     if not isinstance(values, list) or not all(isinstance(r, list) for r in values):
         raise invalid_argument("Invalid values: expected a list of lists")
@@ -175,6 +176,10 @@ def plan_write(
             if parsed is Skip:
                 continue
             cells.append((bounds.start_row + r, bounds.start_col + c, parsed))  # type: ignore[arg-type]
+    sheet = bounds.sheet
+    end_row, end_col = bounds.start_row + len(values), bounds.start_col + width
+    if anchor is None and (end_row > sheet.row_count or end_col > sheet.column_count):
+        raise grid_error(sheet, bounds.start_row, end_row, bounds.start_col, end_col)
     return Write(bounds.sheet, bounds.start_row, bounds.start_col, cells, len(values), width)
 
 

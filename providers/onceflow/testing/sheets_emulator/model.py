@@ -42,6 +42,16 @@ class Bounds:
         return format_a1(self.sheet.title, self.start_row, self.end_row, self.start_col, self.end_col)
 
 
+def grid_error(sheet: Sheet, start_row: int, end_row: int, start_col: int, end_col: int) -> ApiError:
+    """Google's 400 for a range past the sheet's grid, e.g. ``Range ('Queue'!A1001) exceeds ...``."""
+    cells = format_a1(sheet.title, start_row, end_row, start_col, end_col).rpartition("!")[2]
+    title = sheet.title.replace("'", "''")
+    return invalid_argument(
+        f"Range ('{title}'!{cells}) exceeds grid limits. Max rows: {sheet.row_count}, "
+        f"max columns: {sheet.column_count}"
+    )
+
+
 @dataclass
 class Sheet:
     """One tab. ``rows`` is ragged: rows and cells past the last written one are simply absent."""
@@ -167,7 +177,8 @@ class Spreadsheet:
     def resolve(self, text: str, *, for_write: bool = False) -> Bounds:
         """Resolve an A1 range against this spreadsheet.
 
-        Reads outside the grid fail like Google's ("exceeds grid limits"); writes may extend it.
+        Ranges outside the grid fail like Google's ("exceeds grid limits") unless ``for_write``
+        (append and clear, which Google lets grow the sheet or clip).
 
         :param text: A1 range, percent-decoded.
         :param for_write: whether the caller will write (open ends then still stop at the grid).
@@ -191,10 +202,7 @@ class Spreadsheet:
         outside = end_row > sheet.row_count or end_col > sheet.column_count
         outside = outside or rng.start_row >= sheet.row_count or rng.start_col >= sheet.column_count
         if not for_write and outside:
-            raise invalid_argument(
-                f"Range ({text}) exceeds grid limits. Max rows: {sheet.row_count}, "
-                f"max columns: {sheet.column_count}"
-            )
+            raise grid_error(sheet, rng.start_row, end_row, rng.start_col, end_col)
         return Bounds(sheet, rng.start_row, end_row, rng.start_col, end_col)
 
     def resource(self) -> dict[str, Any]:

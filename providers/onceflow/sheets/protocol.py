@@ -218,7 +218,7 @@ class SheetQueue:
             }
         }
 
-    def _pick_targets(self, snapshot: Snapshot, limit: int) -> list[Row]:
+    def _pick_targets(self, snapshot: Snapshot, limit: int) -> tuple[list[Row], list[Row]]:
         verdicts = classify_new_rows(snapshot)
         good = [v.row for v in verdicts if v.ok]
         window = good[: limit * self.spread]
@@ -231,13 +231,14 @@ class SheetQueue:
             for v in verdicts
             if not v.ok and (v.first is None or v.first.status is not Status.NEW or v.first.number in aimed)
         ][:limit]
-        return chosen + bad
+        return chosen, bad
 
     def claim(self, limit: int) -> ClaimResult:
         """Claim up to ``limit`` NEW rows; also claim and mark (up to ``limit``) bad NEW rows.
 
-        Costs one read, one ``batchUpdate`` and one verification read whatever ``limit`` and the
-        sheet size; two more writes when some claimed rows turn out INVALID or DUPLICATE.
+        Costs one read and one ``batchUpdate`` whatever ``limit`` and the sheet size, plus one
+        verification read when the write's outcome is unknown or some row moved, and two more
+        writes when some claimed rows turn out INVALID or DUPLICATE.
 
         :param limit: most rows to claim for work.
         :return: the rows won (create their runs now) and the rows rejected.
@@ -246,42 +247,67 @@ class SheetQueue:
         snapshot = self.snapshot()
         if snapshot.columns is None or limit <= 0:
             return result
-        targets = self._pick_targets(snapshot, limit)
+        good, bad = self._pick_targets(snapshot, limit)
+        targets = good + bad
         if not targets:
             return result
         result.aimed = len(targets)
         issued: dict[str, Row] = {}  # token -> the row it was aimed at
-        status_col = snapshot.columns["status"]
+        status_col, url_col = snapshot.columns["status"], snapshot.columns["url"]
+        layout: list[tuple[str, bool]] = []  # per target: its token, whether a URL guard follows
 
         def attempt() -> list[dict[str, Any]]:
             # fresh tokens on every attempt: one token can then match at most one cell, ever
             now = self.clock()
             tokens = [new_token(now, secrets.token_hex(5)) for _ in targets]
             issued.update(zip(tokens, targets, strict=True))
-            requests = [
-                self._find_replace(
-                    self._cell(row.number, status_col),
-                    row.status_cell.raw,
-                    status_value(Status.PROCESSING, token),
+            layout.clear()
+            requests = []
+            for i, (row, token) in enumerate(zip(targets, tokens, strict=True)):
+                requests.append(
+                    self._find_replace(
+                        self._cell(row.number, status_col),
+                        row.status_cell.raw,
+                        status_value(Status.PROCESSING, token),
+                    )
                 )
-                for row, token in zip(targets, tokens, strict=True)
-            ]
+                # the guard: the same row's URL cell must still hold the URL we read; applied in the
+                # same atomic batch, so both replies describe one row at one moment
+                guarded = i < len(good)
+                if guarded:
+                    requests.append(self._find_replace(self._cell(row.number, url_col), row.url, row.url))
+                layout.append((token, guarded))
             return self.transport.batch_update(requests)
 
-        ambiguous = False
+        replies: list[dict[str, Any]] | None = None
         try:
             replies = self.backoff.call(attempt)
-            log.info("claim write: %d of %d changed", sum(map(_occurrences, replies)), len(targets))
+            log.info("claim write: %d replies for %d rows", len(replies), len(targets))
         except ServerError as err:  # maybe applied: the verification read decides
             log.warning("claim write outcome unknown (%s); verifying by reading back", err)
-            ambiguous = True
 
-        verified = self.snapshot()
-        found = {t: rows for t, rows in verified.by_token().items() if t in issued}
-        mine = {t: rows[0] for t, rows in found.items()}
-        extra = [(t, r) for t, rows in found.items() for r in rows[1:]]
-        if extra:  # only possible if something repeated our exact request body
-            self._retoken(verified, extra)
+        confirmed: dict[str, Row] = {}
+        must_read = replies is None or bool(bad)
+        if replies is not None:
+            position = iter(replies)
+            for token, guarded in layout:
+                claimed = _occurrences(next(position, {})) == 1
+                held = guarded and _occurrences(next(position, {})) == 1
+                if claimed and held:
+                    confirmed[token] = issued[token]
+                elif claimed:  # our token landed on a row that no longer has the URL we read
+                    must_read = True
+        if must_read:
+            verified = self.snapshot()
+            found = {t: rows for t, rows in verified.by_token().items() if t in issued}
+            mine = {t: rows[0] for t, rows in found.items()}
+            extra = [(t, r) for t, rows in found.items() for r in rows[1:]]
+            if extra:  # only possible if something repeated our exact request body
+                self._retoken(verified, extra)
+        else:  # every claim confirmed in place by its guard: the first read is still the truth
+            verified, mine = snapshot, confirmed
+        if replies is None:
+            result.recovered = len(mine)
         verdicts = classify_claimed(verified, mine)
         rejects = {t: v for t, v in verdicts.items() if not v.ok}
         result.redirected = sum(1 for t, row in mine.items() if row.url != issued[t].url)
@@ -313,8 +339,6 @@ class SheetQueue:
                 if v.status
             ]
         result.lost = len(targets) - len(mine)
-        if ambiguous:
-            result.recovered = len(mine)
         return result
 
     def _retoken(self, snapshot: Snapshot, extra: list[tuple[str, Row]]) -> None:

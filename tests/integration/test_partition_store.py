@@ -188,7 +188,10 @@ def test_every_load_method_writes_the_same_partition_on_postgres(
     store = PartitionStore(engine, "daily_sales")
     store.create_schema()
     lease = store.acquire_lease(DAY, run_id="r", try_number=1)
-    audit = store.overwrite(lease, COMPLETE.rows, None, processing_version=PROCESSING_VERSION, method=method)  # type: ignore[arg-type]
+    rows = COMPLETE.rows.copy()
+    rows.loc[0, "customer_id"] = None  # NULLs must survive every path (COPY: empty CSV field)
+    audit = store.overwrite(lease, rows, None, processing_version=PROCESSING_VERSION, method=method)  # type: ignore[arg-type]
     assert store.partition_checksum(DAY) == audit.checksum
     assert len(store.partition_rows(DAY)) == len(COMPLETE.rows)
+    assert store.partition_rows(DAY)[0][2] is None
     engine.dispose()

@@ -19,7 +19,6 @@ transaction: they are rolled back.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import datetime as dt
 import io
@@ -98,20 +97,12 @@ def frame_records(df: pd.DataFrame, columns: Sequence[str]) -> list[tuple[Any, .
     return list(zip(*cols, strict=True)) if cols else []
 
 
-def _csv_buffer(records: Sequence[Sequence[Any]]) -> io.StringIO:
+def _csv_buffer(rows: pd.DataFrame) -> io.StringIO:
+    """The rows as COPY-ready CSV (empty field = NULL), serialised by pandas rather than row by row."""
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    for rec in records:
-        writer.writerow(
-            [
-                ""
-                if v is None
-                else v.isoformat(sep=" ", timespec="microseconds")
-                if isinstance(v, dt.datetime)
-                else v
-                for v in rec
-            ]
-        )
+    rows.loc[:, list(SALES_COLUMNS)].to_csv(
+        buf, index=False, header=False, date_format="%Y-%m-%d %H:%M:%S.%f", lineterminator="\n"
+    )
     buf.seek(0)
     return buf
 
@@ -348,7 +339,7 @@ class PartitionStore:
         if method == "auto":
             method = "copy" if self.dialect == "postgresql" else "insert"
         if method == "copy":
-            self._copy(conn, records)
+            self._copy(conn, rows)
         elif method == "insert":
             conn.execute(self.table.insert(), [dict(zip(SALES_COLUMNS, r, strict=True)) for r in records])
         elif method == "executemany":
@@ -368,11 +359,11 @@ class PartitionStore:
     def _quoted_table(self) -> str:
         return self.engine.dialect.identifier_preparer.format_table(self.table)
 
-    def _copy(self, conn: Connection, records: list[tuple[Any, ...]]) -> None:
+    def _copy(self, conn: Connection, rows: pd.DataFrame) -> None:
         if self.dialect != "postgresql":
             raise ValueError("COPY loads need PostgreSQL")
         sql = f"COPY {self._quoted_table()} ({', '.join(SALES_COLUMNS)}) FROM STDIN WITH (FORMAT csv)"
-        buf = _csv_buffer(records)
+        buf = _csv_buffer(rows)
         dbapi = conn.connection.dbapi_connection
         cursor = dbapi.cursor()  # type: ignore[union-attr]
         try:

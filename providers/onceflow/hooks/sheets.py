@@ -8,6 +8,8 @@ these extras, so the same DAG file runs against Google and the emulator:
     Base URL of the Sheets API (omit for Google; ``http://127.0.0.1:PORT/`` for the emulator).
 ``spreadsheet_id`` / ``sheet`` / ``audit_sheet``
     Where the queue lives (tab names default to ``queue`` and ``audit``); operator arguments win.
+``always_verify``
+    ``true`` to read back after every claim write (see ``docs/sheet-queue.md``).
 
 The protocol itself is in :mod:`onceflow.sheets.protocol`; this hook only builds it.
 """
@@ -85,13 +87,24 @@ class SheetQueueHook(GSheetsHook):
         """The raw API calls, counted per method."""
         return GoogleSheetsTransport(self.get_conn(), self.spreadsheet_id)
 
-    def queue(self, version: str = "v1", *, backoff: Backoff | None = None, spread: int = 4) -> SheetQueue:
+    def queue(
+        self,
+        version: str = "v1",
+        *,
+        backoff: Backoff | None = None,
+        spread: int = 4,
+        always_verify: bool | None = None,
+    ) -> SheetQueue:
         """The claim protocol on this connection's queue tab.
 
         :param version: processing version, part of every run id.
         :param backoff: retry policy for 429s (default: jittered exponential, honours Retry-After).
         :param spread: see :class:`~onceflow.sheets.protocol.SheetQueue`.
+        :param always_verify: see :class:`~onceflow.sheets.protocol.SheetQueue` (default: the
+            connection's ``always_verify`` extra, else False).
         """
+        if always_verify is None:
+            always_verify = str(self._extra("always_verify") or "").lower() in ("1", "true", "yes")
         return SheetQueue(
             self.transport(),
             sheet=self.sheet,
@@ -99,4 +112,5 @@ class SheetQueueHook(GSheetsHook):
             audit_sheet=str(self._extra("audit_sheet") or "audit"),
             backoff=backoff,
             spread=spread,
+            always_verify=always_verify,
         )

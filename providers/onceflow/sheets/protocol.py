@@ -128,6 +128,9 @@ class SheetQueue:
     :param clock: returns the current aware time (a fake clock in tests).
     :param spread: pick claim targets at random among the first ``spread * limit`` NEW rows, so
         concurrent claimers rarely aim at the same cells; 1 means strictly first-come.
+    :param always_verify: read back after every claim write, even when each claim's URL guard
+        confirmed it in place (one more read per wake-up; drops the reliance on the per-request
+        ``occurrencesChanged`` replies, see ``docs/sheet-queue.md``).
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class SheetQueue:
         clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
         spread: int = 4,
         rng: random.Random | None = None,
+        always_verify: bool = False,
     ) -> None:
         self.transport = transport
         self.sheet = sheet
@@ -149,6 +153,7 @@ class SheetQueue:
         self.backoff = backoff or Backoff()
         self.clock = clock
         self.spread = max(1, spread)
+        self.always_verify = always_verify
         self.rng = rng or random.Random()
         self._sheet_ids: dict[str, int] | None = None
         self._columns: ColumnMap | None = None
@@ -287,7 +292,7 @@ class SheetQueue:
             log.warning("claim write outcome unknown (%s); verifying by reading back", err)
 
         confirmed: dict[str, Row] = {}
-        must_read = replies is None or bool(bad)
+        must_read = replies is None or bool(bad) or self.always_verify
         if replies is not None:
             position = iter(replies)
             for token, guarded in layout:

@@ -191,6 +191,11 @@ def run(cfg: LocalRunConfig) -> int:
                          stderr=subprocess.STDOUT, start_new_session=True)
     )
     ui = f"http://localhost:{api_port}"
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         if not _wait_http(f"http://127.0.0.1:{api_port}/api/v2/monitor/health", 240, children):
             print(f"onceflow: Airflow did not answer on {ui}; see {cfg.home / 'logs'}", file=sys.stderr)

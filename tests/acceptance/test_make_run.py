@@ -1,0 +1,75 @@
+"""`make run` (``onceflow up``): Airflow starts on embedded defaults, the UI answers on localhost,
+the repo's DAG folder is loaded, and stopping it leaves nothing running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from onceflow.testing.ports import free_port
+from onceflow.testing.processes import pids_with_marker
+
+pytestmark = pytest.mark.real_airflow
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen[str]) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"onceflow up exited early with {proc.returncode}"
+        if predicate():
+            return
+        time.sleep(1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_onceflow_up_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    log = (tmp_path / "up.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "onceflow.cli", "up", "--home", str(tmp_path / "home"), "--port", str(port),
+         "--demo-days", "3"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: "onceflow is running" in (tmp_path / "up.log").read_text(), 420, "the banner", proc)
+        with urllib.request.urlopen(f"http://localhost:{port}/", timeout=10) as resp:
+            assert resp.status == 200
+            assert "<html" in resp.read().decode().lower()
+        db = tmp_path / "home" / "airflow" / "airflow.db"
+        repo_dags = {"sheet_claim", "article_pipeline", "sheet_reconcile", "daily_sales"}
+
+        def dags_loaded() -> bool:
+            with sqlite3.connect(db, timeout=30) as conn:
+                rows = conn.execute("SELECT dag_id, fileloc FROM dag").fetchall()
+            return repo_dags <= {r[0] for r in rows} and all(str(REPO / "dags") in r[1] for r in rows)
+
+        _wait_for(dags_loaded, 240, "the repo's DAGs in the metadata DB", proc)
+        with sqlite3.connect(db, timeout=30) as conn:
+            pools = {r[0] for r in conn.execute("SELECT pool FROM slot_pool")}
+        assert {"onceflow_sheets", "onceflow_warehouse", "onceflow_heartbeat"} <= pools
+        assert (tmp_path / "home" / "data" / "shop.db").exists()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        finally:
+            log.close()
+    # Every Airflow process of the run carries its AIRFLOW_HOME in its environment; the emulator
+    # carries the state file on its command line.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and pids_with_marker("AIRFLOW_HOME", str(tmp_path / "home" / "airflow")):
+        time.sleep(1)
+    assert pids_with_marker("AIRFLOW_HOME", str(tmp_path / "home" / "airflow")) == []
+    emulator = subprocess.run(["pgrep", "-f", str(tmp_path / "home" / "data")], capture_output=True, text=True)
+    assert emulator.stdout.strip() == ""

@@ -56,7 +56,11 @@ PROBE = textwrap.dedent(
 
 def _probe(path: Path, repeat: int, env: dict[str, str]) -> dict[str, object]:
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, str(path), str(repeat)], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", PROBE, str(path), str(repeat)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH "))
     return dict(json.loads(line[6:]))
@@ -81,7 +85,9 @@ def main() -> int:
     print(f"DAG parse time, median of {args.repeat} (after `import airflow`), ratio against an empty DAG")
     print(f"{'file':<24}{'cold ms':>10}{'x empty':>9}{'warm ms':>10}{'x empty':>9}")
     for name, cold_s, warm_s in rows:
-        print(f"{name:<24}{cold_s * 1000:>10.1f}{cold_s / base_cold:>9.2f}{warm_s * 1000:>10.1f}{warm_s / base_warm:>9.2f}")
+        print(
+            f"{name:<24}{cold_s * 1000:>10.1f}{cold_s / base_cold:>9.2f}{warm_s * 1000:>10.1f}{warm_s / base_warm:>9.2f}"
+        )
     return 0
 
 

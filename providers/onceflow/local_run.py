@@ -131,8 +131,15 @@ def _airflow(env: dict[str, str], *args: str) -> None:
 def _demo_sheet(path: Path) -> Path:
     rows = [["url", "status", "score", "published_url"]]
     rows += [[url, "NEW", "", ""] for url in DEMO_URLS]
-    path.write_text(json.dumps({"spreadsheetId": DEMO_SPREADSHEET_ID, "title": "onceflow demo queue",
-                                "sheets": {"queue": rows, "audit": [["time", "row", "action", "reason"]]}}))
+    path.write_text(
+        json.dumps(
+            {
+                "spreadsheetId": DEMO_SPREADSHEET_ID,
+                "title": "onceflow demo queue",
+                "sheets": {"queue": rows, "audit": [["time", "row", "action", "reason"]]},
+            }
+        )
+    )
     return path
 
 
@@ -144,8 +151,18 @@ def _demo_orders(cfg: LocalRunConfig) -> None:
 
     end = dt.date.today()
     start = end - dt.timedelta(days=cfg.demo_days)
-    onceflow_main(["sales", "generate", "--url", f"sqlite:///{shop}", "--start", start.isoformat(),
-                   "--end", end.isoformat()])
+    onceflow_main(
+        [
+            "sales",
+            "generate",
+            "--url",
+            f"sqlite:///{shop}",
+            "--start",
+            start.isoformat(),
+            "--end",
+            end.isoformat(),
+        ]
+    )
 
 
 def _wait_http(url: str, timeout: float, children: list[subprocess.Popen[bytes]]) -> bool:
@@ -180,15 +197,31 @@ def run(cfg: LocalRunConfig) -> int:
     emulator_log = (cfg.home / "logs" / "sheets-emulator.log").open("ab")
     children.append(
         subprocess.Popen(
-            [sys.executable, "-m", "onceflow.testing.sheets_emulator", "--port", str(emulator_port),
-             "--state", str(cfg.data / "sheets-state.json"), "--seed", str(_demo_sheet(cfg.data / "demo-sheet.json"))],
-            stdout=emulator_log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "onceflow.testing.sheets_emulator",
+                "--port",
+                str(emulator_port),
+                "--state",
+                str(cfg.data / "sheets-state.json"),
+                "--seed",
+                str(_demo_sheet(cfg.data / "demo-sheet.json")),
+            ],
+            stdout=emulator_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     )
     airflow_log = (cfg.home / "logs" / "airflow-standalone.log").open("ab")
     children.append(
-        subprocess.Popen([sys.executable, "-m", "airflow", "standalone"], env=env, stdout=airflow_log,
-                         stderr=subprocess.STDOUT, start_new_session=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "airflow", "standalone"],
+            env=env,
+            stdout=airflow_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     )
     ui = f"http://localhost:{api_port}"
 
@@ -229,9 +262,9 @@ onceflow is running on embedded defaults.
   Airflow UI        {ui}   (no login: every user is admin locally)
   DAGs folder       {cfg.dags_folder}
   AIRFLOW_HOME      {cfg.airflow_home}   (SQLite metadata DB, LocalExecutor)
-  Sheets emulator   http://127.0.0.1:{emulator_port}/  spreadsheet {DEMO_SPREADSHEET_ID!r}, state {cfg.data / 'sheets-state.json'}
-  Shop / warehouse  {cfg.data / 'shop.db'} / {cfg.data / 'warehouse.db'}  ({cfg.demo_days} days of demo orders)
-  Logs              {cfg.home / 'logs'}
+  Sheets emulator   http://127.0.0.1:{emulator_port}/  spreadsheet {DEMO_SPREADSHEET_ID!r}, state {cfg.data / "sheets-state.json"}
+  Shop / warehouse  {cfg.data / "shop.db"} / {cfg.data / "warehouse.db"}  ({cfg.demo_days} days of demo orders)
+  Logs              {cfg.home / "logs"}
 
 What runs today: sheet_claim claims the demo sheet's NEW rows and starts one article_pipeline run
 per row; daily_sales loads each day of orders into the warehouse; sales_dashboard redraws after

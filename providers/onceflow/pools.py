@@ -19,7 +19,9 @@ class PoolSpec(NamedTuple):
 POOLS: tuple[PoolSpec, ...] = (
     PoolSpec("onceflow_sheets", 1, "Google Sheets writes: one claimer at a time keeps within 60 writes/min"),
     PoolSpec("onceflow_fetch", 4, "article fetches (outbound HTTP)"),
-    PoolSpec("onceflow_translate", 2, "translation calls (Apertium locally, Cloud Translation in production)"),
+    PoolSpec(
+        "onceflow_translate", 2, "translation calls (Apertium locally, Cloud Translation in production)"
+    ),
     PoolSpec("onceflow_warehouse", 2, "partition loads into the warehouse"),
     PoolSpec("onceflow_recheck", 1, "rechecks, kept apart so they cannot crowd out new work"),
     PoolSpec("onceflow_heartbeat", 1, "the dead-man's-switch heartbeat, never starved by other work"),

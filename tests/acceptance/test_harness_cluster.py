@@ -13,7 +13,7 @@ from onceflow.testing.airflow_env import prepare
 pytestmark = pytest.mark.real_airflow
 
 TRIVIAL_DAG = textwrap.dedent(
-    '''
+    """
     import pendulum
     from airflow.sdk import dag, task
 
@@ -31,7 +31,7 @@ TRIVIAL_DAG = textwrap.dedent(
         consume(produce())
 
     harness_trivial()
-    '''
+    """
 )
 
 
@@ -50,8 +50,12 @@ def test_trivial_dag_succeeds_through_the_real_scheduler(
     if database == "postgresql":
         postgres_url_factory("probe")  # type: ignore[operator]  # fails in CI, skips elsewhere
     dags = _write_dag(tmp_path / "dags")
-    env = prepare(dags_folder=dags, plugins_folder=tmp_path / "plugins", use_postgres=database == "postgresql",
-                  home=tmp_path / "home")
+    env = prepare(
+        dags_folder=dags,
+        plugins_folder=tmp_path / "plugins",
+        use_postgres=database == "postgresql",
+        home=tmp_path / "home",
+    )
     try:
         env.migrate()
         cluster = AirflowCluster(env.variables, tmp_path / "cluster")
@@ -67,7 +71,9 @@ def test_trivial_dag_succeeds_through_the_real_scheduler(
         env.cleanup()
 
 
-def test_cluster_fixture_leaves_no_process_after_a_failing_body(airflow_cluster_factory, tmp_path: Path) -> None:
+def test_cluster_fixture_leaves_no_process_after_a_failing_body(
+    airflow_cluster_factory, tmp_path: Path
+) -> None:
     """The fixture's teardown ends every process even when the test body raises."""
     cluster = airflow_cluster_factory(dags_folder=_write_dag(tmp_path / "dags"))
     marker_pids = cluster.leftover_pids()

@@ -37,9 +37,24 @@ def test_onceflow_up_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     log = (tmp_path / "up.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "onceflow.cli", "up", "--home", str(tmp_path / "home"), "--port", str(port),
-         "--demo-days", "3"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "onceflow.cli",
+            "up",
+            "--home",
+            str(tmp_path / "home"),
+            "--port",
+            str(port),
+            "--demo-days",
+            "3",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         _wait_for(lambda: "onceflow is running" in (tmp_path / "up.log").read_text(), 420, "the banner", proc)
@@ -68,8 +83,12 @@ def test_onceflow_up_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
     # Every Airflow process of the run carries its AIRFLOW_HOME in its environment; the emulator
     # carries the state file on its command line.
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and pids_with_marker("AIRFLOW_HOME", str(tmp_path / "home" / "airflow")):
+    while time.monotonic() < deadline and pids_with_marker(
+        "AIRFLOW_HOME", str(tmp_path / "home" / "airflow")
+    ):
         time.sleep(1)
     assert pids_with_marker("AIRFLOW_HOME", str(tmp_path / "home" / "airflow")) == []
-    emulator = subprocess.run(["pgrep", "-f", str(tmp_path / "home" / "data")], capture_output=True, text=True)
+    emulator = subprocess.run(
+        ["pgrep", "-f", str(tmp_path / "home" / "data")], capture_output=True, text=True
+    )
     assert emulator.stdout.strip() == ""

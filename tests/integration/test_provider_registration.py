@@ -28,7 +28,9 @@ def _airflow(*args: str, airflow_env: Any) -> subprocess.CompletedProcess[str]:
 
 def test_airflow_providers_get_lists_onceflow(airflow_env: Any) -> None:
     """The real CLI finds the provider through the apache_airflow_provider entry point."""
-    proc = _airflow("providers", "get", "airflow-provider-onceflow", "--output", "json", airflow_env=airflow_env)
+    proc = _airflow(
+        "providers", "get", "airflow-provider-onceflow", "--output", "json", airflow_env=airflow_env
+    )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout[proc.stdout.index("[") :])
     assert rows[0]["Provider"] == "airflow-provider-onceflow"
@@ -44,7 +46,9 @@ def _declared_modules(kind: str) -> set[str]:
 def test_every_module_of_a_kind_is_declared(kind: str) -> None:
     package = importlib.import_module(f"onceflow.{KINDS[kind]}")
     shipped = {
-        f"onceflow.{KINDS[kind]}.{m.name}" for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")
+        f"onceflow.{KINDS[kind]}.{m.name}"
+        for m in pkgutil.iter_modules(package.__path__)
+        if not m.name.startswith("_")
     }
     assert shipped == _declared_modules(kind)
 

@@ -8,6 +8,7 @@ process it started, grandchildren included (see :mod:`onceflow.testing.processes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -161,7 +162,8 @@ class AirflowCluster:
 
     def _own_jobs_running(self) -> bool:
         rows = self.query(
-            "SELECT DISTINCT job_type FROM job WHERE id > :first AND state = 'running'", first=self._first_job_id
+            "SELECT DISTINCT job_type FROM job WHERE id > :first AND state = 'running'",
+            first=self._first_job_id,
         )
         return {"SchedulerJob", "TriggererJob", "DagProcessorJob"} <= {r["job_type"] for r in rows}
 
@@ -174,10 +176,8 @@ class AirflowCluster:
         """End every process of this cluster; returns the PIDs that needed SIGKILL."""
         for proc in self._procs.values():
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         killed = terminate_marked(MARKER, self.marker, grace=15.0)
         for proc in self._procs.values():
             try:
@@ -221,7 +221,9 @@ class AirflowCluster:
             timeout=timeout,
         )
         if check and proc.returncode != 0:
-            raise ClusterError(f"airflow {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+            raise ClusterError(
+                f"airflow {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+            )
         return proc
 
     def query(self, sql: str, **params: Any) -> list[dict[str, Any]]:
@@ -244,7 +246,9 @@ class AirflowCluster:
                 return
             time.sleep(0.5)
         errors = self.query("SELECT filename, stacktrace FROM import_error")
-        raise ClusterError(f"DAG {dag_id} was not parsed in {timeout}s; import errors: {errors}\n{self.log_tails()}")
+        raise ClusterError(
+            f"DAG {dag_id} was not parsed in {timeout}s; import errors: {errors}\n{self.log_tails()}"
+        )
 
     def trigger(
         self,
@@ -267,7 +271,9 @@ class AirflowCluster:
 
     def run_state(self, dag_id: str, run_id: str) -> str | None:
         rows = self.query(
-            "SELECT state FROM dag_run WHERE dag_id = :dag_id AND run_id = :run_id", dag_id=dag_id, run_id=run_id
+            "SELECT state FROM dag_run WHERE dag_id = :dag_id AND run_id = :run_id",
+            dag_id=dag_id,
+            run_id=run_id,
         )
         return rows[0]["state"] if rows else None
 
@@ -290,7 +296,9 @@ class AirflowCluster:
                 return state
             time.sleep(1.0)
         tis = self.task_instances(dag_id, run_id)
-        raise ClusterError(f"run {dag_id}/{run_id} is {state} after {timeout}s; tasks: {tis}\n{self.log_tails()}")
+        raise ClusterError(
+            f"run {dag_id}/{run_id} is {state} after {timeout}s; tasks: {tis}\n{self.log_tails()}"
+        )
 
     def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
         return self.query(
@@ -316,4 +324,6 @@ def set_pools(pools: dict[str, int], env: dict[str, str]) -> None:
     from airflow.models.pool import Pool
 
     for name, slots in pools.items():
-        Pool.create_or_update_pool(name=name, slots=slots, description="onceflow test pool", include_deferred=False)
+        Pool.create_or_update_pool(
+            name=name, slots=slots, description="onceflow test pool", include_deferred=False
+        )

@@ -8,6 +8,7 @@ SQLite in the home folder by default, or a fresh PostgreSQL database when
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -57,15 +58,15 @@ class AirflowTestEnv:
             timeout=600,
         )
         if proc.returncode != 0:
-            raise RuntimeError(f"airflow db migrate failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+            raise RuntimeError(
+                f"airflow db migrate failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            )
         self.migrated = True
 
     def cleanup(self) -> None:
         if self.postgres_database:
-            try:
+            with contextlib.suppress(postgres.PostgresUnavailable):
                 postgres.drop_database(self.postgres_database)
-            except postgres.PostgresUnavailable:
-                pass
         shutil.rmtree(self.home, ignore_errors=True)
 
 

@@ -115,7 +115,7 @@ def _ensure_serialized(dag: DAG) -> None:
         return
     DagBundlesManager().sync_bundles_to_db()
     bag = DagBag(collect_dags=False)
-    bag.bag_dag(dag)  # type: ignore[arg-type]
+    bag.bag_dag(dag)
     sync_bag_to_db(bag, "dags-folder", None)
 
 
@@ -127,4 +127,4 @@ def load_dag(dag_id: str, dags_folder: str | None = None) -> DAG:
     if dag_id not in bag.dags:
         errors = "\n".join(f"{k}: {v}" for k, v in bag.import_errors.items())
         raise KeyError(f"DAG {dag_id!r} not found in {bag.dag_folder}; import errors:\n{errors}")
-    return bag.dags[dag_id]  # type: ignore[return-value]
+    return bag.dags[dag_id]

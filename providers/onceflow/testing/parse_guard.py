@@ -42,14 +42,19 @@ class _Recorder:
             return
         if event in _NETWORK_EVENTS or event in _PROCESS_EVENTS:
             self._record(event, repr(args)[:200])
-        elif event == "open" and len(args) >= 2 and isinstance(args[1], str) and any(m in args[1] for m in "wax+"):
+        elif (
+            event == "open"
+            and len(args) >= 2
+            and isinstance(args[1], str)
+            and any(m in args[1] for m in "wax+")
+        ):
             path = str(args[0])
             # Python's own bytecode cache is not the DAG's doing.
             if not path.endswith((".pyc", ".pyc.tmp")) and "__pycache__" not in path:
                 self._record(event, f"{path} mode={args[1]}")
 
     def _record(self, event: str, detail: str) -> None:
-        frames = []
+        frames: list[str] = []
         frame = sys._getframe(2)
         while frame is not None and len(frames) < 12:
             frames.append(f"{frame.f_code.co_filename}:{frame.f_lineno}")
@@ -72,7 +77,7 @@ def parse(dags_folder: str) -> dict[str, Any]:
     elapsed = time.perf_counter() - started
     dags: dict[str, dict[str, Any]] = {}
     for dag_id, dag in bag.dags.items():
-        retries = [task.retries for task in dag.tasks]
+        retries = [int(task.retries or 0) for task in dag.tasks]
         dags[dag_id] = {
             "fileloc": dag.fileloc,
             "owners": sorted({task.owner for task in dag.tasks}),
@@ -85,7 +90,12 @@ def parse(dags_folder: str) -> dict[str, Any]:
         "dags": dags,
         "import_errors": {str(k): str(v) for k, v in bag.import_errors.items()},
         "warnings": [
-            {"category": w.category.__name__, "message": str(w.message), "filename": w.filename, "lineno": w.lineno}
+            {
+                "category": w.category.__name__,
+                "message": str(w.message),
+                "filename": w.filename,
+                "lineno": w.lineno,
+            }
             for w in caught
         ],
         "violations": recorder.violations,

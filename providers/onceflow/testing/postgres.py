@@ -46,7 +46,9 @@ def _connect(url: URL):  # type: ignore[no-untyped-def]
             connect_timeout=5,
         )
     except psycopg2.OperationalError as exc:
-        raise PostgresUnavailable(f"cannot reach PostgreSQL at {url.render_as_string(hide_password=True)}: {exc}") from exc
+        raise PostgresUnavailable(
+            f"cannot reach PostgreSQL at {url.render_as_string(hide_password=True)}: {exc}"
+        ) from exc
     conn.autocommit = True
     return conn
 

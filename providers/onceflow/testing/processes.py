@@ -6,6 +6,7 @@ so scanning ``/proc/*/environ`` for the marker finds them all, even ones that ca
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -52,7 +53,5 @@ def terminate_marked(name: str, value: str, grace: float = 10.0) -> list[int]:
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

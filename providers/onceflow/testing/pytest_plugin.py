@@ -19,6 +19,7 @@ Fixtures (see ``docs/testing.md``):
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -76,7 +77,9 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         env = prepare(dags_folder=dags, plugins_folder=plugins)
     except postgres.PostgresUnavailable as exc:
-        raise pytest.UsageError(f"onceflow: {postgres.ENV_VAR} is set but PostgreSQL is unreachable: {exc}") from exc
+        raise pytest.UsageError(
+            f"onceflow: {postgres.ENV_VAR} is set but PostgreSQL is unreachable: {exc}"
+        ) from exc
     env.apply()
     config.stash[ENV_KEY] = env
 
@@ -103,7 +106,9 @@ def airflow_env(pytestconfig: pytest.Config) -> AirflowTestEnv:
     """The session's isolated Airflow installation (home folder, DB URL, environment)."""
     env = pytestconfig.stash.get(ENV_KEY, None)
     if env is None:
-        pytest.fail("onceflow: set `onceflow_isolated_airflow = true` in the pytest configuration", pytrace=False)
+        pytest.fail(
+            "onceflow: set `onceflow_isolated_airflow = true` in the pytest configuration", pytrace=False
+        )
     return env
 
 
@@ -201,10 +206,8 @@ def postgres_url_factory() -> Iterator[Callable[..., str]]:
 
     yield factory
     for url in created:
-        try:
+        with contextlib.suppress(postgres.PostgresUnavailable):
             postgres.drop_database(url)
-        except postgres.PostgresUnavailable:
-            pass
 
 
 @pytest.fixture

@@ -172,3 +172,16 @@ def test_a_rerun_is_byte_identical_and_input_order_does_not_matter() -> None:
         frame_records(second.rows, SALES_COLUMNS)
     )
     assert first.duplicates_dropped > 0 or len(source) < 100
+
+
+def test_the_column_wise_checksum_equals_the_row_wise_one_even_for_awkward_text() -> None:
+    from onceflow.sales.checksum import frame_checksum
+
+    rows = clean_orders(_generated_day(dt.date(2024, 10, 27)), partition=dt.date(2024, 10, 27)).rows.copy()
+    rows.loc[0, "customer_id"] = None
+    rows.loc[1, "customer_id"] = "a\\b\x1fc\nd"
+    assert frame_checksum(rows, SALES_COLUMNS) == rows_checksum(frame_records(rows, SALES_COLUMNS))
+    assert frame_checksum(rows.iloc[0:0], SALES_COLUMNS) == rows_checksum([])
+    assert frame_checksum(rows, SALES_COLUMNS) != frame_checksum(
+        pd.concat([rows, rows.iloc[:1]]), SALES_COLUMNS
+    )

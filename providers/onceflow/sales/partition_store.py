@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pandas as pd
 import sqlalchemy as sa
 
-from onceflow.sales.checksum import rows_checksum
+from onceflow.sales.checksum import frame_checksum, rows_checksum
 from onceflow.sales.partitions import partition_key, validate_partition, validate_table_name
 from onceflow.sales.schema import REJECT_COLUMNS, SALES_COLUMNS, sales_table, warehouse_tables
 
@@ -232,25 +232,24 @@ class PartitionStore:
             and ``"committed"`` after it (crash tests pause there).
         :raises StaleAttemptError: a newer attempt holds the partition; nothing is written.
         """
-        records = frame_records(rows, SALES_COLUMNS)
         key = partition_key(lease.partition)
-        wrong = {r[0] for r in records if r[0] != lease.partition}
+        wrong = {d for d in rows["partition_date"].unique() if d != lease.partition}
         if wrong:
             raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")
         reject_records = frame_records(rejects, REJECT_COLUMNS) if rejects is not None else []
-        checksum = rows_checksum(records)
+        checksum = frame_checksum(rows, SALES_COLUMNS)
         notify = checkpoint or (lambda _stage: None)
         with self.engine.begin() as conn:
             self._check_fence(conn, lease)
             conn.execute(self.table.delete().where(self.table.c.partition_date == lease.partition))
             notify("deleted")
-            self._insert(conn, rows, records, method)
+            self._insert(conn, rows, method)
             notify("rows_written")
             self._replace_rejects(conn, key, reject_records)
             audit = AuditRecord(
                 table_name=self.table_name,
                 partition_key=key,
-                row_count=len(records),
+                row_count=len(rows),
                 reject_count=len(reject_records),
                 checksum=checksum,
                 run_id=lease.run_id,
@@ -293,7 +292,6 @@ class PartitionStore:
         The overwrite itself happened outside this database, so this transaction cannot include
         it: the fence is checked before the external job and again here.
         """
-        records = frame_records(rows, SALES_COLUMNS)
         reject_records = frame_records(rejects, REJECT_COLUMNS) if rejects is not None else []
         key = partition_key(lease.partition)
         with self.engine.begin() as conn:
@@ -302,9 +300,9 @@ class PartitionStore:
             audit = AuditRecord(
                 table_name=self.table_name,
                 partition_key=key,
-                row_count=len(records),
+                row_count=len(rows),
                 reject_count=len(reject_records),
-                checksum=rows_checksum(records),
+                checksum=frame_checksum(rows, SALES_COLUMNS),
                 run_id=lease.run_id,
                 try_number=lease.try_number,
                 fence_token=lease.fence_token,
@@ -331,18 +329,19 @@ class PartitionStore:
             if checkpoint is not None:
                 checkpoint(f"chunk_committed:{i // chunk_size}")
 
-    def _insert(
-        self, conn: Connection, rows: pd.DataFrame, records: list[tuple[Any, ...]], method: LoadMethod
-    ) -> None:
-        if not records:
+    def _insert(self, conn: Connection, rows: pd.DataFrame, method: LoadMethod) -> None:
+        if rows.empty:
             return
         if method == "auto":
             method = "copy" if self.dialect == "postgresql" else "insert"
         if method == "copy":
             self._copy(conn, rows)
-        elif method == "insert":
+            return
+        if method == "insert":
+            records = frame_records(rows, SALES_COLUMNS)
             conn.execute(self.table.insert(), [dict(zip(SALES_COLUMNS, r, strict=True)) for r in records])
         elif method == "executemany":
+            records = frame_records(rows, SALES_COLUMNS)
             placeholders = ", ".join(["%s" if self.dialect == "postgresql" else "?"] * len(SALES_COLUMNS))
             sql = f"INSERT INTO {self._quoted_table()} ({', '.join(SALES_COLUMNS)}) VALUES ({placeholders})"
             cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]

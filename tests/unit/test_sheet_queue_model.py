@@ -210,3 +210,14 @@ def test_backoff_honours_retry_after_and_jitters_below_the_cap() -> None:
     assert slept[0] >= 2.0 and all(0 <= s <= 0.4 for s in slept[1:])
     with pytest.raises(QuotaExceeded):
         Backoff(attempts=2, sleep=slept.append).call(lambda: (_ for _ in ()).throw(QuotaExceeded("429")))
+
+
+def test_retry_after_is_read_as_seconds_or_as_an_http_date() -> None:
+    from email.utils import format_datetime
+
+    from onceflow.sheets.transport import _retry_after
+
+    assert _retry_after({"retry-after": "3"}) == 3.0
+    assert _retry_after({}) is None and _retry_after({"retry-after": "soon"}) is None
+    later = datetime.now(timezone.utc) + timedelta(seconds=30)
+    assert 20 < (_retry_after({"retry-after": format_datetime(later, usegmt=True)}) or 0) <= 30

@@ -26,7 +26,7 @@ import random
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from onceflow.sheets.keys import pipeline_run_id
 from onceflow.sheets.model import (
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from onceflow.sheets.transport import SheetsTransport
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 AUDIT_HEADER = ["time", "action", "reason", "row_key", "url", "claim_token", "run_id"]
 
@@ -160,14 +161,19 @@ class SheetQueue:
 
     # -- reads -------------------------------------------------------------------------------------
 
-    def _read(self, ranges: list[str]) -> list[list[list[Any]]]:
-        def attempt() -> list[list[list[Any]]]:
+    def _idempotent(self, fn: Callable[[], T]) -> T:
+        """Call a request that is safe to repeat: retry 429s and 5xx alike."""
+
+        def attempt() -> T:
             try:
-                return self.transport.read(ranges)
-            except ServerError as err:  # reads are safe to repeat
+                return fn()
+            except ServerError as err:
                 raise RetryableError(str(err), err.retry_after) from err
 
         return self.backoff.call(attempt)
+
+    def _read(self, ranges: list[str]) -> list[list[list[Any]]]:
+        return self._idempotent(lambda: self.transport.read(ranges))
 
     def snapshot(self) -> Snapshot:
         """One consistent read of the whole queue tab: one request, whatever the sheet size."""
@@ -179,7 +185,7 @@ class SheetQueue:
         """The numeric sheetId ``findReplace`` ranges need; fetched once per queue object."""
         title = title or self.sheet
         if self._sheet_ids is None or title not in self._sheet_ids:
-            self._sheet_ids = self.backoff.call(self.transport.sheet_ids)
+            self._sheet_ids = self._idempotent(self.transport.sheet_ids)
         if title not in self._sheet_ids:
             raise KeyError(f"spreadsheet has no tab named {title!r}; tabs: {sorted(self._sheet_ids)}")
         return self._sheet_ids[title]
@@ -416,13 +422,8 @@ class SheetQueue:
         if not data:
             return
 
-        def attempt() -> None:
-            try:
-                self.transport.write_values(data)
-            except ServerError as err:  # RAW values are idempotent: repeating writes the same text
-                raise RetryableError(str(err), err.retry_after) from err
-
-        self.backoff.call(attempt)
+        # RAW values are idempotent: repeating the request writes the same text
+        self._idempotent(lambda: self.transport.write_values(data))
 
     def write_fields(self, token: str, fields: dict[str, str], attempts: int = 3) -> Row:
         """Write ``fields`` (column -> text, stored RAW, never as a formula) into the row of ``token``.

@@ -12,6 +12,8 @@ write is exactly what makes its outcome ambiguous, so the protocol decides what 
 from __future__ import annotations
 
 from collections import Counter
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
 from onceflow.sheets.retry import QuotaExceeded, ServerError
@@ -39,11 +41,19 @@ class SheetsTransport(Protocol):
 
 
 def _retry_after(headers: Any) -> float | None:
+    """Seconds from a ``Retry-After`` header: delay-seconds or an HTTP date."""
+    value = headers.get("retry-after") if headers is not None else None
+    if value is None:
+        return None
     try:
-        value = headers.get("retry-after") if headers is not None else None
-        return float(value) if value is not None else None
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        pass
+    try:
+        when = parsedate_to_datetime(str(value))
     except (TypeError, ValueError):
         return None
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
 class GoogleSheetsTransport:

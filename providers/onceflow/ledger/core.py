@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from onceflow.ledger import commit, items, leases, migrations, schema, states
 from onceflow.ledger.clock import Clock, SystemClock
 from onceflow.ledger.db import prepare_engine
-from onceflow.ledger.errors import UnknownWorkItem
+from onceflow.ledger.errors import IllegalTransition, UnknownWorkItem
 from onceflow.ledger.models import FollowUp, Lease, ResultRecord, TransitionRecord, WorkItem
 
 if TYPE_CHECKING:
@@ -157,12 +157,17 @@ class Ledger:
         """
         now = self.clock.now()
         updates: dict[str, Any] = {}
-        if event in ("correct", "expire"):
+        if event in ("correct", "expire", "recheck"):
             updates = {"available_at": now, "lease_expires_at": None}
-        if event == "correct":
+        if event in ("correct", "recheck"):
             updates["attempts"] = 0
         with self.engine.begin() as conn:
             item = items.lock_item(conn, work_key)
+            if event in states.LEASE_EVENTS:
+                state = None if item is None else item["state"]
+                raise IllegalTransition(
+                    work_key, event, state, actor, "needs a lease (claim, then commit/fail)"
+                )
             if item is None:
                 states.check(event, None, actor, {"now": now, "reason": reason}, work_key)
                 raise UnknownWorkItem(work_key)

@@ -219,6 +219,10 @@ STATE_TABLE: tuple[Transition, ...] = (
 
 BY_EVENT: Mapping[str, Transition] = {t.event: t for t in STATE_TABLE}
 
+# Events only a lease holder performs, through claim/heartbeat/commit_result/fail/...: never
+# through the generic Ledger.transition(), which has no fencing token to check.
+LEASE_EVENTS = frozenset(t.event for t in STATE_TABLE if t.actors == {WORKER})
+
 
 def _lease_current(item: Mapping[str, Any], ctx: Mapping[str, Any]) -> bool:
     return item["state"] == LEASED and item["fencing_token"] == ctx.get("token")

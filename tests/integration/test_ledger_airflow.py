@@ -23,8 +23,8 @@ TARGET_ASSET = "file:///onceflow-ledger-test/published"
 @pytest.fixture
 def chain_dag(run_dag):
     """A tiny DAG standing in for the chain; running it once registers it (and its asset)."""
-    from airflow.sdk import DAG, Asset
     from airflow.providers.standard.operators.empty import EmptyOperator
+    from airflow.sdk import DAG, Asset
 
     with DAG(TARGET_DAG, schedule=None, catchup=False) as dag:
         EmptyOperator(task_id="noop", outlets=[Asset(TARGET_ASSET)])

@@ -194,17 +194,21 @@ def test_reconcile_flags_done_without_link_and_link_without_done_once(
                 "7",
                 f"https://pub.example/{tag}/3",
             ],
+            ["ftp://x.example/4", "INVALID #20250101T000000Z-cc"],
         ]
     )
     params = {"lease_minutes": 60, "processing_version": "v1", "max_redrives": 3}
     first = run_dag("sheet_reconcile", conf=params)
     assert first.state == "success", first.ti_states
-    flagged = {(e["url"], e["reason"]) for e in first.xcom("reconcile")}
+    flagged = {(e["url"], e["action"], e["reason"]) for e in first.xcom("reconcile")}
     assert flagged == {
-        (f"https://{tag}.example/1", reconcile.DONE_NO_LINK),
-        (f"https://{tag}.example/2", reconcile.LINK_NOT_DONE),
+        (f"https://{tag}.example/1", "flag", reconcile.DONE_NO_LINK),
+        (f"https://{tag}.example/2", "flag", reconcile.LINK_NOT_DONE),
+        ("ftp://x.example/4", "rewrite", reconcile.REASON_MISSING),
     }
     assert run_dag("sheet_reconcile", conf=params).xcom("reconcile") == []
     queue = SheetQueue(GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid))
-    assert len(queue.read_audit()) == 2
-    assert [r.status_cell.raw for r in queue.snapshot().rows][1] == "HOLD", "flags change nothing in the row"
+    assert len(queue.read_audit()) == 3
+    rows = queue.snapshot().rows
+    assert rows[1].status_cell.raw == "HOLD", "flags change nothing in the row"
+    assert rows[3].get("reason") == "URL must start with http:// or https://: 'ftp://x.example/4'"

@@ -221,3 +221,35 @@ def test_retry_after_is_read_as_seconds_or_as_an_http_date() -> None:
     assert _retry_after({}) is None and _retry_after({"retry-after": "soon"}) is None
     later = datetime.now(timezone.utc) + timedelta(seconds=30)
     assert 20 < (_retry_after({"retry-after": format_datetime(later, usegmt=True)}) or 0) <= 30
+
+
+def test_reconcile_recomputes_reasons_and_run_ids_that_do_not_belong_to_their_row() -> None:
+    key1 = row_key(normalise_url("https://a.example/1"))
+    key2 = row_key(normalise_url("https://a.example/2"))
+    s = snap(
+        [
+            "https://a.example/1",
+            "DONE #20260105T100000Z-aa",
+            "",
+            pipeline_run_id(key1, "v1"),
+            "",
+            "https://p/1",
+        ],
+        [
+            "https://a.example/2",
+            "DONE #20260105T100000Z-bb",
+            "",
+            pipeline_run_id(key1, "v1"),
+            "",
+            "https://p/2",
+        ],
+        ["", "INVALID #20260105T100000Z-cc", ""],
+        ["https://a.example/1", "DUPLICATE #20260105T100000Z-dd", ""],
+        ["https://a.example/1", "DUPLICATE #20260105T100000Z-ee", "duplicate of row 2 (https://a.example/1)"],
+    )
+    rewrites = {a.row.token: dict(a.fields) for a in _plan(s, {}).of("rewrite")}
+    assert rewrites == {
+        "20260105T100000Z-bb": {"run_id": pipeline_run_id(key2, "v1")},
+        "20260105T100000Z-cc": {"reason": "empty URL"},
+        "20260105T100000Z-dd": {"reason": "duplicate of row 2 (https://a.example/1)"},
+    }

@@ -18,9 +18,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from onceflow.sheets.keys import pipeline_run_id
+from onceflow.sheets.keys import RUN_ID_PREFIX, pipeline_run_id
 from onceflow.sheets.model import LIVE_STATUSES, Row, Snapshot, Status, token_time
-from onceflow.sheets.validation import judge_url
+from onceflow.sheets.validation import duplicate_reason, judge_url
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,6 +37,8 @@ SUCCESS_NOT_DONE = "run succeeded but the row is still PROCESSING (nothing wrote
 DONE_NO_LINK = "row is DONE but has no published_url"
 LINK_NOT_DONE = "row has a published_url but its status is not DONE"
 CLAIMED_TWICE = "same URL claimed by two rows; the later claim is a duplicate of {first}"
+REASON_MISSING = "INVALID/DUPLICATE row had no reason; reason written"
+RUN_ID_WRONG_ROW = "run_id cell named another article's run (a write that landed on a moved row); corrected"
 
 #: Run states that mean "something is already driving this row".
 ACTIVE_RUN_STATES = frozenset({"queued", "running"})
@@ -46,7 +48,8 @@ ACTIVE_RUN_STATES = frozenset({"queued", "running"})
 class Action:
     """One repair or flag.
 
-    :param kind: ``create_run``, ``reset_run``, ``transition`` or ``flag``.
+    :param kind: ``create_run``, ``reset_run``, ``transition``, ``rewrite`` (derived cells of
+        the row, recomputed from the row itself) or ``flag``.
     """
 
     kind: str
@@ -54,6 +57,7 @@ class Action:
     row: Row
     run_id: str = ""
     new_status: Status | None = None
+    fields: tuple[tuple[str, str], ...] = ()
 
     def audit_entry(self, now: datetime) -> dict[str, str]:
         return {
@@ -135,6 +139,8 @@ def plan(
 
     duplicates = {a.row.token for a in result.actions}
     for row in snapshot.rows:
+        for action in _derived_cells(row, owner):
+            add(action)
         link = row.get("published_url").strip()
         if row.status is Status.DONE and not link:
             add(Action("flag", DONE_NO_LINK, row), once=True)
@@ -165,6 +171,32 @@ def plan(
     return result
 
 
+def _derived_cells(row: Row, owner: dict[str, Row]) -> list[Action]:
+    """Cells that are pure functions of the row (``reason``, ``run_id``) and disagree with it.
+
+    Writes of non-status cells locate the row by token but can land on a row that moved in the
+    instant between locating and writing; these cells can be recomputed, so they are repaired.
+    """
+    if not row.token:
+        return []
+    verdict = judge_url(row)
+    actions = []
+    if row.status in (Status.INVALID, Status.DUPLICATE) and not row.get("reason").strip():
+        if row.status is Status.INVALID and not verdict.ok:
+            reason = verdict.reason
+        else:
+            first = owner.get(verdict.key or "")
+            reason = duplicate_reason(first) if first is not None and first is not row else ""
+        if reason:
+            actions.append(Action("rewrite", REASON_MISSING, row, fields=(("reason", reason),)))
+    run_cell = row.get("run_id").strip()
+    parts = run_cell.split("__")
+    if verdict.key and len(parts) == 3 and parts[0] == RUN_ID_PREFIX and parts[1] != verdict.key:
+        right = pipeline_run_id(verdict.key, parts[2])
+        actions.append(Action("rewrite", RUN_ID_WRONG_ROW, row, right, fields=(("run_id", right),)))
+    return actions
+
+
 def apply(
     actions: list[Action],
     queue: SheetQueue,
@@ -192,6 +224,12 @@ def apply(
             }
             outcome = create_run(action.run_id, conf, action.kind == "reset_run")
             log.info("%s %s: %s", action.kind, action.run_id, outcome)
+        elif action.kind == "rewrite":
+            try:
+                queue.write_fields(token, dict(action.fields))
+            except (LookupError, RuntimeError) as err:
+                log.info("could not rewrite %s for %s (%s); next pass will retry", action.fields, token, err)
+                continue
         elif (
             action.kind == "transition"
             and action.new_status is not None

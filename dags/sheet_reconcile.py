@@ -19,7 +19,9 @@ Scans the queue sheet against Airflow and repairs what the normal path cannot se
   deterministic run id, so repair never duplicates work; after `max_redrives` failures the row
   is marked FAILED;
 * a URL claimed by two rows: the later claim becomes DUPLICATE;
-* rows DONE without a published link, and published links on rows that are not DONE: flagged.
+* rows DONE without a published link, and published links on rows that are not DONE: flagged;
+* derived cells that disagree with their row (an INVALID/DUPLICATE row without a reason, a
+  `run_id` naming another article's run) are recomputed and rewritten.
 
 Every action is appended to the `audit` tab with its reason and time; flags are not repeated.
 Docs: `docs/sheet-queue.md`.

@@ -101,9 +101,15 @@ class SheetClaimOperator(BaseOperator):
                 "row %d marked %s: %s", rejection.row_number, rejection.status.value, rejection.reason
             )
         runs: dict[str, str] = {}
+        failures: list[str] = []
         for claim in result.claims:
             conf = claim.conf(hook.spreadsheet_id, hook.sheet, str(self.processing_version))
-            runs[claim.run_id] = create_dag_run(self.trigger_dag_id, claim.run_id, conf)
+            try:
+                runs[claim.run_id] = create_dag_run(self.trigger_dag_id, claim.run_id, conf)
+            except Exception as err:  # keep going: one refusal must not orphan the other claims
+                self.log.exception("could not create run %s", claim.run_id)
+                failures.append(f"{claim.run_id}: {err}")
+                continue
             self.log.info(
                 "row %d (%s): run %s %s", claim.row_number, claim.url, claim.run_id, runs[claim.run_id]
             )
@@ -114,6 +120,9 @@ class SheetClaimOperator(BaseOperator):
             len(result.rejected),
             dict(queue.transport.calls),
         )
+        if failures:
+            # the rows stay claimed; sheet_reconcile creates these runs after the lease
+            raise RuntimeError(f"{len(failures)} of {len(result.claims)} runs not created: {failures}")
         return {
             "claims": [
                 {"claim_token": c.token, "row_key": c.row_key, "url": c.url, "run_id": c.run_id}

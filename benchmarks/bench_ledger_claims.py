@@ -219,11 +219,21 @@ def run(url: str, strategy: str, claimers: int, items: int) -> dict[str, Any]:
     }
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median rate; duplicates, deadlocks and empty claims are the worst seen."""
+    ordered = sorted(runs, key=lambda r: r["claims_per_s"])
+    mid = dict(ordered[(len(ordered) - 1) // 2])
+    for key in ("duplicates", "missed", "deadlocks", "empty"):
+        mid[key] = max(r[key] for r in runs)
+    return mid
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=2000, help="jobs per run (default 2000)")
     parser.add_argument("--claimers", default="1,4,16,64", help="comma-separated claimer counts")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--repeat", type=int, default=2, help="runs per cell; the median is printed")
     args = parser.parse_args()
     levels = [int(x) for x in args.claimers.split(",")]
     strategies = args.strategies.split(",")
@@ -231,13 +241,23 @@ def main() -> None:
     url = postgres.create_database("bench_claims")
     results: list[dict[str, Any]] = []
     try:
-        print(f"{args.items} jobs per run; one thread and one connection per claimer\n")
-        header = f"{'strategy':<12}{'claimers':>9}{'claims/s':>11}{'seconds':>9}{'dups':>7}{'missed':>8}{'deadlocks':>10}{'empty':>8}  errors"
+        print(
+            f"{args.items} jobs per run; one thread and one connection per claimer; strategies interleaved,"
+            f" median of {args.repeat} run(s) (the machine may be shared: compare within a claimer count)\n"
+        )
+        header = (
+            f"{'strategy':<12}{'claimers':>9}{'claims/s':>11}{'seconds':>9}{'dups':>7}{'missed':>8}"
+            f"{'deadlocks':>10}{'empty':>8}  errors"
+        )
         print(header)
         print("-" * len(header))
-        for strategy in strategies:
-            for n in levels:
-                r = run(url, strategy, n, args.items)
+        for n in levels:
+            runs: dict[str, list[dict[str, Any]]] = {s: [] for s in strategies}
+            for _ in range(args.repeat):
+                for strategy in strategies:
+                    runs[strategy].append(run(url, strategy, n, args.items))
+            for strategy in strategies:
+                r = median_run(runs[strategy])
                 results.append(r)
                 print(
                     f"{r['strategy']:<12}{r['claimers']:>9}{r['claims_per_s']:>11.0f}{r['seconds']:>9.2f}"

@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from onceflow.ledger import items, schema, states
 from onceflow.ledger.db import is_sqlite
-from onceflow.ledger.errors import StaleFenceError
+from onceflow.ledger.errors import StaleFenceError, UnknownWorkItem
 from onceflow.ledger.models import WORK_ITEM, FollowUp, Lease, ResultRecord
 
 if TYPE_CHECKING:
@@ -33,7 +33,8 @@ def _refuse(
     engine: Engine, lease: Lease, item: dict[str, Any] | None, now: float, what: str
 ) -> StaleFenceError:
     """Record the refused late write in its own transaction and return the error to raise."""
-    assert item is not None, f"unknown work item {lease.work_key!r}"
+    if item is None:
+        raise UnknownWorkItem(lease.work_key)
     with engine.begin() as conn:
         current = items.lock_item(conn, lease.work_key) or item
         items.apply(

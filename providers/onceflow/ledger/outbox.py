@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from onceflow.ledger import items, schema
 from onceflow.ledger.db import is_sqlite
 from onceflow.ledger.models import ASSET_EVENT, DAG_RUN
 from onceflow.ledger.queries import query
@@ -123,13 +124,17 @@ class OutboxRelay:
         params = {"name": self.name, "now": self.ledger.clock.now(), "relayed": relayed}
         with self.ledger.engine.begin() as conn:
             if conn.execute(query("relay_status_update"), params).rowcount == 0:
-                conn.execute(query("relay_status_insert"), params)
+                # Two relays of one name starting at once: the loser's insert is a no-op.
+                items.insert_ignore(
+                    conn,
+                    schema.relay_status,
+                    {"relay_name": self.name, "last_run_at": params["now"], "last_relayed": relayed},
+                    "relay_name",
+                )
 
 
 def pending_rows(ledger: Ledger) -> list[OutboxRow]:
     """Every outbox row not yet relayed, oldest first."""
-    from onceflow.ledger import schema
-
     o = schema.outbox
     with ledger.engine.connect() as conn:
         rows = conn.execute(o.select().where(o.c.state == "pending").order_by(o.c.id)).mappings().all()

@@ -30,5 +30,3 @@ SELECT MIN(created_at) FROM outbox WHERE state = 'pending'
 -- name: relay_status_update
 UPDATE relay_status SET last_run_at = :now, last_relayed = :relayed WHERE relay_name = :name
 
--- name: relay_status_insert
-INSERT INTO relay_status (relay_name, last_run_at, last_relayed) VALUES (:name, :now, :relayed)

@@ -1078,7 +1078,10 @@ def _start_cli(state: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    assert "listening on " in line, line
+    if "listening on " not in line:
+        proc.kill()
+        proc.wait(timeout=30)
+        pytest.fail(f"the emulator did not start: {line!r}")
     return proc, line.rsplit(" ", 1)[-1].strip()
 
 

@@ -27,7 +27,7 @@ from onceflow.testing.sheets_emulator.model import Bounds, Sheet, Spreadsheet, S
 class ApiRequest:
     """One decoded API call.
 
-    :param method: method name, e.g. ``values.update`` (see :data:`METHODS`).
+    :param method: method name, e.g. ``values.update`` (the keys of ``server.METHODS``).
     :param spreadsheet_id: the spreadsheet in the path, if any.
     :param range: the percent-decoded A1 range in the path, if any.
     :param params: query parameters (every value a list, as ``parse_qs`` gives them).

@@ -10,6 +10,7 @@ import json
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from onceflow.ledger import FollowUp, Ledger, create_ledger_engine
 from onceflow.ledger.models import stable_run_id
@@ -144,11 +145,25 @@ def test_the_reconcile_dag_expires_dead_leases_and_relays_a_stalled_outbox(run_d
         past.claim("article", "w", 60, "v1"), "publish", {}, follow_ups=[FollowUp.dag_run(TARGET_DAG)]
     )
 
+    past.add("article", "ghost:1")  # relayed an hour ago, but the run is not in Airflow
+    ghost = past.claim("article", "w", 60, "v1")
+    past.commit_result(
+        ghost, "publish", {}, follow_ups=[FollowUp.dag_run(TARGET_DAG, run_id="onceflow__ghost")]
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE outbox SET state = 'relayed', relayed_at = :t WHERE work_key = 'ghost:1'"),
+            {"t": an_hour_ago.now()},
+        )
+
     result = run_dag("ledger_reconcile")
     assert result.ti_states == {"relay": "success", "reconcile": "success"}
     ledger = Ledger(engine)
     assert ledger.item("dead:1").state == "pending"
     expire = ledger.history("dead:1")[-1]
     assert (expire.event, expire.actor) == ("expire", "reconciler")
-    assert stable_run_id("done:1", "publish", "v1") in dag_run_ids(TARGET_DAG)
+    runs = dag_run_ids(TARGET_DAG)
+    assert stable_run_id("done:1", "publish", "v1") in runs
+    assert "onceflow__ghost" in runs
+    assert [t.event for t in ledger.history("ghost:1")][-2:] == ["repair_follow_up", "repair_follow_up"]
     assert pending_rows(ledger) == []

@@ -103,3 +103,24 @@ def test_reconcile_flags_a_stalled_relay_and_repairs_it_with_a_sink(ledger, fake
     assert report.count("stalled_relay", repaired=True) == 1 and len(sink.runs) == 1
     assert ledger.history("a:1")[-1].event == "repair_follow_up"
     assert reconcile(ledger, relay_stall_seconds=600, sink=sink).findings == []
+
+
+def test_reconcile_requeues_a_relayed_run_that_airflow_does_not_have(ledger, fake_clock):
+    commit_one(ledger, "a:1", [FollowUp.dag_run("d")])
+    sink = RecordingSink()
+    OutboxRelay(ledger, sink).relay_once()
+    (run_key,) = sink.runs
+    fake_clock.advance(301)
+
+    def run_exists(dag_id, run_id):
+        return (dag_id, run_id) in sink.runs
+
+    assert reconcile(ledger, run_exists=run_exists).findings == []
+    del sink.runs[run_key]  # someone deleted the run in Airflow
+    report = reconcile(ledger, run_exists=run_exists)
+    assert report.count("missing_run", repaired=True) == 1
+    assert [r.key for r in pending_rows(ledger)] == [run_key[1]]
+    assert ledger.history("a:1")[-1].event == "repair_follow_up"
+    assert OutboxRelay(ledger, sink).relay_once().relayed == 1 and run_key in sink.runs
+    fake_clock.advance(301)
+    assert reconcile(ledger, run_exists=run_exists).findings == []

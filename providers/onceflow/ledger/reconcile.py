@@ -10,6 +10,9 @@ Checks (each repair is idempotent and written as a transition with actor ``recon
 * **a stalled relay**: outbox rows pending for longer than ``relay_stall_seconds``. With a sink
   the reconciler relays them itself and records ``repair_follow_up`` on each item; without one
   it only reports.
+* **runs Airflow does not have** (with ``run_exists``): a ``dag_run`` row marked relayed whose
+  run is missing in Airflow (deleted, or lost) goes back to pending for the relay
+  (``repair_follow_up``).
 
 Further checks (the sheet, Airflow's runs) plug in as ``extra_checks``: callables taking the
 ledger and returning findings.
@@ -61,6 +64,7 @@ class ReconcileReport:
 
 
 ExtraCheck = Callable[["Ledger"], list[Finding]]
+RunExists = Callable[[str, str], bool]
 
 
 def expire_stale_leases(ledger: Ledger, *, grace_seconds: float = 0.0, limit: int = 1000) -> list[Finding]:
@@ -174,18 +178,63 @@ def check_relay(
         )
 
 
+def requeue_missing_runs(
+    ledger: Ledger, run_exists: RunExists, *, settle_seconds: float = 300.0, limit: int = 200
+) -> list[Finding]:
+    """Put relayed ``dag_run`` rows whose run Airflow lacks back to pending (newest ``limit``).
+
+    :param run_exists: ``(dag_id, run_id) -> bool``, asked of Airflow.
+    :param settle_seconds: rows relayed more recently are not checked yet.
+    """
+    o = schema.outbox
+    now = ledger.clock.now()
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(o.c.id, o.c.work_key, o.c.target, o.c.payload)
+            .where(
+                o.c.state == "relayed", o.c.target_type == "dag_run", o.c.relayed_at <= now - settle_seconds
+            )
+            .order_by(o.c.id.desc())
+            .limit(limit)
+        ).all()
+    found = []
+    for row_id, work_key, dag_id, payload in rows:
+        run_id = json.loads(payload)["key"]
+        if run_exists(dag_id, run_id):
+            continue
+        reason = f"run {dag_id}/{run_id} was relayed but Airflow does not have it; re-queued for the relay"
+        with ledger.engine.begin() as conn:
+            item = items.lock_item(conn, work_key)
+            if item is None or item["state"] != states.DONE:
+                continue  # re-opened since: its next commit makes a new follow-up
+            requeued = conn.execute(
+                sa.update(o).where(o.c.id == row_id, o.c.state == "relayed").values(state="pending")
+            ).rowcount
+            if requeued:
+                items.apply(conn, item, "repair_follow_up", states.RECONCILER, {"now": now, "reason": reason})
+        if requeued:
+            found.append(Finding("missing_run", work_key, reason, repaired=True))
+    return found
+
+
 def reconcile(
     ledger: Ledger,
     *,
     grace_seconds: float = 0.0,
     relay_stall_seconds: float = 600.0,
     sink: AirflowSink | None = None,
+    run_exists: RunExists | None = None,
     extra_checks: Sequence[ExtraCheck] = (),
 ) -> ReconcileReport:
-    """Run every check once and repair what can be repaired. Safe to run again at any time."""
+    """Run every check once and repair what can be repaired. Safe to run again at any time.
+
+    Missing runs are re-queued before the relay check, so a sink delivers them in the same pass.
+    """
     report = ReconcileReport()
     report.findings += expire_stale_leases(ledger, grace_seconds=grace_seconds)
     report.findings += repair_missing_follow_ups(ledger)
+    if run_exists is not None:
+        report.findings += requeue_missing_runs(ledger, run_exists)
     check_relay(ledger, report, relay_stall_seconds=relay_stall_seconds, sink=sink)
     for extra in extra_checks:
         report.findings += extra(ledger)

@@ -244,6 +244,16 @@ class OutboxRelayOperator(BaseOperator):
         return {"relayed": report.relayed, "already_existed": report.already_existed, "errors": report.errors}
 
 
+def run_exists_in(context: Context) -> Any:
+    """``(dag_id, run_id) -> bool`` answered by Airflow through the running task's Task SDK."""
+    ti = context["ti"]
+
+    def run_exists(dag_id: str, run_id: str) -> bool:
+        return bool(ti.get_dr_count(dag_id=dag_id, run_ids=[run_id]))
+
+    return run_exists
+
+
 def make_sink(kind: str, context: Context) -> Any:
     from onceflow.hooks.ledger import MetadataDbSink, TaskSdkSink
 
@@ -260,6 +270,7 @@ class LedgerReconcileOperator(BaseOperator):
     :param relay_stall_seconds: an outbox row pending longer than this means the relay stalled.
     :param relay_stalled_rows: deliver stalled rows itself (Task SDK sink) instead of only reporting.
     :param fail_on_unrepaired: fail the task when a finding could not be repaired (alerts).
+    :param check_airflow_runs: ask Airflow whether each relayed run exists; re-queue missing ones.
     """
 
     template_fields: Sequence[str] = ("grace_seconds", "relay_stall_seconds")
@@ -272,11 +283,13 @@ class LedgerReconcileOperator(BaseOperator):
         relay_stall_seconds: float | str = 900.0,
         relay_stalled_rows: bool = True,
         fail_on_unrepaired: bool = True,
+        check_airflow_runs: bool = True,
         ledger_conn_id: str = "onceflow_ledger",
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("outlets", [AssetAlias(OUTBOX_ASSET_ALIAS)])
         super().__init__(**kwargs)
+        self.check_airflow_runs = check_airflow_runs
         self.grace_seconds = grace_seconds
         self.relay_stall_seconds = relay_stall_seconds
         self.relay_stalled_rows = relay_stalled_rows
@@ -293,6 +306,7 @@ class LedgerReconcileOperator(BaseOperator):
             grace_seconds=float(self.grace_seconds),
             relay_stall_seconds=float(self.relay_stall_seconds),
             sink=make_sink("task_sdk", context) if self.relay_stalled_rows else None,
+            run_exists=run_exists_in(context) if self.check_airflow_runs else None,
         )
         for finding in report.findings:
             self.log.warning("%s %s: %s (repaired=%s)", finding.check, finding.work_key, finding.detail,

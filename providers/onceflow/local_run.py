@@ -129,14 +129,19 @@ def _airflow(env: dict[str, str], *args: str) -> None:
 
 
 def _demo_sheet(path: Path) -> Path:
-    rows = [["url", "status", "score", "published_url"]]
-    rows += [[url, "NEW", "", ""] for url in DEMO_URLS]
+    from onceflow.sheets.model import REQUIRED_COLUMNS
+    from onceflow.sheets.protocol import AUDIT_HEADER
+
+    rows = [list(REQUIRED_COLUMNS)]
+    rows += [
+        [url if c == "url" else "NEW" if c == "status" else "" for c in REQUIRED_COLUMNS] for url in DEMO_URLS
+    ]
     path.write_text(
         json.dumps(
             {
                 "spreadsheetId": DEMO_SPREADSHEET_ID,
                 "title": "onceflow demo queue",
-                "sheets": {"queue": rows, "audit": [["time", "row", "action", "reason"]]},
+                "sheets": {"queue": rows, "audit": [AUDIT_HEADER]},
             }
         )
     )

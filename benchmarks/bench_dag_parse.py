@@ -37,6 +37,24 @@ EMPTY_DAG = textwrap.dedent(
     """
 )
 
+# A second reference: the cost of one TaskFlow task (it imports the standard provider's decorators).
+ONE_TASK_DAG = textwrap.dedent(
+    """
+    import pendulum
+    from airflow.sdk import dag, task
+
+    @dag(schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC"))
+    def one_task_dag():
+        @task
+        def noop() -> None:
+            pass
+
+        noop()
+
+    one_task_dag()
+    """
+)
+
 PROBE = textwrap.dedent(
     """
     import json, sys, time
@@ -74,7 +92,9 @@ def main() -> int:
         env = {**os.environ, "AIRFLOW_HOME": tmp, "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
         empty = Path(tmp) / "empty_dag.py"
         empty.write_text(EMPTY_DAG)
-        files = [empty, *sorted((REPO / "dags").glob("*.py"))]
+        one_task = Path(tmp) / "one_task_dag.py"
+        one_task.write_text(ONE_TASK_DAG)
+        files = [empty, one_task, *sorted((REPO / "dags").glob("*.py"))]
         rows = []
         for path in files:
             cold = [float(_probe(path, 1, env)["times"][0]) for _ in range(args.repeat)]  # type: ignore[index]

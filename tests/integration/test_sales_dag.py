@@ -58,6 +58,21 @@ def run_day(run_dag: Callable[..., Any], day: dt.date) -> Any:
     return run_dag(dag, logical_date=pendulum.datetime(nxt.year, nxt.month, nxt.day, tz=AMS))
 
 
+def asset_event_extras(run_id: str) -> list[dict[str, Any]]:
+    """Extras of the events of ``x-onceflow://warehouse/daily_sales`` emitted by one run."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        stmt = (
+            select(AssetEvent.extra)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetModel.uri == "x-onceflow://warehouse/daily_sales", AssetEvent.source_run_id == run_id)
+        )
+        return [dict(e) for e in session.scalars(stmt)]
+
+
 def store_of(url: str) -> PartitionStore:
     return PartitionStore(make_engine(url), "daily_sales")
 
@@ -93,6 +108,15 @@ def test_the_run_for_day_d_loads_exactly_the_orders_of_local_day_d(
     assert audit is not None and audit.row_count == len(expected.rows) > 0
     assert audit.reject_count == len(expected.rejects)
     assert result.xcom("load")["checksum"] == audit.checksum
+    # The load updated the table's Asset (sales_dashboard is scheduled on it), naming the partition.
+    assert asset_event_extras(result.run_id) == [
+        {
+            "table": "daily_sales",
+            "partition": day.isoformat(),
+            "row_count": audit.row_count,
+            "checksum": audit.checksum,
+        }
+    ]
 
 
 def test_a_rerun_is_byte_identical(

@@ -179,9 +179,7 @@ def test_backfill_of_two_years_equals_day_by_day(
     last = first + dt.timedelta(days=729)
     days = local_days(first, last)
     shop, warehouse, reference = (postgres_url_factory(tag) for tag in ("shop2y", "wh2y", "ref2y"))
-    shop_orders(
-        shop, first - dt.timedelta(days=3), last + dt.timedelta(days=3), **{**GENERATOR, "orders_per_day": 20}
-    )
+    shop_orders(shop, first - dt.timedelta(days=3), last + dt.timedelta(days=3), **GENERATOR)
     expected = day_by_day_pass(shop, reference, days, timezone=TZ)
 
     with sales_cluster(request, tmp_path, shop, warehouse, slots=4) as cluster:

@@ -898,10 +898,10 @@ def test_an_unsupported_request_kind_is_a_clear_400(sheets_emulator: SheetsEmula
     sid = _queue(sheets_emulator)
 
     with pytest.raises(HttpError) as caught:
-        _batch(sheets_emulator, sid, {"sortRange": {}})
+        _batch(sheets_emulator, sid, {"mergeCells": {}})
 
     assert caught.value.status_code == 400
-    assert "sortRange is not supported" in json.loads(caught.value.content)["error"]["message"]
+    assert "mergeCells is not supported" in json.loads(caught.value.content)["error"]["message"]
 
 
 # -- faults -----------------------------------------------------------------------------------------------

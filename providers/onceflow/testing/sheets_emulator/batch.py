@@ -1,5 +1,5 @@
-"""``spreadsheets.batchUpdate``: findReplace, row/column insert and delete, addSheet, deleteSheet,
-updateCells and appendCells.
+"""``spreadsheets.batchUpdate``: findReplace, row/column insert and delete, sortRange, addSheet,
+deleteSheet, updateCells, appendCells and create/update/deleteDeveloperMetadata.
 
 The whole batch is all-or-nothing, like Google's: on any error the spreadsheet is restored from a
 snapshot taken before the first request.
@@ -7,11 +7,18 @@ snapshot taken before the first request.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
 from onceflow.testing.sheets_emulator.cells import Cell, Formula, formatted, parse_input
 from onceflow.testing.sheets_emulator.errors import ApiError, invalid_argument
+from onceflow.testing.sheets_emulator.metadata import (
+    MetaFail,
+    create_developer_metadata,
+    delete_developer_metadata,
+    update_developer_metadata,
+)
 from onceflow.testing.sheets_emulator.model import Sheet, Spreadsheet
 
 if TYPE_CHECKING:
@@ -264,22 +271,87 @@ def append_cells(book: Spreadsheet, spec: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _sort_key(cell: Cell) -> tuple[int, Any]:
+    # Google's order: numbers, then text (case-insensitive), then booleans; empty cells always last
+    if isinstance(cell, bool):
+        return (2, cell)
+    if isinstance(cell, (int, float)):
+        return (0, cell)
+    if isinstance(cell, Formula):
+        return (1, str(cell).casefold())
+    return (1, str(cell).casefold())
+
+
+def sort_range(book: Spreadsheet, spec: dict[str, Any]) -> dict[str, Any]:
+    """Sort the rows of a range by ``sortSpecs`` (``dimensionIndex``, ``sortOrder``); stable.
+
+    Only a range spanning every column moves whole rows; then row-anchored metadata moves with
+    its row. A narrower range moves just those cells, and row metadata stays where it is.
+    """
+    sheet, r0, r1, c0, c1 = _grid_bounds(book, spec.get("range") or {})
+    specs = spec.get("sortSpecs") or []
+    if not specs:
+        raise _Fail("At least one sortSpec is required")
+    order = list(range(r0, r1))
+    for sort_spec in reversed(specs):  # stable sorts, least significant key first
+        col = int(sort_spec.get("dimensionIndex", 0))
+        if not c0 <= col < c1:
+            raise _Fail(f"dimensionIndex {col} is outside the sorted range")
+        descending = sort_spec.get("sortOrder", "ASCENDING") == "DESCENDING"
+        filled = [r for r in order if sheet.get(r, col) is not None]
+        empty = [r for r in order if sheet.get(r, col) is None]
+        filled.sort(key=lambda r: _sort_key(sheet.get(r, col)), reverse=descending)
+        order = filled + empty
+    if c0 == 0 and c1 >= sheet.column_count:
+        sheet.permute_rows(r0, order)
+        return {}
+    block = [[sheet.get(r, c) for c in range(c0, c1)] for r in order]
+    for i, cells in enumerate(block):
+        for j, value in enumerate(cells):
+            sheet.set(r0 + i, c0 + j, value)
+    return {}
+
+
+def _meta(
+    fn: Callable[[Spreadsheet, dict[str, Any]], dict[str, Any]],
+) -> Callable[[Spreadsheet, dict[str, Any]], dict[str, Any]]:
+    def run(book: Spreadsheet, spec: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return fn(book, spec)
+        except MetaFail as exc:
+            raise _Fail(str(exc)) from None
+
+    return run
+
+
 REQUESTS: dict[str, Callable[[Spreadsheet, dict[str, Any]], dict[str, Any]]] = {
     "findReplace": find_replace,
     "insertDimension": insert_dimension,
     "deleteDimension": delete_dimension,
+    "sortRange": sort_range,
     "addSheet": add_sheet,
     "deleteSheet": delete_sheet,
     "updateCells": update_cells,
     "appendCells": append_cells,
+    "createDeveloperMetadata": _meta(create_developer_metadata),
+    "updateDeveloperMetadata": _meta(update_developer_metadata),
+    "deleteDeveloperMetadata": _meta(delete_developer_metadata),
 }
 
 
-def _snapshot(book: Spreadsheet) -> list[Sheet]:
-    return [
-        Sheet(s.sheet_id, s.title, s.row_count, s.column_count, [list(row) for row in s.rows])
+def _snapshot(book: Spreadsheet) -> tuple[list[Sheet], list[Any]]:
+    sheets = [
+        Sheet(
+            s.sheet_id,
+            s.title,
+            s.row_count,
+            s.column_count,
+            [list(row) for row in s.rows],
+            [dataclasses.replace(m) for m in s.metadata],
+        )
         for s in book.sheets
     ]
+    return sheets, [dataclasses.replace(m) for m in book.metadata]
 
 
 def spreadsheets_batch_update(store: Store, req: ApiRequest) -> dict[str, Any]:
@@ -287,6 +359,7 @@ def spreadsheets_batch_update(store: Store, req: ApiRequest) -> dict[str, Any]:
     requests = req.body.get("requests") or []
     if not requests:
         raise invalid_argument("Must specify at least one request.")
+    # a single request validates before it changes anything; copying a 50,000-row sheet is not free
     snapshot = _snapshot(book) if len(requests) > 1 else None
     replies = []
     try:
@@ -308,7 +381,7 @@ def spreadsheets_batch_update(store: Store, req: ApiRequest) -> dict[str, Any]:
                 raise invalid_argument(exc.message.replace("requests[0]", f"requests[{i}]")) from None
     except ApiError:
         if snapshot is not None:
-            book.sheets = snapshot
+            book.sheets, book.metadata = snapshot
         raise
     out: dict[str, Any] = {"spreadsheetId": book.spreadsheet_id, "replies": replies}
     if req.body.get("includeSpreadsheetInResponse"):

@@ -53,14 +53,61 @@ def grid_error(sheet: Sheet, start_row: int, end_row: int, start_col: int, end_c
 
 
 @dataclass
+class DevMeta:
+    """One piece of developer metadata.
+
+    ``location_type`` is ``ROW``/``COLUMN`` (``index`` is the zero-based row or column, which moves
+    when rows or columns are inserted, deleted or sorted), ``SHEET`` or ``SPREADSHEET``.
+    """
+
+    metadata_id: int
+    key: str
+    value: str | None
+    visibility: str
+    location_type: str
+    sheet_id: int | None = None
+    index: int | None = None
+
+    def resource(self) -> dict[str, Any]:
+        """The DeveloperMetadata JSON, as Google returns it."""
+        location: dict[str, Any] = {"locationType": self.location_type}
+        if self.location_type in ("ROW", "COLUMN"):
+            assert self.index is not None
+            location["dimensionRange"] = {
+                "sheetId": self.sheet_id,
+                "dimension": "ROWS" if self.location_type == "ROW" else "COLUMNS",
+                "startIndex": self.index,
+                "endIndex": self.index + 1,
+            }
+        elif self.location_type == "SHEET":
+            location["sheetId"] = self.sheet_id
+        else:
+            location["spreadsheet"] = True
+        out: dict[str, Any] = {
+            "metadataId": self.metadata_id,
+            "metadataKey": self.key,
+            "location": location,
+            "visibility": self.visibility,
+        }
+        if self.value is not None:
+            out["metadataValue"] = self.value
+        return out
+
+
+@dataclass
 class Sheet:
-    """One tab. ``rows`` is ragged: rows and cells past the last written one are simply absent."""
+    """One tab. ``rows`` is ragged: rows and cells past the last written one are simply absent.
+
+    ``metadata`` holds the developer metadata anchored to this sheet, its rows and its columns, so
+    that inserting, deleting or sorting rows can carry row-anchored metadata along.
+    """
 
     sheet_id: int
     title: str
     row_count: int = DEFAULT_ROWS
     column_count: int = DEFAULT_COLUMNS
     rows: list[list[Cell]] = field(default_factory=list)
+    metadata: list[DevMeta] = field(default_factory=list)
 
     def get(self, row: int, col: int) -> Cell:
         if row < len(self.rows):
@@ -98,25 +145,64 @@ class Sheet:
             out.pop()
         return out
 
+    def _shift(self, kind: str, start: int, count: int) -> None:
+        # metadata anchored at or after an insertion moves with its row (or column)
+        for m in self.metadata:
+            if m.location_type == kind and m.index is not None and m.index >= start:
+                m.index += count
+
+    def _drop(self, kind: str, start: int, end: int) -> None:
+        # metadata of deleted rows (columns) is deleted with them; the rest moves up (left)
+        kept = []
+        for m in self.metadata:
+            if m.location_type == kind and m.index is not None:
+                if start <= m.index < end:
+                    continue
+                if m.index >= end:
+                    m.index -= end - start
+            kept.append(m)
+        self.metadata = kept
+
     def insert_rows(self, start: int, count: int) -> None:
         if start < len(self.rows):
             self.rows[start:start] = [[] for _ in range(count)]
         self.row_count += count
+        self._shift("ROW", start, count)
 
     def delete_rows(self, start: int, end: int) -> None:
         del self.rows[start:end]
         self.row_count -= end - start
+        self._drop("ROW", start, end)
 
     def insert_columns(self, start: int, count: int) -> None:
         for cells in self.rows:
             if start < len(cells):
                 cells[start:start] = [None] * count
         self.column_count += count
+        self._shift("COLUMN", start, count)
 
     def delete_columns(self, start: int, end: int) -> None:
         for cells in self.rows:
             del cells[start:end]
         self.column_count -= end - start
+        self._drop("COLUMN", start, end)
+
+    def permute_rows(self, start: int, order: list[int]) -> None:
+        """Reorder rows ``start .. start+len(order)``: new row ``start+i`` is old row ``order[i]``.
+
+        Row-anchored metadata goes with its row, as it does when Google sorts whole rows.
+        """
+        end = start + len(order)
+        if len(self.rows) < end:
+            self.rows.extend([] for _ in range(end - len(self.rows)))
+        old = self.rows[start:end]
+        self.rows[start:end] = [old[i - start] for i in order]
+        where = {old_index: start + i for i, old_index in enumerate(order)}
+        for m in self.metadata:
+            if m.location_type == "ROW" and m.index is not None and m.index in where:
+                m.index = where[m.index]
+        while self.rows and not self.rows[-1]:
+            self.rows.pop()
 
     def properties(self, index: int) -> dict[str, Any]:
         return {
@@ -135,6 +221,12 @@ class Spreadsheet:
     sheets: list[Sheet] = field(default_factory=list)
     locale: str = "en_US"
     time_zone: str = "Etc/GMT"
+    #: spreadsheet-level developer metadata (row, column and sheet metadata live on their Sheet)
+    metadata: list[DevMeta] = field(default_factory=list)
+
+    def all_metadata(self) -> list[DevMeta]:
+        """Every developer metadata entry of the spreadsheet, spreadsheet-level first."""
+        return [*self.metadata, *(m for s in self.sheets for m in s.metadata)]
 
     def sheet_by_title(self, title: str) -> Sheet | None:
         for sheet in self.sheets:
@@ -214,9 +306,19 @@ class Spreadsheet:
                 "autoRecalc": "ON_CHANGE",
                 "timeZone": self.time_zone,
             },
-            "sheets": [{"properties": s.properties(i)} for i, s in enumerate(self.sheets)],
+            "sheets": [_sheet_resource(s, i) for i, s in enumerate(self.sheets)],
+            **({"developerMetadata": [m.resource() for m in self.metadata]} if self.metadata else {}),
             "spreadsheetUrl": f"https://docs.google.com/spreadsheets/d/{self.spreadsheet_id}/edit",
         }
+
+
+def _sheet_resource(sheet: Sheet, index: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"properties": sheet.properties(index)}
+    # sheet-level metadata is listed on the sheet; row and column metadata only with grid data
+    on_sheet = [m.resource() for m in sheet.metadata if m.location_type == "SHEET"]
+    if on_sheet:
+        out["developerMetadata"] = on_sheet
+    return out
 
 
 class Store:
@@ -308,10 +410,30 @@ def _dump(book: Spreadsheet) -> dict[str, Any]:
                 "rowCount": s.row_count,
                 "columnCount": s.column_count,
                 "rows": [_dump_row(row) for row in s.rows],
+                "metadata": [_dump_meta(m) for m in s.metadata],
             }
             for s in book.sheets
         ],
+        "metadata": [_dump_meta(m) for m in book.metadata],
     }
+
+
+def _dump_meta(m: DevMeta) -> dict[str, Any]:
+    return {
+        "id": m.metadata_id,
+        "key": m.key,
+        "value": m.value,
+        "visibility": m.visibility,
+        "type": m.location_type,
+        "sheetId": m.sheet_id,
+        "index": m.index,
+    }
+
+
+def _load_meta(raw: dict[str, Any]) -> DevMeta:
+    return DevMeta(
+        raw["id"], raw["key"], raw["value"], raw["visibility"], raw["type"], raw["sheetId"], raw["index"]
+    )
 
 
 def _dump_row(row: list[Cell]) -> list[Any]:
@@ -327,6 +449,7 @@ def _load(raw: dict[str, Any]) -> Spreadsheet:
         title=raw["title"],
         locale=raw.get("locale", "en_US"),
         time_zone=raw.get("timeZone", "Etc/GMT"),
+        metadata=[_load_meta(m) for m in raw.get("metadata", [])],
     )
     for s in raw["sheets"]:
         book.sheets.append(
@@ -336,6 +459,7 @@ def _load(raw: dict[str, Any]) -> Spreadsheet:
                 row_count=s["rowCount"],
                 column_count=s["columnCount"],
                 rows=[[from_json(c) for c in row] for row in s["rows"]],
+                metadata=[_load_meta(m) for m in s.get("metadata", [])],
             )
         )
     return book

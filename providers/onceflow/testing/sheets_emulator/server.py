@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from onceflow.testing.sheets_emulator import batch, handlers
+from onceflow.testing.sheets_emulator import batch, byfilter, handlers, metadata
 from onceflow.testing.sheets_emulator.cells import Skip, parse_input, render
 from onceflow.testing.sheets_emulator.errors import ApiError, invalid_argument, not_found
 from onceflow.testing.sheets_emulator.faults import Fault, FaultInjector
@@ -44,6 +44,10 @@ METHODS: dict[str, tuple[Callable[[Store, handlers.ApiRequest], dict[str, Any]],
     "values.append": (handlers.values_append, True),
     "values.clear": (handlers.values_clear, True),
     "values.batchClear": (handlers.values_batch_clear, True),
+    "values.batchGetByDataFilter": (byfilter.values_batch_get_by_data_filter, False),
+    "values.batchUpdateByDataFilter": (byfilter.values_batch_update_by_data_filter, True),
+    "developerMetadata.get": (metadata.developer_metadata_get, False),
+    "developerMetadata.search": (metadata.developer_metadata_search, False),
 }
 
 _PREFIX = "/v4/spreadsheets"
@@ -69,9 +73,15 @@ def route(http_method: str, raw_path: str) -> tuple[str, str, str]:
         ("GET", "/values:batchGet"): "values.batchGet",
         ("POST", "/values:batchUpdate"): "values.batchUpdate",
         ("POST", "/values:batchClear"): "values.batchClear",
+        ("POST", "/values:batchGetByDataFilter"): "values.batchGetByDataFilter",
+        ("POST", "/values:batchUpdateByDataFilter"): "values.batchUpdateByDataFilter",
+        ("POST", "/developerMetadata:search"): "developerMetadata.search",
     }
     if (http_method, rest) in simple:
         return simple[(http_method, rest)], sid, ""
+    if http_method == "GET" and rest.startswith("/developerMetadata/"):
+        # the metadata id travels in the range slot of the request
+        return "developerMetadata.get", sid, unquote(rest[len("/developerMetadata/") :])
     if rest.startswith("/values/") and len(rest) > len("/values/"):
         encoded = rest[len("/values/") :]
         if http_method == "POST":

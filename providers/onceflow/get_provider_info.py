@@ -52,6 +52,8 @@ def get_provider_info() -> dict[str, Any]:
         "sensors": [{"integration-name": "onceflow", "python-modules": ["onceflow.sensors.sheets"]}],
         "triggers": [{"integration-name": "onceflow", "python-modules": ["onceflow.triggers.sheets"]}],
         "connection-types": [],
-        "plugins": [],
+        "plugins": [
+            {"name": "onceflow_priority", "plugin-class": "onceflow.priority.OnceflowPriorityPlugin"}
+        ],
         "notifications": ["onceflow.notifications.deadline.MissedDeadlineNotifier"],
     }

@@ -56,3 +56,30 @@ def test_session_has_its_own_airflow_home(airflow_env) -> None:  # type: ignore[
     from airflow.configuration import conf
 
     assert conf.get("database", "sql_alchemy_conn") == airflow_env.sql_alchemy_conn
+
+
+def test_run_dag_runs_a_dag_with_a_deadline_alert(run_dag, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """dag.test() cannot finish a run of a DAG with a deadline (Airflow 3.3.2); run_dag leaves the
+    deadline to the scheduler and gives the DAG its deadline back afterwards."""
+    from onceflow.notifications.deadline import daily_load_deadline
+
+    @dag(
+        dag_id="harness_with_deadline",
+        schedule=None,
+        start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+        catchup=False,
+        deadline=daily_load_deadline(
+            business_timezone="Europe/Amsterdam", path=str(tmp_path / "alerts.jsonl")
+        ),
+    )
+    def harness_with_deadline():
+        @task
+        def only() -> int:
+            return 1
+
+        only()
+
+    the_dag = harness_with_deadline()
+    result = run_dag(the_dag, logical_date=pendulum.datetime(2024, 3, 2, tz="UTC"))
+    assert result.state == "success"
+    assert the_dag.deadline

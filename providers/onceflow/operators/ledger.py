@@ -107,6 +107,12 @@ class RecheckOperator(BaseOperator):
             window_end=_to_epoch(self.window_end),
             requested_by=f"{self.dag_id}/{dag_run.run_id}" if dag_run else self.dag_id,
         )
+        try:
+            request.validate()
+        except ValueError as exc:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(f"invalid recheck request: {exc}") from exc  # retrying cannot help
         result = start_recheck(ledger, request)
         self.log.info(
             "recheck %s re-opened %d item(s): %s", result.recheck_id, len(result.work_keys), self.reason

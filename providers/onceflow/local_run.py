@@ -261,6 +261,9 @@ def run(cfg: LocalRunConfig) -> int:
 
 
 def _banner(cfg: LocalRunConfig, ui: str, emulator_port: int) -> str:
+    airflow_home = cfg.airflow_home
+    last = dt.date.today() - dt.timedelta(days=1)
+    first = last - dt.timedelta(days=cfg.demo_days - 1)
     return f"""
 onceflow is running on embedded defaults.
 
@@ -274,6 +277,11 @@ onceflow is running on embedded defaults.
 What runs today: sheet_claim claims the demo sheet's NEW rows and starts one article_pipeline run
 per row; daily_sales loads each day of orders into the warehouse; sales_dashboard redraws after
 each load; sheet_reconcile repairs orphaned claims.
+
+Load the demo days into the warehouse (the offset keeps the first Amsterdam day):
+  AIRFLOW_HOME={airflow_home} .venv/bin/airflow backfill create --dag-id daily_sales \\
+      --from-date {first}T00:00:00+01:00 --to-date {last}T00:00:00+01:00
+
 Not built yet (later issues, nothing pretends to do them): the article chain after the claim
 (fetch, translate, score, publish), the dead-man's switch (heartbeat + onceflow-watchdog) and the
 operations view in the UI.

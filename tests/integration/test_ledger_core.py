@@ -113,7 +113,10 @@ def test_result_and_follow_ups_are_written_in_one_transaction(ledger):
         ledger.commit_result(lease, "fetch", {"n": 1}, follow_ups=[FollowUp.dag_run("d"), broken])
     assert snapshot(ledger) == before
     ledger.commit_result(
-        lease, "fetch", {"n": 1}, follow_ups=[FollowUp.dag_run("d"), FollowUp.work_item("translate", "a:1:tr")]
+        lease,
+        "fetch",
+        {"n": 1},
+        follow_ups=[FollowUp.dag_run("d"), FollowUp.work_item("translate", "a:1:tr")],
     )
     assert [r.target for r in pending_rows(ledger)] == ["d"]
     assert ledger.item("a:1:tr").state == "pending"

@@ -76,16 +76,38 @@ class Ledger:
             )
 
     def add_many(self, kind: str, work_keys: Iterable[str], *, priority: int = 0, batch: int = 1000) -> int:
-        """Create many pending items (one transaction per ``batch``); returns how many were new."""
-        created = 0
+        """Create many pending items, ``batch`` per transaction (one multi-row insert each).
+
+        :return: how many were new (existing keys are left unchanged).
+        """
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        states.check("create", None, states.PRODUCER, {"now": self.clock.now()})
         keys = list(work_keys)
+        insert = sqlite.insert if self.engine.dialect.name == "sqlite" else postgresql.insert
+        w = schema.work_items
+        created = 0
         for start in range(0, len(keys), batch):
+            now = self.clock.now()
+            rows = [
+                {"work_key": key, "kind": kind, "state": states.PENDING, "priority": priority, "available_at": now,
+                 "fencing_token": 0, "attempts": 0, "max_attempts": 5, "created_at": now, "updated_at": now,
+                 "lane": "new"}
+                for key in keys[start : start + batch]
+            ]  # fmt: skip
             with self.engine.begin() as conn:
-                now = self.clock.now()
-                for key in keys[start : start + batch]:
-                    created += items.create_item(
-                        conn, kind=kind, work_key=key, now=now, actor=states.PRODUCER, priority=priority
-                    )
+                stmt = insert(w).on_conflict_do_nothing(index_elements=["work_key"]).returning(w.c.work_key)
+                new_keys = list(conn.execute(stmt, rows).scalars())
+                if new_keys:
+                    conn.execute(
+                        sa.insert(schema.transitions),
+                        [
+                            {"work_key": key, "event": "create", "from_state": None, "to_state": states.PENDING,
+                             "actor": states.PRODUCER, "owner": None, "fencing_token": 0, "at": now, "reason": None}
+                            for key in new_keys
+                        ],
+                    )  # fmt: skip
+            created += len(new_keys)
         return created
 
     # -- workers -----------------------------------------------------------------------------

@@ -88,9 +88,24 @@ def measure(server: SheetsEmulatorServer, rows: int, batch: int, wakeups: int) -
     return out
 
 
+def later_writes(server: SheetsEmulatorServer, rows: int = 1_000, claims: int = 10) -> tuple[float, float]:
+    """Requests per ``write_fields`` (score, link, run id written through the row anchor)."""
+    sid = seed(server, rows)
+    queue = SheetQueue(GoogleSheetsTransport(anonymous_service(server.endpoint), sid), spread=1)
+    won = queue.claim(claims).claims
+    server.request_log.reset()
+    for claim in won:
+        queue.write_fields(
+            claim.token, {"score": "0.9", "published_url": f"https://pub.example/{claim.row_key}"}
+        )
+    log = server.request_log
+    return log.reads / len(won), log.writes / len(won)
+
+
 def race(server: SheetsEmulatorServer, name: str, rows: int = 200, batch: int = 20) -> tuple[int, int]:
     """Two claimers over the same rows; return (claims made, rows claimed more than once)."""
     sid = seed(server, rows)
+    server.request_log.reset()
     claims: list[str] = []
     lock = threading.Lock()
     barrier = threading.Barrier(2)
@@ -151,7 +166,16 @@ def main() -> None:
         print("Two claimers racing over 200 NEW rows, batch 20")
         for name in ("protocol", "naive"):
             made, twice = race(server, name)
-            print(f"  {name:>8}: {made} claims made, {twice} rows claimed twice")
+            log = server.request_log
+            print(
+                f"  {name:>8}: {made} claims made, {twice} rows claimed twice;"
+                f" {log.reads} reads + {log.writes} writes"
+            )
+        print()
+        reads, writes = later_writes(server)
+        print(
+            f"Later writes through the row anchor: {reads:.1f} reads + {writes:.1f} writes per write_fields"
+        )
     finally:
         server.stop()
 

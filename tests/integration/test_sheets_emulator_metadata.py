@@ -269,7 +269,7 @@ def test_writes_by_filter_race_inserts_and_deletes_without_landing_elsewhere(
             svc = sheets_emulator.hook().get_conn()
             for i in range(k, 40, 8):
                 _write(svc, sid, f"t-{i}", [None, None, f"score-{i}"])
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     edit = threading.Thread(target=editor)

@@ -157,6 +157,15 @@ class Row:
         return self.cells.get(column, "")
 
 
+def make_row(columns: ColumnMap, number: int, raw: list[object]) -> Row:
+    """A :class:`Row` from one row of values as the API returns it (ragged, trailing blanks trimmed)."""
+    cells = {
+        name: (str(raw[i]) if i < len(raw) and raw[i] is not None else "")
+        for name, i in columns.index.items()
+    }
+    return Row(number, cells, StatusCell.parse(cells["status"]))
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """One consistent read of the queue tab (a single API call, so one point in time)."""
@@ -176,14 +185,7 @@ class Snapshot:
                 raise MissingColumnsError(list(REQUIRED_COLUMNS), [])
             return cls(None, [])
         columns = ColumnMap.from_header([str(v) for v in values[0]])
-        rows = []
-        for offset, raw in enumerate(values[1:]):
-            cells = {
-                name: (str(raw[i]) if i < len(raw) and raw[i] is not None else "")
-                for name, i in columns.index.items()
-            }
-            rows.append(Row(offset + 2, cells, StatusCell.parse(cells["status"])))
-        return cls(columns, rows)
+        return cls(columns, [make_row(columns, offset + 2, raw) for offset, raw in enumerate(values[1:])])
 
     def rows_with_token(self, token: str) -> list[Row]:
         return [r for r in self.rows if r.token == token]

@@ -28,12 +28,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from onceflow.sheets import anchors
 from onceflow.sheets.keys import pipeline_run_id
 from onceflow.sheets.model import (
     ColumnMap,
     Row,
     Snapshot,
     Status,
+    make_row,
     new_token,
     status_value,
     token_time,
@@ -266,6 +268,7 @@ class SheetQueue:
         issued: dict[str, Row] = {}  # token -> the row it was aimed at
         status_col, url_col = snapshot.columns["status"], snapshot.columns["url"]
         layout: list[tuple[str, bool]] = []  # per target: its token, whether a URL guard follows
+        sheet_id = self.sheet_id()
 
         def attempt() -> list[dict[str, Any]]:
             # fresh tokens on every attempt: one token can then match at most one cell, ever
@@ -287,6 +290,9 @@ class SheetQueue:
                 guarded = i < len(good)
                 if guarded:
                     requests.append(self._find_replace(self._cell(row.number, url_col), row.url, row.url))
+                # the row anchor: same position, same atomic batch, so it lands on the row whose
+                # status cell the claim changed (if it changed one); later writes go through it
+                requests.append(anchors.create(sheet_id, row.number, token))
                 layout.append((token, guarded))
             return self.transport.batch_update(requests)
 
@@ -304,6 +310,7 @@ class SheetQueue:
             for token, guarded in layout:
                 claimed = _occurrences(next(position, {})) == 1
                 held = guarded and _occurrences(next(position, {})) == 1
+                next(position, {})  # the anchor's reply
                 if claimed and held:
                     confirmed[token] = issued[token]
                 elif claimed:  # our token landed on a row that no longer has the URL we read
@@ -319,6 +326,10 @@ class SheetQueue:
             verified, mine = snapshot, confirmed
         if replies is None:
             result.recovered = len(mine)
+        # anchors of lost claims sit on rows that do not carry their token: remove them (by
+        # token, so never anyone else's); a 429-refused attempt applied nothing, so it has none
+        sent = [token for token, _ in layout]
+        stray = [anchors.delete(anchors.lookup(t)) for t in sent if t not in mine]
         verdicts = classify_claimed(verified, mine)
         rejects = {t: v for t, v in verdicts.items() if not v.ok}
         result.redirected = sum(1 for t, row in mine.items() if row.url != issued[t].url)
@@ -336,19 +347,19 @@ class SheetQueue:
                 )
         if rejects:
             assert verified.columns is not None
-            self._write_cells(
-                verified.columns,
-                [(v.row.number, {"reason": v.reason}) for v in rejects.values()],
-            )
+            self._write_anchored(verified.columns, [(t, {"reason": v.reason}) for t, v in rejects.items()])
             self._transition_many(
                 verified.columns,
                 [(t, Status.PROCESSING, v.status) for t, v in rejects.items() if v.status],
+                extra=stray,
             )
             result.rejected = [
                 Rejection(t, v.status, v.reason, v.row.number, v.row.url)
                 for t, v in rejects.items()
                 if v.status
             ]
+        elif stray:
+            self._cleanup(stray)
         result.lost = len(targets) - len(mine)
         return result
 
@@ -361,14 +372,18 @@ class SheetQueue:
         assert snapshot.columns is not None
         col = snapshot.columns["status"]
         now = self.clock()
-        requests = [
-            self._find_replace(
-                self._cell(row.number, col),
-                status_value(Status.PROCESSING, token),
-                status_value(Status.PROCESSING, new_token(now, secrets.token_hex(5))),
+        requests = []
+        for token, row in extra:
+            fresh = new_token(now, secrets.token_hex(5))
+            requests.append(
+                self._find_replace(
+                    self._cell(row.number, col),
+                    status_value(Status.PROCESSING, token),
+                    status_value(Status.PROCESSING, fresh),
+                )
             )
-            for token, row in extra
-        ]
+            requests.append(anchors.create(self.sheet_id(), row.number, fresh))
+        # the old token's anchors on those rows are found and dropped by write_fields (by id)
         try:
             self.backoff.call(lambda: self.transport.batch_update(requests))
         except ServerError as err:
@@ -376,9 +391,23 @@ class SheetQueue:
 
     # -- later writes, by token --------------------------------------------------------------------
 
-    def _transition_many(self, columns: ColumnMap, moves: Iterable[tuple[str, Status, Status]]) -> list[bool]:
+    def _cleanup(self, requests: list[dict[str, Any]]) -> None:
+        """Delete stray anchors (idempotent; a failure only leaves harmless metadata behind)."""
+        try:
+            self._idempotent(lambda: self.transport.batch_update(requests))
+        except Exception as err:  # best effort: write_fields ignores and drops stray anchors
+            log.warning("could not delete %d stray row anchors (%s)", len(requests), err)
+
+    def _transition_many(
+        self,
+        columns: ColumnMap,
+        moves: Iterable[tuple[str, Status, Status]],
+        extra: list[dict[str, Any]] | None = None,
+    ) -> list[bool]:
         moves = list(moves)
         if not moves:
+            if extra:
+                self._cleanup(extra)
             return []
         requests = [
             self._find_replace(
@@ -386,9 +415,10 @@ class SheetQueue:
             )
             for token, old, new in moves
         ]
+        requests.extend(extra or [])
         try:
             replies = self.backoff.call(lambda: self.transport.batch_update(requests))
-            return [_occurrences(r) == 1 for r in replies]
+            return [_occurrences(r) == 1 for r in replies[: len(moves)]]
         except ServerError:
             after = self.snapshot()
             return [any(r.status is new for r in after.rows_with_token(token)) for token, _old, new in moves]
@@ -411,42 +441,140 @@ class SheetQueue:
                 moved = self._transition_many(fresh, [(token, old, new)])[0]
         return moved
 
-    def _write_cells(self, columns: ColumnMap, updates: list[tuple[int, dict[str, str]]]) -> None:
-        data: list[tuple[str, list[list[str]]]] = []
-        for row_number, fields in updates:
-            for name, value in fields.items():
-                if not columns.has(name):
-                    continue
-                cell = f"{a1_sheet(self.sheet)}!{column_letter(columns[name])}{row_number}"
-                data.append((cell, [[value]]))
-        if not data:
-            return
+    def _anchored_rows(self, token: str) -> tuple[ColumnMap | None, list[Row]]:
+        """The header and every row anchored to ``token``, in one ``values.batchGetByDataFilter``."""
+        header = {"a1Range": f"{a1_sheet(self.sheet)}!1:1"}
+        matched = self._idempotent(lambda: self.transport.read_by_filter([header, anchors.lookup(token)]))
+        columns: ColumnMap | None = None
+        rows: list[tuple[int, list[Any]]] = []
+        for item in matched:
+            value_range = item.get("valueRange", {})
+            values = value_range.get("values", [])
+            if any("a1Range" in f for f in item.get("dataFilters", [])):
+                columns = Snapshot.from_values(values[:1]).columns if values else None
+            if any("developerMetadataLookup" in f for f in item.get("dataFilters", [])):
+                number = anchors.row_number(value_range.get("range", ""))
+                if number is not None:
+                    rows.append((number, values[0] if values else []))
+        if columns is None:
+            return None, []
+        self._columns = columns
+        return columns, [make_row(columns, n, raw) for n, raw in rows]
 
-        # RAW values are idempotent: repeating the request writes the same text
-        self._idempotent(lambda: self.transport.write_values(data))
+    def locate(self, token: str) -> Row | None:
+        """The row anchored to ``token`` that carries it, read in one small request; falls back
+        to a full read for claims made before row anchors existed."""
+        _, rows = self._anchored_rows(token)
+        mine = [r for r in rows if r.token == token]
+        return mine[0] if mine else self.find(token)
+
+    def _write_anchored(
+        self, columns: ColumnMap, updates: list[tuple[str, dict[str, str]]]
+    ) -> dict[str, Any]:
+        """One ``values.batchUpdateByDataFilter``: each token's fields into the row its anchor is on.
+
+        RAW, so ``=1+1`` stays text; idempotent, so it is safe to repeat.
+        """
+        data = []
+        for token, fields in updates:
+            cells = {columns[k]: v for k, v in fields.items() if columns.has(k)}
+            if cells:
+                width = max(cells) + 1
+                data.append((anchors.lookup(token), [anchors.row_values(width, cells)]))
+        if not data:
+            return {}
+        return self._idempotent(lambda: self.transport.write_by_filter(data))
+
+    def _drop_stray_anchors(self, token: str) -> None:
+        """Delete ``token``'s anchors on rows that do not carry ``token`` (by metadata id, so rows
+        moving meanwhile cannot make us delete the wrong one)."""
+        found = self._idempotent(lambda: self.transport.search_metadata([anchors.lookup(token)]))
+        ids = [int(m["metadataId"]) for m in found if "metadataId" in m]
+        if not ids:
+            return
+        header = {"a1Range": f"{a1_sheet(self.sheet)}!1:1"}
+        matched = self._idempotent(
+            lambda: self.transport.read_by_filter([header, *(anchors.by_id(i) for i in ids)])
+        )
+        columns = None
+        for item in matched:
+            if any("a1Range" in f for f in item.get("dataFilters", [])):
+                columns = Snapshot.from_values(item.get("valueRange", {}).get("values", [])[:1]).columns
+        if columns is None:
+            return
+        doomed = []
+        for item in matched:
+            values = item.get("valueRange", {}).get("values", [])
+            row = make_row(columns, 0, values[0] if values else [])
+            for f in item.get("dataFilters", []):
+                metadata_id = f.get("developerMetadataLookup", {}).get("metadataId")
+                if metadata_id is not None and row.token != token:
+                    doomed.append(anchors.delete(anchors.by_id(int(metadata_id))))
+        if doomed:
+            log.warning("removing %d anchors of %s from rows that do not carry it", len(doomed), token)
+            self._cleanup(doomed)
+
+    def _adopt(self, token: str) -> bool:
+        """Anchor ``token`` to the row carrying it (a claim made before row anchors existed).
+
+        The anchor and a guard on that row's status cell go in one atomic batch: if the guard
+        did not match (rows moved), the new anchor is deleted again by its id.
+        """
+        snapshot = self.snapshot()
+        rows = snapshot.rows_with_token(token)
+        if not rows or snapshot.columns is None:
+            return False
+        row = rows[0]
+        guard = self._find_replace(
+            self._cell(row.number, snapshot.columns["status"]), row.status_cell.raw, row.status_cell.raw
+        )
+        replies = self.backoff.call(
+            lambda: self.transport.batch_update([guard, anchors.create(self.sheet_id(), row.number, token)])
+        )
+        if _occurrences(replies[0]) == 1:
+            return True
+        created = anchors.created_id(replies[1]) if len(replies) > 1 else None
+        if created is not None:
+            self._cleanup([anchors.delete(anchors.by_id(created))])
+        return False
 
     def write_fields(self, token: str, fields: dict[str, str], attempts: int = 3) -> Row:
         """Write ``fields`` (column -> text, stored RAW, never as a formula) into the row of ``token``.
 
-        Locates the row by token in a fresh read, writes, and reads back to check that the values
-        sit beside the token; if rows moved in between, it tries again.
+        The write goes through the row's anchor (``values.batchUpdateByDataFilter`` on the
+        ``onceflow.claim = token`` metadata), so it reaches that row wherever it has moved; one read
+        before it (header and row, by the same anchor) checks the row still carries the token and
+        skips a write that is already there. Costs 1 read + 1 write.
 
-        :raises LookupError: no row carries the token.
-        :raises RuntimeError: rows kept moving for ``attempts`` tries.
+        :raises LookupError: no row carries the token (e.g. the editor deleted it).
+        :raises RuntimeError: the anchor could not be settled in ``attempts`` tries.
         """
         for _ in range(attempts):
-            snapshot = self.snapshot()
-            rows = snapshot.rows_with_token(token)
-            if not rows or snapshot.columns is None:
+            columns, rows = self._anchored_rows(token)
+            if columns is None:
+                raise LookupError(f"no row carries claim token {token!r}: the sheet has no header")
+            mine = [r for r in rows if r.token == token]
+            if len(mine) != len(rows):  # an anchor on a row that lost the token: drop it first
+                self._drop_stray_anchors(token)
+                continue
+            if not rows:
+                if self._adopt(token):
+                    continue
                 raise LookupError(f"no row carries claim token {token!r}")
-            if all(rows[0].get(k) == v for k, v in fields.items() if snapshot.columns.has(k)):
-                return rows[0]
-            self._write_cells(snapshot.columns, [(rows[0].number, fields)])
-            check = self.snapshot().rows_with_token(token)
-            if check and all(check[0].get(k) == v for k, v in fields.items() if snapshot.columns.has(k)):
-                return check[0]
-            log.warning("rows moved while writing %s for %s; retrying", sorted(fields), token)
-        raise RuntimeError(f"could not write {sorted(fields)} beside token {token!r}: rows kept moving")
+            wanted = {k: v for k, v in fields.items() if columns.has(k)}
+            if all(mine[0].get(k) == v for k, v in wanted.items()):
+                return mine[0]
+            reply = self._write_anchored(columns, [(token, wanted)])
+            written = []
+            for response in reply.get("responses", []):
+                data = response.get("updatedData", {})
+                number = anchors.row_number(data.get("range", response.get("updatedRange", "")))
+                values = data.get("values", [])
+                written.append(make_row(columns, number or 0, values[0] if values else []))
+            if written and all(r.token == token for r in written):
+                return written[0]
+            log.warning("row of %s changed while writing %s; checking again", token, sorted(fields))
+        raise RuntimeError(f"could not write {sorted(fields)} into the row of token {token!r}")
 
     # -- audit -------------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ DONE_NO_LINK = "row is DONE but has no published_url"
 LINK_NOT_DONE = "row has a published_url but its status is not DONE"
 CLAIMED_TWICE = "same URL claimed by two rows; the later claim is a duplicate of {first}"
 REASON_MISSING = "INVALID/DUPLICATE row had no reason; reason written"
+ROW_GONE = "row carrying the claim was deleted before the repair; nothing written"
 RUN_ID_WRONG_ROW = "run_id cell named another article's run (a write that landed on a moved row); corrected"
 
 #: Run states that mean "something is already driving this row".
@@ -49,7 +50,8 @@ class Action:
     """One repair or flag.
 
     :param kind: ``create_run``, ``reset_run``, ``transition``, ``rewrite`` (derived cells of
-        the row, recomputed from the row itself) or ``flag``.
+        the row, recomputed from the row itself), ``flag``, or ``skipped`` (audit only: a repair
+        whose row the editor deleted before it could be written).
     """
 
     kind: str
@@ -174,8 +176,8 @@ def plan(
 def _derived_cells(row: Row, owner: dict[str, Row]) -> list[Action]:
     """Cells that are pure functions of the row (``reason``, ``run_id``) and disagree with it.
 
-    Writes of non-status cells locate the row by token but can land on a row that moved in the
-    instant between locating and writing; these cells can be recomputed, so they are repaired.
+    Writes go through the claim's row anchor, so they cannot land on a moved row; these checks
+    stay for sheets written before row anchors, and for cells an editor copied between rows.
     """
     if not row.token:
         return []
@@ -227,7 +229,12 @@ def apply(
         elif action.kind == "rewrite":
             try:
                 queue.write_fields(token, dict(action.fields))
-            except (LookupError, RuntimeError) as err:
+            except LookupError:
+                # the anchor went with the deleted row: the write had nowhere to land, and says so
+                log.info("row of %s is gone; %s not written", token, action.fields)
+                entries.append(Action("skipped", ROW_GONE, row, action.run_id).audit_entry(now))
+                continue
+            except RuntimeError as err:
                 log.info("could not rewrite %s for %s (%s); next pass will retry", action.fields, token, err)
                 continue
         elif (

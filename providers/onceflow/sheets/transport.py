@@ -39,6 +39,15 @@ class SheetsTransport(Protocol):
     def append_values(self, range_: str, rows: list[list[str]]) -> None:
         """``values.append`` with ``RAW`` and ``INSERT_ROWS``."""
 
+    def read_by_filter(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``values.batchGetByDataFilter`` with ``FORMULA``: the MatchedValueRanges."""
+
+    def write_by_filter(self, data: list[tuple[dict[str, Any], list[list[Any]]]]) -> dict[str, Any]:
+        """``values.batchUpdateByDataFilter`` with ``RAW``, returning the written rows' values."""
+
+    def search_metadata(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``developerMetadata.search``: the matching DeveloperMetadata entries."""
+
 
 def _retry_after(headers: Any) -> float | None:
     """Seconds from a ``Retry-After`` header: delay-seconds or an HTTP date."""
@@ -146,6 +155,47 @@ class GoogleSheetsTransport:
                 body={"majorDimension": "ROWS", "values": rows},
             ),
         )
+
+    def read_by_filter(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        response = self._execute(
+            "values.batchGetByDataFilter",
+            self.service.spreadsheets()
+            .values()
+            .batchGetByDataFilter(
+                spreadsheetId=self.spreadsheet_id,
+                body={"dataFilters": filters, "majorDimension": "ROWS", "valueRenderOption": "FORMULA"},
+            ),
+        )
+        matched: list[dict[str, Any]] = response.get("valueRanges", [])
+        return matched
+
+    def write_by_filter(self, data: list[tuple[dict[str, Any], list[list[Any]]]]) -> dict[str, Any]:
+        # null cells are skipped by Google ("Null values will be skipped"), so a row-wide write
+        # from column A touches only the cells we name
+        response: dict[str, Any] = self._execute(
+            "values.batchUpdateByDataFilter",
+            self.service.spreadsheets()
+            .values()
+            .batchUpdateByDataFilter(
+                spreadsheetId=self.spreadsheet_id,
+                body={
+                    "valueInputOption": "RAW",
+                    "data": [{"dataFilter": f, "majorDimension": "ROWS", "values": v} for f, v in data],
+                    "includeValuesInResponse": True,
+                    "responseValueRenderOption": "FORMULA",
+                },
+            ),
+        )
+        return response
+
+    def search_metadata(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        response = self._execute(
+            "developerMetadata.search",
+            self.service.spreadsheets()
+            .developerMetadata()
+            .search(spreadsheetId=self.spreadsheet_id, body={"dataFilters": filters}),
+        )
+        return [m["developerMetadata"] for m in response.get("matchedDeveloperMetadata", [])]
 
     def add_sheet(self, title: str) -> None:
         self.batch_update([{"addSheet": {"properties": {"title": title}}}])

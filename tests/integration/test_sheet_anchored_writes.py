@@ -1,0 +1,274 @@
+"""Later writes reach the claimed row through its row anchor, whatever the editor does meanwhile.
+
+The editor's insert, delete or sort is made through a second real client at the exact moment the
+queue is about to send its ``values.batchUpdateByDataFilter`` (after it located the row), so each
+case is deterministic. A positional write under the same interleaving lands on the wrong row,
+which shows the interleaving bites. Then 8 claimer threads claim and write while an editor thread
+inserts, deletes and sorts rows, and every row must end with exactly its own values.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from onceflow.sheets import reconcile
+from onceflow.sheets.keys import normalise_url, pipeline_run_id, row_key
+from onceflow.sheets.model import Snapshot
+from onceflow.sheets.protocol import SheetQueue
+from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from onceflow.testing.sheets_fixtures import SheetsEmulator
+
+HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
+
+
+class EditorBeforeWrite(GoogleSheetsTransport):
+    """Lets the editor act once, just before the next value write is sent (by anchor or by A1)."""
+
+    before_write: Callable[[], None] | None = None
+
+    def _editor(self) -> None:
+        if self.before_write is not None:
+            action, self.before_write = self.before_write, None
+            action()
+
+    def write_by_filter(self, data: list[tuple[dict[str, Any], list[list[Any]]]]) -> dict[str, Any]:
+        self._editor()
+        return super().write_by_filter(data)
+
+    def write_values(self, data: list[tuple[str, list[list[str]]]]) -> None:
+        self._editor()
+        super().write_values(data)
+
+
+def _expected(url: str) -> dict[str, str]:
+    """The values this test writes for a URL: derived from the URL, so any misplacement shows."""
+    key = row_key(normalise_url(url))
+    return {
+        "run_id": pipeline_run_id(key, "v1"),
+        "score": f"0.{key[:6]}",
+        "published_url": f"https://pub.example/{key}",
+    }
+
+
+def _dimension(sheet_id: int, start: int, end: int) -> dict[str, Any]:
+    return {"range": {"sheetId": sheet_id, "dimension": "ROWS", "startIndex": start, "endIndex": end}}
+
+
+def _sort(sheet_id: int, descending: bool) -> dict[str, Any]:
+    order = "DESCENDING" if descending else "ASCENDING"
+    return {
+        "sortRange": {
+            "range": {"sheetId": sheet_id, "startRowIndex": 1},
+            "sortSpecs": [{"dimensionIndex": 0, "sortOrder": order}],
+        }
+    }
+
+
+def _edit(service: Any, sid: str, *requests: dict[str, Any]) -> None:
+    service.spreadsheets().batchUpdate(spreadsheetId=sid, body={"requests": list(requests)}).execute()
+
+
+def _rows(emulator: SheetsEmulator, sid: str) -> Snapshot:
+    return Snapshot.from_values(emulator.values(sid, "queue"))
+
+
+def _assert_rows_own_their_values(snapshot: Snapshot, written: set[str] | None = None) -> None:
+    """Each row's onceflow cells are empty or exactly what was written for that row's own URL."""
+    for row in snapshot.rows:
+        mine = _expected(row.url) if row.url.startswith("https://") else {}
+        cells = {k: row.get(k) for k in ("run_id", "score", "published_url")}
+        if written is not None and row.url in written:
+            assert cells == mine, f"row {row.number} ({row.url}) has {cells}"
+        else:
+            assert all(v in ("", mine.get(k)) for k, v in cells.items()), (
+                f"row {row.number} ({row.url}) has {cells}"
+            )
+
+
+def _setup(emulator: SheetsEmulator, n: int = 6) -> tuple[SheetQueue, EditorBeforeWrite, Any, str]:
+    urls = [f"https://a.example/{chr(97 + i)}" for i in range(n)]
+    sid = emulator.create_spreadsheet("articles", sheets={"queue": [HEADER, *([u, "NEW"] for u in urls)]})
+    transport = EditorBeforeWrite(anonymous_service(emulator.endpoint), sid)
+    return SheetQueue(transport, spread=1), transport, anonymous_service(emulator.endpoint), sid
+
+
+EDITS: dict[str, Callable[[int], list[dict[str, Any]]]] = {
+    "insert above": lambda sheet_id: [{"insertDimension": _dimension(sheet_id, 1, 3)}],
+    "delete above": lambda sheet_id: [{"deleteDimension": _dimension(sheet_id, 1, 3)}],
+    "sort": lambda sheet_id: [_sort(sheet_id, descending=True)],
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_a_write_reaches_its_row_when_rows_move_between_locating_and_writing(
+    sheets_emulator: SheetsEmulator, edit: str
+) -> None:
+    queue, transport, editor, sid = _setup(sheets_emulator)
+    claim = next(c for c in queue.claim(6).claims if c.url.endswith("/d"))
+    transport.before_write = lambda: _edit(editor, sid, *EDITS[edit](queue.sheet_id()))
+    transport.calls.clear()
+    row = queue.write_fields(claim.token, _expected(claim.url))
+    assert transport.before_write is None, "the editor acted between the locating read and the write"
+    assert row.url == claim.url and row.token == claim.token
+    assert dict(transport.calls) == {
+        "values.batchGetByDataFilter": 1,
+        "values.batchUpdateByDataFilter": 1,
+    }
+    snapshot = _rows(sheets_emulator, sid)
+    assert claim.row_number != next(r.number for r in snapshot.rows if r.url == claim.url), "the row did move"
+    _assert_rows_own_their_values(snapshot, written={claim.url})
+
+
+def test_a_positional_write_under_the_same_interleaving_lands_on_the_wrong_row(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    """Why anchors: the old locate-by-read-then-write-by-A1 put the values into another row."""
+    queue, transport, editor, sid = _setup(sheets_emulator)
+    claim = next(c for c in queue.claim(6).claims if c.url.endswith("/d"))
+    located = queue.find(claim.token)
+    assert located is not None
+    transport.before_write = lambda: _edit(editor, sid, *EDITS["sort"](queue.sheet_id()))
+    transport.write_values([(f"queue!E{located.number}", [["0.5"]])])
+    victim = next(r for r in _rows(sheets_emulator, sid).rows if r.get("score") == "0.5")
+    assert victim.url != claim.url
+
+
+def test_a_write_for_a_row_the_editor_deletes_meanwhile_lands_nowhere(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    queue, transport, editor, sid = _setup(sheets_emulator)
+    claim = next(c for c in queue.claim(6).claims if c.url.endswith("/d"))
+    before = _rows(sheets_emulator, sid)
+    index = next(r.number for r in before.rows if r.url == claim.url) - 1
+    transport.before_write = lambda: _edit(
+        editor, sid, {"deleteDimension": _dimension(queue.sheet_id(), index, index + 1)}
+    )
+    with pytest.raises(LookupError):
+        queue.write_fields(claim.token, _expected(claim.url))
+    after = _rows(sheets_emulator, sid)
+    assert claim.url not in {r.url for r in after.rows}
+    assert all(not r.get("score") and not r.get("run_id") and not r.get("published_url") for r in after.rows)
+
+
+def test_reconcile_audits_a_repair_whose_row_was_deleted_and_writes_nothing_elsewhere(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    queue, transport, editor, sid = _setup(sheets_emulator)
+    claims = {c.url: c for c in queue.claim(6).claims}
+    victim = claims["https://a.example/c"]
+    wrong = _expected("https://a.example/f")["run_id"]  # another article's run id in this row
+    row = queue.find(victim.token)
+    assert row is not None
+    editor.spreadsheets().values().update(
+        spreadsheetId=sid, range=f"queue!D{row.number}", valueInputOption="RAW", body={"values": [[wrong]]}
+    ).execute()
+    now = datetime.now(timezone.utc)
+    plan = reconcile.plan(
+        queue.snapshot(),
+        now=now,
+        lease=timedelta(hours=1),
+        version="v1",
+        run_state=lambda _: "running",
+        audit=[],
+    )
+    assert [(a.kind, a.row.url) for a in plan.actions] == [("rewrite", victim.url)]
+    # the editor deletes the row after reconcile read it, before its write
+    index = row.number - 1
+    transport.before_write = lambda: _edit(
+        editor, sid, {"deleteDimension": _dimension(queue.sheet_id(), index, index + 1)}
+    )
+    entries = reconcile.apply(plan.actions, queue, now=now, create_run=lambda *a: "created")
+    assert [(e["action"], e["reason"], e["claim_token"]) for e in entries] == [
+        ("skipped", reconcile.ROW_GONE, victim.token)
+    ]
+    audit = queue.read_audit()
+    assert [(e["action"], e["reason"], e["url"]) for e in audit] == [
+        ("skipped", reconcile.ROW_GONE, victim.url)
+    ]
+    after = _rows(sheets_emulator, sid)
+    assert victim.url not in {r.url for r in after.rows}
+    assert all(not r.get("run_id") for r in after.rows), "the repair was not written into another row"
+
+
+def test_eight_claimers_write_their_rows_while_an_editor_inserts_deletes_and_sorts(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    n = 96
+    urls = [f"https://m.example/{i:03d}" for i in range(n)]
+    rng = random.Random(3)
+    rng.shuffle(urls)
+    sid = sheets_emulator.create_spreadsheet(
+        "articles", sheets={"queue": [HEADER, *([u, "NEW"] for u in urls)]}
+    )
+    sheet_id = GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid).sheet_ids()["queue"]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    claimed: list[str] = []
+    lock = threading.Lock()
+    edits = [0]
+
+    def editor() -> None:
+        svc = anonymous_service(sheets_emulator.endpoint)
+        k = 0
+        while not stop.is_set():
+            at = 1 + k % 9
+            # an editor row in the middle, a sort, then that row (found by its text) deleted again
+            _edit(svc, sid, {"insertDimension": _dimension(sheet_id, at, at + 1)})
+            svc.spreadsheets().values().update(
+                spreadsheetId=sid,
+                range=f"queue!A{at + 1}",
+                valueInputOption="RAW",
+                body={"values": [[f"editor {k}", "HOLD"]]},
+            ).execute()
+            _edit(svc, sid, _sort(sheet_id, descending=k % 2 == 0))
+            col = svc.spreadsheets().values().get(spreadsheetId=sid, range="queue!A:A").execute()["values"]
+            where = next(i for i, v in enumerate(col) if v and v[0] == f"editor {k}")
+            _edit(svc, sid, {"deleteDimension": _dimension(sheet_id, where, where + 1)})
+            k += 1
+            edits[0] = k
+
+    def claimer(seed: int) -> None:
+        try:
+            queue = SheetQueue(
+                GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid),
+                rng=random.Random(seed),
+            )
+            while True:
+                claims = queue.claim(4).claims
+                if not claims and not _has_new(queue):
+                    return
+                for claim in claims:
+                    queue.write_fields(claim.token, _expected(claim.url))
+                    with lock:
+                        claimed.append(claim.url)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    edit = threading.Thread(target=editor)
+    edit.start()
+    workers = [threading.Thread(target=claimer, args=(i,)) for i in range(8)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    stop.set()
+    edit.join()
+    assert not errors, errors
+    assert edits[0] >= 2, "the editor really moved rows during the run"
+    assert sorted(claimed) == sorted(urls), "every row claimed exactly once"
+    final = _rows(sheets_emulator, sid)
+    assert sorted(r.url for r in final.rows) == sorted(urls)
+    _assert_rows_own_their_values(final, written=set(urls))
+
+
+def _has_new(queue: SheetQueue) -> bool:
+    return any(r.status is not None and r.status.value == "NEW" for r in queue.snapshot().rows)

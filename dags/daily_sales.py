@@ -9,15 +9,16 @@ import datetime as dt
 from typing import Any
 
 import pendulum
-from airflow.sdk import Asset, CronDataIntervalTimetable, dag, task
+from airflow.sdk import CronDataIntervalTimetable, dag, task
 
 from onceflow.notifications.deadline import daily_load_deadline
 from onceflow.operators.partition import PartitionOverwriteOperator
+from onceflow.priority import NightlyFirstWeightStrategy
 from onceflow.sales.config import SalesConfig
 
 CONFIG = SalesConfig.from_env()
 POOL = "onceflow_warehouse"
-SALES_ASSET = Asset(name=f"onceflow.warehouse.{CONFIG.table}", uri=CONFIG.asset_uri)
+SALES_ASSET = CONFIG.asset()
 
 DOC = f"""
 ### daily_sales
@@ -48,6 +49,8 @@ Backfill: `airflow backfill create --dag-id daily_sales --from-date 2024-01-01 -
         "retries": CONFIG.retries,
         "retry_delay": dt.timedelta(minutes=5),
         "pool": POOL,
+        # Tonight's run outranks backfill days when they wait for the same pool slots.
+        "weight_rule": NightlyFirstWeightStrategy(),
     },
     tags=["onceflow", "sales", "warehouse"],
     doc_md=DOC,

@@ -10,14 +10,14 @@ import datetime as dt
 import os
 
 import pendulum
-from airflow.sdk import Asset, dag
+from airflow.sdk import dag
 
 from onceflow.operators.dashboard import SalesDashboardOperator
 from onceflow.sales.config import SalesConfig
 
 CONFIG = SalesConfig.from_env()
 # The Asset that daily_sales' load task lists as its outlet (same name and URI).
-SALES_ASSET = Asset(name=f"onceflow.warehouse.{CONFIG.table}", uri=CONFIG.asset_uri)
+SALES_ASSET = CONFIG.asset()
 # Empty means $AIRFLOW_HOME/onceflow/dashboard, resolved when the task runs.
 OUTPUT_DIR = os.environ.get("ONCEFLOW_DASHBOARD_DIR") or None
 

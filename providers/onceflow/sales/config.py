@@ -13,6 +13,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow.sdk import Asset
+
 import dataclasses
 import datetime as dt
 import os
@@ -46,6 +51,12 @@ class SalesConfig:
         validate_table_name(config.table)
         ZoneInfo(config.timezone)  # fails loudly on a typo
         return config
+
+    def asset(self) -> Asset:
+        """The Asset of the loaded table: daily_sales' load emits it, sales_dashboard is scheduled on it."""
+        from airflow.sdk import Asset
+
+        return Asset(name=f"onceflow.warehouse.{self.table}", uri=self.asset_uri)
 
     @property
     def asset_uri(self) -> str:

@@ -17,7 +17,8 @@ run), always with the deterministic run id `sheet__<row key>__<processing versio
 refuses a second run for the same article.
 
 The run's conf carries the row's claim token; every task finds the row **by that token**, never
-by its position (the editor may sort, insert and delete rows at any time).
+by its position (the editor may sort, insert and delete rows at any time): reads and writes go
+through the row anchor (developer metadata `onceflow.claim = <token>`) the claim put on the row.
 
 **Status: first step only.** `read_claimed_row` reads the claimed row back from the sheet by
 token, checks that its URL is the one the run was created for, and records the run id beside it.
@@ -54,7 +55,7 @@ def article_pipeline() -> None:
             raise ValueError("run conf has no claim_token: article_pipeline runs are created by sheet_claim")
         hook = SheetQueueHook(spreadsheet_id=conf.get("spreadsheet_id"), sheet=conf.get("sheet"))
         queue = hook.queue(str(conf.get("processing_version", "v1")))
-        row = queue.find(token)
+        row = queue.locate(token)  # through the row anchor: one small read, any sheet size
         if row is None:
             raise LookupError(f"no row of the queue carries claim token {token!r}: the claim was removed")
         verdict = judge_url(row)

@@ -49,6 +49,18 @@ class EditorBeforeWrite(GoogleSheetsTransport):
         super().write_values(data)
 
 
+class EditorBeforeBatch(GoogleSheetsTransport):
+    """Lets the editor act once, just before the next ``spreadsheets.batchUpdate`` is sent."""
+
+    before_batch: Callable[[], None] | None = None
+
+    def batch_update(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.before_batch is not None:
+            action, self.before_batch = self.before_batch, None
+            action()
+        return super().batch_update(requests)
+
+
 def _expected(url: str) -> dict[str, str]:
     """The values this test writes for a URL: derived from the URL, so any misplacement shows."""
     key = row_key(normalise_url(url))
@@ -272,3 +284,74 @@ def test_eight_claimers_write_their_rows_while_an_editor_inserts_deletes_and_sor
 
 def _has_new(queue: SheetQueue) -> bool:
     return any(r.status is not None and r.status.value == "NEW" for r in queue.snapshot().rows)
+
+
+def _anchors(emulator: SheetsEmulator, sid: str, token: str) -> list[int]:
+    """Rows (1-based) carrying an anchor for ``token``, straight from the emulator's state."""
+    with emulator.server.store.lock:
+        book = emulator.server.store.get(sid)
+        return sorted(m.index + 1 for m in book.all_metadata() if m.value == token and m.index is not None)
+
+
+def test_a_claim_made_before_anchors_is_adopted_on_its_first_write(sheets_emulator: SheetsEmulator) -> None:
+    token = "20260101T000000Z-00000000aa"
+    rows = [HEADER, ["https://a.example/a", "NEW"], ["https://a.example/b", f"PROCESSING #{token}"]]
+    sid = sheets_emulator.create_spreadsheet("articles", sheets={"queue": rows})
+    transport = EditorBeforeWrite(anonymous_service(sheets_emulator.endpoint), sid)
+    queue = SheetQueue(transport, spread=1)
+    assert _anchors(sheets_emulator, sid, token) == []
+    queue.write_fields(token, _expected("https://a.example/b"))
+    assert _anchors(sheets_emulator, sid, token) == [3]
+    _assert_rows_own_their_values(_rows(sheets_emulator, sid), written={"https://a.example/b"})
+    transport.calls.clear()
+    queue.write_fields(token, {"score": "0.1"})
+    assert dict(transport.calls) == {"values.batchGetByDataFilter": 1, "values.batchUpdateByDataFilter": 1}
+
+
+def test_an_anchor_left_on_a_row_whose_cells_were_cut_and_pasted_elsewhere_is_dropped(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    """Cut and paste moves values, not row metadata: the write must follow the token, not the anchor."""
+    queue, _, editor, sid = _setup(sheets_emulator, n=3)
+    claim = next(c for c in queue.claim(3).claims if c.url.endswith("/a"))
+    snapshot = _rows(sheets_emulator, sid)
+    a = next(r for r in snapshot.rows if r.url == claim.url)
+    # the editor swaps rows a and c by pasting values (row metadata stays where it was)
+    c = next(r for r in snapshot.rows if r.url.endswith("/c"))
+    editor.spreadsheets().values().batchUpdate(
+        spreadsheetId=sid,
+        body={
+            "valueInputOption": "RAW",
+            "data": [
+                {"range": f"queue!A{a.number}:B{a.number}", "values": [[c.url, c.status_cell.raw]]},
+                {"range": f"queue!A{c.number}:B{c.number}", "values": [[a.url, a.status_cell.raw]]},
+            ],
+        },
+    ).execute()
+    queue.write_fields(claim.token, _expected(claim.url))
+    assert _anchors(sheets_emulator, sid, claim.token) == [c.number], (
+        "stray anchor dropped, token's row adopted"
+    )
+    _assert_rows_own_their_values(_rows(sheets_emulator, sid), written={claim.url})
+
+
+def test_a_claim_batch_refused_because_rows_were_deleted_under_it_is_made_again(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    """An anchor cannot be created past the end of the sheet: the batch is refused whole, nothing
+    is applied, and the claim starts again from a fresh read."""
+    urls = ["https://a.example/a", "https://a.example/b", "https://a.example/c"]
+    sid = sheets_emulator.create_spreadsheet(
+        "articles", sheets={"queue": [HEADER, *([u, "NEW"] for u in urls)]}
+    )
+    transport = EditorBeforeBatch(anonymous_service(sheets_emulator.endpoint), sid)
+    queue = SheetQueue(transport, spread=1)
+    editor = anonymous_service(sheets_emulator.endpoint)
+    sheet_id = queue.sheet_id()
+    _edit(editor, sid, {"deleteDimension": _dimension(sheet_id, 4, 1000)})  # the grid ends at row 4
+    transport.before_batch = lambda: _edit(editor, sid, {"deleteDimension": _dimension(sheet_id, 1, 2)})
+    result = queue.claim(3)
+    assert transport.calls["spreadsheets.batchUpdate"] == 2, "the first claim batch was refused"
+    assert sorted(c.url for c in result.claims) == urls[1:]
+    for claim in result.claims:
+        assert _anchors(sheets_emulator, sid, claim.token) == [claim.row_number]

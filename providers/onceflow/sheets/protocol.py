@@ -13,10 +13,13 @@
    token in the verification read*, never for the row we intended. Nothing is created before this.
 4. Rows that turn out INVALID or DUPLICATE get their reason and final status by token.
 
-Later writes find the row by token: status changes are ``findReplace`` over the whole status
-column keyed by ``<STATUS> #<token>`` (position-free and fenced: it applies only if the row is
-still in the expected state); other cells are located by token in a fresh read, written, and
-checked by reading back. ``docs/sheet-queue.md`` has the argument and its assumptions.
+The claim batch also anchors each claimed row with developer metadata ``onceflow.claim = <token>``
+(same position, same atomic batch as the claim, so it lands on the row the claim changed). Later
+writes find the row by token: status changes are ``findReplace`` over the whole status column
+keyed by ``<STATUS> #<token>`` (position-free and fenced: it applies only if the row is still in
+the expected state); other cells go through ``values.batchUpdateByDataFilter`` on the anchor,
+which the server resolves to the row wherever it has moved. ``docs/sheet-queue.md`` has the
+argument and its assumptions.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from onceflow.sheets.model import (
     status_value,
     token_time,
 )
-from onceflow.sheets.retry import Backoff, RetryableError, ServerError
+from onceflow.sheets.retry import Backoff, Refused, RetryableError, ServerError
 from onceflow.sheets.validation import classify_claimed, classify_new_rows
 
 if TYPE_CHECKING:
@@ -246,16 +249,30 @@ class SheetQueue:
         ][:limit]
         return chosen, bad
 
-    def claim(self, limit: int) -> ClaimResult:
+    def claim(self, limit: int, attempts: int = 3) -> ClaimResult:
         """Claim up to ``limit`` NEW rows; also claim and mark (up to ``limit``) bad NEW rows.
 
         Costs one read and one ``batchUpdate`` whatever ``limit`` and the sheet size, plus one
-        verification read when the write's outcome is unknown or some row moved, and two more
-        writes when some claimed rows turn out INVALID or DUPLICATE.
+        verification read when the write's outcome is unknown or some row moved, one write to
+        drop the row anchors of lost claims, and two more writes when some claimed rows turn out
+        INVALID or DUPLICATE.
 
         :param limit: most rows to claim for work.
+        :param attempts: tries when the claim batch is refused (400) because rows were deleted
+            under it so that an aimed-at row is past the end of the sheet; nothing was applied,
+            so the claim starts again from a fresh read.
         :return: the rows won (create their runs now) and the rows rejected.
         """
+        for attempt in range(attempts):
+            try:
+                return self._claim_once(limit)
+            except Refused as err:
+                if attempt + 1 == attempts:
+                    raise
+                log.warning("claim batch refused (%s); nothing applied, reading again", err)
+        raise AssertionError("unreachable")
+
+    def _claim_once(self, limit: int) -> ClaimResult:
         result = ClaimResult()
         snapshot = self.snapshot()
         if snapshot.columns is None or limit <= 0:

@@ -33,6 +33,12 @@ class QuotaExceeded(RetryableError):
     """HTTP 429: the request was refused and not applied; safe to repeat after a pause."""
 
 
+class Refused(Exception):
+    """HTTP 400: the request was refused as invalid, and (every request being atomic) none of it
+    was applied. A claim batch gets this when rows were deleted under it, so that a row it aimed
+    at is past the end of the sheet (an anchor cannot be created there)."""
+
+
 class ServerError(Exception):
     """HTTP 5xx or a broken connection: a write may or may not have been applied.
 

@@ -3,7 +3,8 @@
 :class:`SheetsTransport` is what :class:`~onceflow.sheets.protocol.SheetQueue` needs;
 :class:`GoogleSheetsTransport` implements it with a google-api-python-client ``sheets`` service
 (from ``GSheetsHook.get_conn()`` in Airflow, or built directly in tests and benchmarks). It turns
-HTTP errors into :class:`~onceflow.sheets.retry.QuotaExceeded` (429, not applied) and
+HTTP errors into :class:`~onceflow.sheets.retry.QuotaExceeded` (429, not applied),
+:class:`~onceflow.sheets.retry.Refused` (400, not applied) and
 :class:`~onceflow.sheets.retry.ServerError` (5xx, maybe applied), and counts calls per method.
 The client library's own retries are switched off (``num_retries=0``): a blind retry of a claim
 write is exactly what makes its outcome ambiguous, so the protocol decides what to repeat.
@@ -16,7 +17,7 @@ from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
-from onceflow.sheets.retry import QuotaExceeded, ServerError
+from onceflow.sheets.retry import QuotaExceeded, Refused, ServerError
 
 
 class SheetsTransport(Protocol):
@@ -91,6 +92,8 @@ class GoogleSheetsTransport:
                 raise QuotaExceeded(f"{method}: 429 {err}", retry_after) from err
             if status >= 500:
                 raise ServerError(f"{method}: {status} {err}", retry_after) from err
+            if status == 400:
+                raise Refused(f"{method}: 400 {err}") from err
             raise
         except (TimeoutError, OSError) as err:  # connection reset after the request was sent
             raise ServerError(f"{method}: {err!r}") from err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -12,14 +14,25 @@ from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 from onceflow.testing.sheets_emulator.cells import Formula
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from onceflow.testing.sheets_fixtures import SheetsEmulator
 
 HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
 
 
+def _ticking_clock() -> Callable[[], datetime]:
+    """One second later at every call: claims made one after the other never share a token
+    second, so "the earliest claim owns the URL" does not fall to the tokens' random suffixes."""
+    ticks = itertools.count()
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    return lambda: start + timedelta(seconds=next(ticks))
+
+
 def _queue(emulator: SheetsEmulator, rows: list[list[Any]], **options: Any) -> tuple[SheetQueue, str]:
     sid = emulator.create_spreadsheet("articles", sheets={"queue": rows}, **options)
-    return SheetQueue(GoogleSheetsTransport(anonymous_service(emulator.endpoint), sid), spread=1), sid
+    transport = GoogleSheetsTransport(anonymous_service(emulator.endpoint), sid)
+    return SheetQueue(transport, spread=1, clock=_ticking_clock()), sid
 
 
 def _rows(emulator: SheetsEmulator, sid: str) -> Snapshot:

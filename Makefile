@@ -8,12 +8,13 @@ UV := $(PYTHON) -m uv
 export UV_PYTHON_DOWNLOADS := never
 PYTEST_ARGS ?=
 
-.PHONY: help install system-deps lint format test test-fast test-slow bench run clean
+.PHONY: help install system-deps lint format test test-fast test-slow bench bench-quick run clean
 
 help:
 	@echo "make run    start Airflow on embedded defaults (SQLite, Sheets emulator) with this repo's DAGs"
 	@echo "make test   lint + the whole test suite (set ONCEFLOW_TEST_DATABASE_URL for PostgreSQL)"
-	@echo "make lint   ruff + mypy only;  make bench  benchmarks;  make test-slow  the slow suite"
+	@echo "make lint   ruff + mypy only;  make test-slow  the slow suite"
+	@echo "make bench  every benchmark at full size (hours);  make bench-quick  the same at small sizes"
 
 $(VENV)/.synced: pyproject.toml uv.lock
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet --disable-pip-version-check "uv>=0.5"
@@ -46,6 +47,15 @@ test-slow: install
 
 bench: install
 	@set -e; for b in benchmarks/bench_*.py; do echo "=== $$b"; $(PY) $$b; done
+
+# The same comparisons at small sizes: minutes instead of hours (the 730-day backfill alone is ~2 h).
+bench-quick: install
+	$(PY) benchmarks/bench_dag_parse.py --repeat 3
+	$(PY) benchmarks/bench_sheet_claims.py --quick
+	$(PY) benchmarks/bench_ledger_claims.py --items 2000 --claimers 1,4,16
+	$(PY) benchmarks/bench_partition_load.py --rows 100000
+	$(PY) benchmarks/bench_depends_on_past.py --quick
+	$(PY) benchmarks/bench_backfill.py --quick
 
 run: install
 	$(VENV)/bin/onceflow up --home .onceflow

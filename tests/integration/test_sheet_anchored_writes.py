@@ -10,6 +10,9 @@ inserts, deletes and sorts rows, and every row must end with exactly its own val
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+import textwrap
 import threading
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -211,8 +214,56 @@ def test_reconcile_audits_a_repair_whose_row_was_deleted_and_writes_nothing_else
     assert all(not r.get("run_id") for r in after.rows), "the repair was not written into another row"
 
 
+PROCESS_CLAIMER = textwrap.dedent(
+    """
+    import random, sys
+    from onceflow.sheets.keys import normalise_url, pipeline_run_id, row_key
+    from onceflow.sheets.model import Status
+    from onceflow.sheets.protocol import SheetQueue
+    from onceflow.sheets.retry import Backoff
+    from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+
+    endpoint, sid, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    queue = SheetQueue(GoogleSheetsTransport(anonymous_service(endpoint), sid),
+                       backoff=Backoff(base=0.05, cap=1.0, attempts=30), rng=random.Random(seed))
+    while True:
+        claims = queue.claim(4).claims
+        if not claims and not any(r.status is Status.NEW for r in queue.snapshot().rows):
+            break
+        for c in claims:
+            key = row_key(normalise_url(c.url))  # the same values as _expected() in the test
+            queue.write_fields(c.token, {"run_id": pipeline_run_id(key, "v1"), "score": f"0.{key[:6]}",
+                                         "published_url": f"https://pub.example/{key}"})
+            print(c.url, flush=True)
+    """
+)
+
+
+def _process_claimers(emulator: SheetsEmulator, sid: str, claimed: list[str]) -> None:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROCESS_CLAIMER, emulator.endpoint, sid, str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(8)
+    ]
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err[-3000:]
+            claimed.extend(line for line in out.splitlines() if line.strip())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.mark.parametrize("mode", ["threads", "processes"])
 def test_eight_claimers_write_their_rows_while_an_editor_inserts_deletes_and_sorts(
-    sheets_emulator: SheetsEmulator,
+    sheets_emulator: SheetsEmulator, mode: str
 ) -> None:
     n = 96
     urls = [f"https://m.example/{i:03d}" for i in range(n)]
@@ -229,6 +280,12 @@ def test_eight_claimers_write_their_rows_while_an_editor_inserts_deletes_and_sor
     edits = [0]
 
     def editor() -> None:
+        try:
+            edit_rows()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def edit_rows() -> None:
         svc = anonymous_service(sheets_emulator.endpoint)
         k = 0
         while not stop.is_set():
@@ -267,19 +324,32 @@ def test_eight_claimers_write_their_rows_while_an_editor_inserts_deletes_and_sor
 
     edit = threading.Thread(target=editor)
     edit.start()
-    workers = [threading.Thread(target=claimer, args=(i,)) for i in range(8)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
-    stop.set()
-    edit.join()
+    try:
+        if mode == "processes":
+            _process_claimers(sheets_emulator, sid, claimed)
+        else:
+            workers = [threading.Thread(target=claimer, args=(i,)) for i in range(8)]
+            for t in workers:
+                t.start()
+            for t in workers:
+                t.join()
+    finally:
+        stop.set()
+        edit.join()
     assert not errors, errors
     assert edits[0] >= 2, "the editor really moved rows during the run"
     assert sorted(claimed) == sorted(urls), "every row claimed exactly once"
     final = _rows(sheets_emulator, sid)
     assert sorted(r.url for r in final.rows) == sorted(urls)
     _assert_rows_own_their_values(final, written=set(urls))
+    # every anchor sits on the row carrying its token, and each claimed row has exactly one:
+    # lost claims' anchors were all cleaned up
+    with sheets_emulator.server.store.lock:
+        metas = sheets_emulator.server.store.get(sid).all_metadata()
+    anchored = sorted(
+        (m.index + 1, m.value) for m in metas if m.key == "onceflow.claim" and m.index is not None
+    )
+    assert anchored == sorted((r.number, r.token) for r in final.rows)
 
 
 def _has_new(queue: SheetQueue) -> bool:

@@ -10,7 +10,13 @@ from __future__ import annotations
 from onceflow.ledger.clock import Clock, SystemClock
 from onceflow.ledger.core import Ledger
 from onceflow.ledger.db import create_ledger_engine
-from onceflow.ledger.errors import IllegalTransition, LedgerError, StaleFenceError, UnknownWorkItem
+from onceflow.ledger.errors import (
+    IllegalTransition,
+    LeaseHeld,
+    LedgerError,
+    StaleFenceError,
+    UnknownWorkItem,
+)
 from onceflow.ledger.models import FollowUp, Lease, ResultRecord, TransitionRecord, WorkItem
 
 __all__ = [
@@ -18,6 +24,7 @@ __all__ = [
     "FollowUp",
     "IllegalTransition",
     "Lease",
+    "LeaseHeld",
     "Ledger",
     "LedgerError",
     "ResultRecord",

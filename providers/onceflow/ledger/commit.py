@@ -252,3 +252,25 @@ def mark_invalid(engine: Engine, lease: Lease, *, reason: str, now: float) -> No
             )
             return
     raise _refuse(engine, lease, item, now, "invalid-input report")
+
+
+def record_refusal(engine: Engine, lease: Lease, *, now: float, what: str) -> bool:
+    """Record that a sink refused ``lease``'s write (``commit_refused``), if the lease is stale here too.
+
+    :return: ``False`` (nothing written) when ``lease`` is still the item's current lease.
+    """
+    with engine.begin() as conn:
+        item = items.lock_item(conn, lease.work_key)
+        if item is None:
+            raise UnknownWorkItem(lease.work_key)
+        if item["state"] == states.LEASED and item["fencing_token"] == lease.token:
+            return False
+        items.apply(
+            conn,
+            item,
+            "commit_refused",
+            states.WORKER,
+            {"now": now, "token": lease.token, "reason": f"{what} (stale token {lease.token})"[:2000]},
+            owner=lease.owner,
+        )
+    return True

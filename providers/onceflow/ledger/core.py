@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from onceflow.ledger import commit, items, leases, migrations, schema, states
+from onceflow.ledger import commit, items, keyed, leases, migrations, schema, states
 from onceflow.ledger.clock import Clock, SystemClock
 from onceflow.ledger.db import prepare_engine
 from onceflow.ledger.errors import IllegalTransition, UnknownWorkItem
@@ -131,6 +131,50 @@ class Ledger:
             lease._ledger = self
         return lease
 
+    def lease_key(
+        self,
+        kind: str,
+        work_key: str,
+        owner: str,
+        lease_seconds: float,
+        worker_version: str,
+        *,
+        reopen_reason: str,
+        payload: Any = None,
+    ) -> Lease:
+        """Lease the named item, creating it or re-opening it (``recheck``) when it finished.
+
+        :raises LeaseHeld: another owner's lease is current.
+        """
+        lease = keyed.lease_key(
+            self.engine,
+            kind=kind,
+            work_key=work_key,
+            owner=owner,
+            lease_seconds=lease_seconds,
+            worker_version=worker_version,
+            now=self.clock.now(),
+            payload=payload,
+            reopen_reason=reopen_reason,
+        )
+        lease._ledger = self
+        return lease
+
+    def record_result(
+        self, work_key: str, step: str, processing_version: str, token: int, payload: Any, *, reason: str
+    ) -> bool:
+        """Reconciler: record a result a sink committed under ``token``; ``False`` if nothing to do."""
+        return keyed.record_result(
+            self.engine,
+            work_key=work_key,
+            step=step,
+            processing_version=processing_version,
+            token=token,
+            payload=payload,
+            now=self.clock.now(),
+            reason=reason,
+        )
+
     def heartbeat(self, lease: Lease, lease_seconds: float | None = None) -> Lease:
         """Extend ``lease``; raises ``StaleFenceError`` when a newer lease exists."""
         return leases.heartbeat(self.engine, lease, now=self.clock.now(), lease_seconds=lease_seconds)
@@ -160,6 +204,10 @@ class Ledger:
             complete=complete,
             reason=reason,
         )
+
+    def record_refusal(self, lease: Lease, what: str) -> bool:
+        """Record a sink's refusal of ``lease``'s write as ``commit_refused`` (only if stale)."""
+        return commit.record_refusal(self.engine, lease, now=self.clock.now(), what=what)
 
     def fail(self, lease: Lease, error: BaseException | str, *, backoff_seconds: float | None = None) -> str:
         """Transient failure: retry later or give up after ``max_attempts``; returns the new state."""

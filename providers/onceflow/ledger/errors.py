@@ -40,3 +40,17 @@ class StaleFenceError(LedgerError):
 
 class UnknownWorkItem(LedgerError):
     """No work item has this key."""
+
+
+class LeaseHeld(LedgerError):
+    """Another owner holds a current lease on the item asked for by key; try again later."""
+
+    def __init__(self, work_key: str, owner: str | None, token: int, expires_at: float | None) -> None:
+        self.work_key = work_key
+        self.owner = owner
+        self.token = token
+        self.expires_at = expires_at
+        super().__init__(
+            f"{work_key!r} is leased to {owner!r} (token {token}) until {expires_at}; retry after it "
+            "commits or its lease expires"
+        )

@@ -189,6 +189,15 @@ STATE_TABLE: tuple[Transition, ...] = (
         "Reconciliation: a committed result's promised follow-up was missing and was re-created.",
     ),
     _t(
+        "record_result",
+        {PENDING, LEASED, DONE},
+        DONE,
+        {RECONCILER},
+        ("result_written", "has_reason"),
+        False,
+        "Reconciliation: a sink committed a result (e.g. a warehouse load) that the ledger missed.",
+    ),
+    _t(
         "correct",
         {NEEDS_CORRECTION},
         PENDING,

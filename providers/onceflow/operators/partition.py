@@ -36,6 +36,9 @@ class PartitionOverwriteOperator(BaseOperator):
     :param bigquery_project: project when the warehouse is BigQuery (default: the connection's).
     :param bigquery_location: BigQuery job location.
     :param audit_conn_id: SQL connection keeping ``load_audit``/leases for a BigQuery warehouse.
+    :param ledger_conn_id: work ledger connection: the ledger owns the partition's lease and its
+        fencing token, and records the load's result. ``None``: the warehouse's own lease table
+        fences (the behaviour before the ledger).
     """
 
     template_fields: Sequence[str] = ("partition", "staging_dir", "table")
@@ -49,12 +52,13 @@ class PartitionOverwriteOperator(BaseOperator):
         table: str = "daily_sales",
         warehouse_conn_id: str = "onceflow_warehouse",
         max_reject_ratio: float = 0.05,
-        lease_seconds: int = 3600,
+        lease_seconds: int = 120,
         load_method: str = "auto",
         bigquery_dataset: str | None = None,
         bigquery_project: str | None = None,
         bigquery_location: str | None = None,
         audit_conn_id: str | None = None,
+        ledger_conn_id: str | None = "onceflow_ledger",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -69,9 +73,9 @@ class PartitionOverwriteOperator(BaseOperator):
         self.bigquery_project = bigquery_project
         self.bigquery_location = bigquery_location
         self.audit_conn_id = audit_conn_id
+        self.ledger_conn_id = ledger_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
 
         from onceflow.hooks.warehouse import WarehouseHook
         from onceflow.sales.partitions import validate_partition, validate_table_name
@@ -93,13 +97,78 @@ class PartitionOverwriteOperator(BaseOperator):
                 "a BigQuery warehouse needs audit_conn_id: a SQL database for load_audit and leases"
             )
         store = audit_hook.get_store(self.table)
-        lease = store.acquire_lease(
+        run_id, try_number = context["run_id"], context["ti"].try_number
+        if self.ledger_conn_id is None:
+            lease = store.acquire_lease(
+                day, run_id=run_id, try_number=try_number, lease_seconds=self.lease_seconds
+            )
+            self.log.info("partition %s of %s: fence token %s", day, self.table, lease.fence_token)
+            audit = self._load(store, warehouse, lease, staged, day, bigquery)
+        else:
+            audit = self._load_through_ledger(context, store, warehouse, staged, day, bigquery)
+        self.log.info(
+            "loaded %s rows into %s partition %s, checksum %s",
+            audit.row_count,
+            self.table,
             day,
-            run_id=context["run_id"],
-            try_number=context["ti"].try_number,
-            lease_seconds=self.lease_seconds,
+            audit.checksum,
         )
-        self.log.info("partition %s of %s: fence token %s", day, self.table, lease.fence_token)
+        self._annotate_outlets(context, audit)
+        return {
+            "table": audit.table_name,
+            "partition": audit.partition_key,
+            "row_count": audit.row_count,
+            "reject_count": audit.reject_count,
+            "checksum": audit.checksum,
+            "fence_token": audit.fence_token,
+        }
+
+    def _load_through_ledger(
+        self, context: Context, store: Any, warehouse: Any, staged: Any, day: Any, bigquery: bool
+    ) -> AuditRecord:
+        """Ledger lease -> token registered in the warehouse -> fenced overwrite -> ledger commit.
+
+        The warehouse commit is the authority; a crash before the ledger commit is repaired by the
+        ledger reconciler (``onceflow.ledger.partition_checks``) or by the task's retry.
+        """
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onceflow.hooks.ledger import LedgerHook
+        from onceflow.ledger import LeaseHeld
+        from onceflow.ledger.partition_loads import load_partition
+        from onceflow.sales.partition_store import PartitionLeaseHeld
+
+        ti = context["ti"]
+        run_id, try_number = context["run_id"], ti.try_number
+        owner = f"{getattr(ti, 'dag_id', None) or self.dag_id}/{run_id}/{try_number}"
+        assert self.ledger_conn_id is not None
+        ledger = LedgerHook(self.ledger_conn_id).get_ledger()
+        try:
+            return load_partition(
+                ledger,
+                store,
+                partition=day,
+                owner=owner,
+                run_id=run_id,
+                try_number=try_number,
+                processing_version=staged.processing_version,
+                lease_seconds=self.lease_seconds,
+                write=lambda lease: self._load(store, warehouse, lease, staged, day, bigquery),
+                permanent=lambda exc: isinstance(exc, AirflowFailException),
+            )
+        except LeaseHeld as exc:
+            raise PartitionLeaseHeld(str(exc)) from exc
+
+    def _load(
+        self,
+        store: Any,
+        warehouse: Any,
+        lease: Any,
+        staged: Any,
+        day: Any,
+        bigquery: bool,
+    ) -> AuditRecord:
+        from airflow.sdk.exceptions import AirflowFailException
 
         if staged.reject_ratio > self.max_reject_ratio:
             store.record_rejects(lease, staged.rejects)
@@ -130,24 +199,9 @@ class PartitionOverwriteOperator(BaseOperator):
                 staged.rows,
                 staged.rejects,
                 processing_version=staged.processing_version,
-                method=self.load_method,  # type: ignore[arg-type]
+                method=self.load_method,
             )
-        self.log.info(
-            "loaded %s rows into %s partition %s, checksum %s",
-            audit.row_count,
-            self.table,
-            day,
-            audit.checksum,
-        )
-        self._annotate_outlets(context, audit)
-        return {
-            "table": audit.table_name,
-            "partition": audit.partition_key,
-            "row_count": audit.row_count,
-            "reject_count": audit.reject_count,
-            "checksum": audit.checksum,
-            "fence_token": audit.fence_token,
-        }
+        return audit
 
     def _annotate_outlets(self, context: Context, audit: AuditRecord) -> None:
         """Put the partition and checksum into the extra of each outlet Asset's event."""

@@ -15,6 +15,12 @@ The protocol of one load attempt (one Airflow task try):
 A stale attempt (an older try, or an older run whose lease expired and was taken over) fails at
 step 2 with :class:`StaleAttemptError`, even if it already wrote its rows inside its own
 transaction: they are rolled back.
+
+**Ledger-fenced loads** (what ``PartitionOverwriteOperator`` does): the work ledger owns the lease
+and hands out the token; :meth:`PartitionStore.register_ledger_token` records it in ``load_fence``
+(the highest token registered and the highest committed, per partition) and step 2 refuses a
+token older than either, in the overwrite's transaction. ``load_lease`` then stays untouched:
+the two token sequences never mix.
 """
 
 from __future__ import annotations
@@ -44,6 +50,24 @@ class StaleAttemptError(RuntimeError):
     """This attempt no longer holds the partition's newest fence token; its write is refused."""
 
 
+def fence_table(metadata: sa.MetaData) -> sa.Table:
+    """``load_fence``: per partition, the newest ledger token registered and the newest committed."""
+    if "load_fence" in metadata.tables:
+        return metadata.tables["load_fence"]
+    return sa.Table(
+        "load_fence",
+        metadata,
+        sa.Column("table_name", sa.String(128), primary_key=True),
+        sa.Column("partition_key", sa.String(10), primary_key=True),
+        sa.Column("work_key", sa.String(200), nullable=False),
+        sa.Column("fence_token", sa.BigInteger, nullable=False),
+        sa.Column("committed_token", sa.BigInteger, nullable=False),
+        sa.Column("run_id", sa.String(250), nullable=False),
+        sa.Column("try_number", sa.Integer, nullable=False),
+        sa.Column("updated_at_utc", sa.DateTime, nullable=False),
+    )
+
+
 class PartitionLeaseHeld(RuntimeError):
     """Another run holds an unexpired lease on the partition; try again later."""
 
@@ -63,6 +87,9 @@ class Lease:
     run_id: str
     try_number: int
     expires_at_utc: dt.datetime
+    #: ``warehouse``: token from ``load_lease``; ``ledger``: the work ledger's token (``load_fence``).
+    fenced_by: str = "warehouse"
+    work_key: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +151,7 @@ class PartitionStore:
         self.metadata = sa.MetaData()
         self.table = sales_table(self.table_name, self.metadata)
         self.rejects, self.audit_table, self.lease_table = warehouse_tables(self.metadata)
+        self.fence = fence_table(self.metadata)
 
     @property
     def dialect(self) -> str:
@@ -199,7 +227,69 @@ class PartitionStore:
             )
         return Lease(self.table_name, partition, token, run_id, try_number, expires)
 
+    def _lock_fence(self, conn: Connection, key: str) -> Any:
+        ft = self.fence
+        stmt = sa.select(ft).where(ft.c.table_name == self.table_name, ft.c.partition_key == key)
+        if self.dialect == "postgresql":
+            stmt = stmt.with_for_update()
+        return conn.execute(stmt).one_or_none()
+
+    def register_ledger_token(
+        self, partition: dt.date, *, token: int, work_key: str, run_id: str, try_number: int
+    ) -> Lease:
+        """Record the work ledger's fencing token for this attempt (the ledger granted the lease).
+
+        From now on attempts with an older token are refused here, even before this one commits.
+
+        :raises StaleAttemptError: a newer token is registered or committed already.
+        """
+        key = partition_key(partition)
+        now = self.clock()
+        values = {
+            "table_name": self.table_name, "partition_key": key, "work_key": work_key, "fence_token": 0,
+            "committed_token": 0, "run_id": "", "try_number": 0, "updated_at_utc": now,
+        }  # fmt: skip
+        with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+                conn.execute(pg_insert(self.fence).values(**values).on_conflict_do_nothing())
+            else:
+                from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+                conn.execute(sqlite_insert(self.fence).values(**values).on_conflict_do_nothing())
+            row = self._lock_fence(conn, key)
+            newest = max(int(row.fence_token), int(row.committed_token))
+            if newest > token:
+                raise StaleAttemptError(
+                    f"{self.table_name} partition {key}: ledger token {token} of run {run_id!r} try "
+                    f"{try_number} is stale, token {newest} (run {row.run_id!r} try {row.try_number}) "
+                    "already took the partition"
+                )
+            ft = self.fence
+            conn.execute(
+                ft.update()
+                .where(ft.c.table_name == self.table_name, ft.c.partition_key == key)
+                .values(fence_token=token, work_key=work_key, run_id=run_id, try_number=try_number,
+                        updated_at_utc=now)
+            )  # fmt: skip
+        return Lease(self.table_name, partition, token, run_id, try_number, now, "ledger", work_key)
+
+    def _check_ledger_fence(self, conn: Connection, lease: Lease) -> None:
+        row = self._lock_fence(conn, partition_key(lease.partition))
+        newest = None if row is None else max(int(row.fence_token), int(row.committed_token))
+        if newest is None or newest > lease.fence_token:
+            who = "none" if row is None else f"{newest} (run {row.run_id!r} try {row.try_number})"
+            raise StaleAttemptError(
+                f"refusing to overwrite {self.table_name} partition {partition_key(lease.partition)}: "
+                f"run {lease.run_id!r} try {lease.try_number} holds ledger token {lease.fence_token}, "
+                f"the newest is {who}"
+            )
+
     def _check_fence(self, conn: Connection, lease: Lease) -> None:
+        if lease.fenced_by == "ledger":
+            self._check_ledger_fence(conn, lease)
+            return
         row = self._lock_lease(conn, partition_key(lease.partition))
         if row is None or int(row.fence_token) != lease.fence_token:
             newest = "none" if row is None else f"{row.fence_token} (run {row.run_id!r} try {row.try_number})"
@@ -258,7 +348,7 @@ class PartitionStore:
                 processing_version=processing_version,
                 loaded_at_utc=self.clock(),
             )
-            self._upsert_audit(conn, audit)
+            self._upsert_audit(conn, audit, lease)
         notify("committed")
         return audit
 
@@ -272,7 +362,8 @@ class PartitionStore:
             self._replace_rejects(
                 conn, partition_key(lease.partition), frame_records(rejects, REJECT_COLUMNS)
             )
-            self._release_key(conn, partition_key(lease.partition))
+            if lease.fenced_by == "warehouse":
+                self._release_key(conn, partition_key(lease.partition))
 
     def check_fence(self, lease: Lease) -> None:
         """Raise :class:`StaleAttemptError` unless ``lease`` still holds the newest token."""
@@ -309,7 +400,7 @@ class PartitionStore:
                 processing_version=processing_version,
                 loaded_at_utc=self.clock(),
             )
-            self._upsert_audit(conn, audit)
+            self._upsert_audit(conn, audit, lease)
         return audit
 
     def append(
@@ -401,8 +492,16 @@ class PartitionStore:
             .values(expires_at_utc=self.clock())
         )
 
-    def _upsert_audit(self, conn: Connection, audit: AuditRecord) -> None:
-        self._release_key(conn, audit.partition_key)
+    def _upsert_audit(self, conn: Connection, audit: AuditRecord, lease: Lease) -> None:
+        if lease.fenced_by == "ledger":
+            ft = self.fence
+            conn.execute(
+                ft.update()
+                .where(ft.c.table_name == self.table_name, ft.c.partition_key == audit.partition_key)
+                .values(committed_token=audit.fence_token, updated_at_utc=audit.loaded_at_utc)
+            )
+        else:
+            self._release_key(conn, audit.partition_key)
         at = self.audit_table
         values = dataclasses.asdict(audit)
         conn.execute(
@@ -446,6 +545,23 @@ class PartitionStore:
         )
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(stmt)]
+
+    def ledger_commits(self) -> list[tuple[str, AuditRecord]]:
+        """``(work_key, audit)`` of every partition whose current audit row a ledger token wrote."""
+        at, ft = self.audit_table, self.fence
+        stmt = (
+            sa.select(ft.c.work_key, at)
+            .join(ft, sa.and_(ft.c.table_name == at.c.table_name, ft.c.partition_key == at.c.partition_key,
+                              ft.c.committed_token == at.c.fence_token, ft.c.run_id == at.c.run_id))
+            .where(at.c.table_name == self.table_name)
+            .order_by(at.c.partition_key)
+        )  # fmt: skip
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        return [
+            (r.work_key, AuditRecord(**{k: v for k, v in r._asdict().items() if k != "work_key"}))
+            for r in rows
+        ]
 
     def audits(self) -> Iterator[AuditRecord]:
         """All audit rows of this table, by partition."""

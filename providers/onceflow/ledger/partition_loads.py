@@ -1,0 +1,116 @@
+"""Partition loads as ledger work: the commit protocol across the ledger and the warehouse.
+
+One partition of one table is one work item (kind ``partition_load``, key
+``daily_sales/2024-10-27``). An attempt (an Airflow task try, owner ``dag/run/try``):
+
+1. **lease** the item in the ledger (created, or re-opened when an earlier run finished it);
+   the ledger's fencing token is the attempt's proof of ownership; heartbeats while loading;
+2. **register** the token in the warehouse (``load_fence``): older tokens are refused from now on;
+3. **fenced overwrite** in the warehouse, the authority: one transaction checks that no newer
+   token was registered or committed, replaces the partition and writes ``load_audit``;
+4. **commit_result** in the ledger (fenced, idempotent): the item is ``done`` with
+   ``{row_count, checksum, partition, ...}``.
+
+A warehouse refusal is recorded in the ledger (``commit_refused``). A crash between 3 and 4 is
+repaired by the task's retry (it reloads the same rows under a newer token) or, when no retry
+comes, by :func:`onceflow.ledger.partition_checks.record_missing_results` in ``ledger_reconcile``.
+Nothing here imports Airflow.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from onceflow.ledger.errors import StaleFenceError
+from onceflow.ledger.keyed import Heartbeat
+
+if TYPE_CHECKING:
+    from onceflow.ledger.core import Ledger
+    from onceflow.sales.partition_store import AuditRecord, PartitionStore
+    from onceflow.sales.partition_store import Lease as PartitionLease
+
+KIND = "partition_load"
+STEP = "load"
+
+
+def work_key_for(table: str, partition: dt.date | str) -> str:
+    """The stable key of one partition's load: ``daily_sales/2024-10-27``."""
+    day = partition if isinstance(partition, str) else partition.isoformat()
+    return f"{table}/{day}"
+
+
+def result_payload(audit: AuditRecord) -> dict[str, Any]:
+    """The ledger result of a load: what the warehouse's audit row says."""
+    return {
+        "table": audit.table_name,
+        "partition": audit.partition_key,
+        "row_count": audit.row_count,
+        "reject_count": audit.reject_count,
+        "checksum": audit.checksum,
+        "run_id": audit.run_id,
+        "try_number": audit.try_number,
+    }
+
+
+def load_partition(
+    ledger: Ledger,
+    store: PartitionStore,
+    *,
+    partition: dt.date,
+    owner: str,
+    run_id: str,
+    try_number: int,
+    processing_version: str,
+    write: Callable[[PartitionLease], AuditRecord],
+    lease_seconds: float = 300.0,
+    permanent: Callable[[BaseException], bool] = lambda _exc: False,
+    checkpoint: Callable[[str], None] | None = None,
+) -> AuditRecord:
+    """Run one attempt of a partition load through the ledger (see the module docstring).
+
+    :param write: does the fenced warehouse write with the partition lease (e.g.
+        ``store.overwrite``); it must check the fence in the write's transaction.
+    :param permanent: errors for which retrying cannot help (``needs_correction``, not ``retry``).
+    :param checkpoint: called with ``"leased"``, ``"registered"`` and ``"warehouse_committed"``
+        (crash tests pause there).
+    :raises LeaseHeld: another attempt's ledger lease is current.
+    :raises StaleAttemptError: the warehouse refused this attempt (recorded in the ledger).
+    """
+    from onceflow.sales.partition_store import StaleAttemptError
+
+    notify = checkpoint or (lambda _stage: None)
+    key = work_key_for(store.table_name, partition)
+    lease = ledger.lease_key(
+        KIND,
+        key,
+        owner,
+        lease_seconds,
+        processing_version,
+        reopen_reason=f"reload by {owner}",
+        payload={"table": store.table_name, "partition": partition.isoformat()},
+    )
+    notify("leased")
+    try:
+        with Heartbeat(lease):
+            wlease = store.register_ledger_token(
+                partition, token=lease.token, work_key=key, run_id=run_id, try_number=try_number
+            )
+            notify("registered")
+            audit = write(wlease)
+    except StaleAttemptError as exc:
+        ledger.record_refusal(lease, f"warehouse refused the overwrite: {exc}")
+        raise
+    except Exception as exc:
+        try:
+            if permanent(exc):
+                ledger.mark_invalid(lease, str(exc) or type(exc).__name__)
+            else:
+                ledger.fail(lease, exc, backoff_seconds=0)  # the caller's retry owns the timing
+        except StaleFenceError:
+            pass  # a newer attempt owns the item; this refusal is recorded
+        raise
+    notify("warehouse_committed")
+    ledger.commit_result(lease, STEP, result_payload(audit))
+    return audit

@@ -18,14 +18,18 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from onceflow.sales.checksum import rows_checksum
 from onceflow.sales.clean import PROCESSING_VERSION
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig
-from onceflow.sales.partition_store import PartitionStore
+from onceflow.sales.partition_store import PartitionStore, frame_records
+from onceflow.sales.schema import SALES_COLUMNS
 from onceflow.testing.sales_fixtures import clean_day
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from onceflow.ledger import Ledger
 
 DAY = dt.date(2024, 3, 31)  # 23 hours in Europe/Amsterdam
 CONFIG = GeneratorConfig(seed=9, orders_per_day=150)
@@ -33,6 +37,7 @@ CUTOFF = "2024-03-31T22:00:00"  # before the late rows arrived
 NIGHTLY = clean_day(DAY, CONFIG, ingested_before=dt.datetime.fromisoformat(CUTOFF))
 COMPLETE = clean_day(DAY, CONFIG)
 RUN = "manual__rerun"
+COMPLETE_CHECKSUM = rows_checksum(frame_records(COMPLETE.rows, SALES_COLUMNS))
 
 WORKER = r"""
 import datetime as dt, pathlib, sys, time
@@ -180,21 +185,150 @@ def test_a_retried_append_load_duplicates_rows_where_overwrite_does_not(
     assert len(store.partition_rows(DAY)) == len(COMPLETE.rows)
 
 
+# -- through the work ledger: the attempt's fencing token comes from the ledger ---------------
+
+LEDGER_WORKER = r"""
+import datetime as dt, pathlib, sys, time
+from onceflow.ledger import Ledger, create_ledger_engine
+from onceflow.ledger.partition_loads import load_partition
+from onceflow.sales.clean import PROCESSING_VERSION
+from onceflow.sales.engine import make_engine
+from onceflow.sales.generator import GeneratorConfig
+from onceflow.sales.partition_store import PartitionStore, StaleAttemptError
+from onceflow.testing.sales_fixtures import clean_day
+
+url, ledger_url, pause_at, signal_dir, run_id, try_number, data, lease_seconds = sys.argv[1:9]
+signals = pathlib.Path(signal_dir)
+day = dt.date(2024, 3, 31)
+cutoff = dt.datetime.fromisoformat("2024-03-31T22:00:00") if data == "nightly" else None
+result = clean_day(day, GeneratorConfig(seed=9, orders_per_day=150), ingested_before=cutoff)
+
+def pause(stage):
+    if stage == pause_at:
+        (signals / "paused").write_text(stage)
+        while not (signals / "resume").exists():
+            time.sleep(0.02)
+
+store = PartitionStore(make_engine(url), "daily_sales")
+ledger = Ledger(create_ledger_engine(ledger_url))
+try:
+    audit = load_partition(
+        ledger, store, partition=day, owner=f"daily_sales/{run_id}/{try_number}", run_id=run_id,
+        try_number=int(try_number), processing_version=PROCESSING_VERSION, lease_seconds=float(lease_seconds),
+        write=lambda lease: store.overwrite(lease, result.rows, result.rejects, processing_version=PROCESSING_VERSION),
+        checkpoint=pause,
+    )
+except StaleAttemptError as err:
+    print(f"REFUSED: {err}", file=sys.stderr)
+    sys.exit(3)
+print(audit.checksum)
+"""
+
+
+@pytest.fixture
+def ledger_db_url(sales_db_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A fresh ledger database on the same backend as the warehouse (a different database)."""
+    if sales_db_url.startswith("sqlite"):
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return str(request.getfixturevalue("postgres_url_factory")("ledger"))
+
+
+def start_ledger_worker(
+    url: str, ledger_url: str, pause_at: str, signals: Path, *, try_number: int, data: str, lease: float
+) -> subprocess.Popen[str]:
+    signals.mkdir(exist_ok=True)
+    args = [url, ledger_url, pause_at, str(signals), RUN, str(try_number), data, str(lease)]
+    return subprocess.Popen(
+        [sys.executable, "-c", LEDGER_WORKER, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def open_ledger(url: str) -> Ledger:
+    from onceflow.ledger import Ledger, create_ledger_engine
+
+    return Ledger(create_ledger_engine(url))
+
+
 def test_a_zombie_process_with_an_old_try_is_refused_at_commit(
-    store: PartitionStore, sales_db_url: str, tmp_path: Path
+    store: PartitionStore, sales_db_url: str, ledger_db_url: str, tmp_path: Path
 ) -> None:
-    load_nightly(store)
-    signals = tmp_path / "signals"
-    zombie = start_worker(sales_db_url, "overwrite", "acquired", signals, try_number=1)
-    wait_until_paused(zombie, signals, "acquired")
+    """Try 1 is frozen (SIGSTOP) past its ledger lease; try 2 takes the item and commits; try 1
+    wakes up (SIGCONT) and is refused by the warehouse because its ledger token is older."""
+    from onceflow.ledger.partition_loads import work_key_for
 
-    # Airflow gave up on try 1 (its heartbeat stopped) and ran try 2, which committed.
-    lease = store.acquire_lease(DAY, run_id=RUN, try_number=2)
-    newest = store.overwrite(lease, NIGHTLY.rows, None, processing_version="v-try2").checksum
+    ledger = open_ledger(ledger_db_url)
+    key = work_key_for("daily_sales", DAY)
+    zombie = start_ledger_worker(
+        sales_db_url, ledger_db_url, "registered", tmp_path / "z", try_number=1, data="nightly", lease=2
+    )
+    wait_until_paused(zombie, tmp_path / "z", "registered")
+    os.kill(zombie.pid, signal.SIGSTOP)  # its heartbeat thread stops with it
+    try:
+        (tmp_path / "z" / "resume").write_text("go")  # it will continue once SIGCONT arrives
+        deadline = time.monotonic() + 120  # readiness: wait for the frozen lease to lapse
+        while (ledger.item(key).lease_expires_at or 0) > time.time():
+            assert time.monotonic() < deadline, "the zombie's lease never expired"
+            time.sleep(0.1)
 
-    (signals / "resume").write_text("go")  # the zombie wakes up and tries to commit
+        newer = start_ledger_worker(
+            sales_db_url, ledger_db_url, "-", tmp_path / "n", try_number=2, data="complete", lease=60
+        )
+        out, err = newer.communicate(timeout=120)
+        assert newer.returncode == 0, err
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
     _, stderr = zombie.communicate(timeout=120)
+
     assert zombie.returncode == 3, stderr
-    assert "REFUSED" in stderr and "try 1 holds fence token" in stderr
-    assert store.partition_checksum(DAY) == newest
-    assert store.audit(DAY).processing_version == "v-try2"  # type: ignore[union-attr]
+    assert "REFUSED" in stderr and "holds ledger token 1" in stderr
+    assert store.partition_checksum(DAY) == out.strip() == COMPLETE_CHECKSUM
+    assert len(store.partition_rows(DAY)) == len(COMPLETE.rows)
+    audit = store.audit(DAY)
+    assert audit is not None and (audit.try_number, audit.fence_token) == (2, 2)
+    item = ledger.item(key)
+    assert (item.state, item.fencing_token) == ("done", 2)
+    refused = [t for t in ledger.history(key) if t.event == "commit_refused"]
+    assert [(t.fencing_token, t.owner) for t in refused] == [(1, f"daily_sales/{RUN}/1")]
+    assert "warehouse refused" in (refused[0].reason or "")
+    [result] = ledger.results(key)
+    assert (result.fencing_token, result.payload["checksum"]) == (2, COMPLETE_CHECKSUM)
+
+
+def test_kill_9_between_the_warehouse_and_the_ledger_commit_is_repaired_by_the_reconciler(
+    store: PartitionStore, sales_db_url: str, ledger_db_url: str, tmp_path: Path
+) -> None:
+    from onceflow.ledger.partition_checks import partition_load_check
+    from onceflow.ledger.partition_loads import work_key_for
+    from onceflow.ledger.reconcile import reconcile
+
+    ledger = open_ledger(ledger_db_url)
+    key = work_key_for("daily_sales", DAY)
+    proc = start_ledger_worker(
+        sales_db_url, ledger_db_url, "warehouse_committed", tmp_path / "s", try_number=1, data="complete",
+        lease=60,
+    )  # fmt: skip
+    wait_until_paused(proc, tmp_path / "s", "warehouse_committed")
+    kill9(proc)
+
+    # The warehouse has the load; the ledger still shows the (dead) lease and no result.
+    audit = store.audit(DAY)
+    assert audit is not None and audit.checksum == COMPLETE_CHECKSUM and audit.fence_token == 1
+    assert ledger.item(key).state == "leased" and ledger.results(key) == []
+
+    check = partition_load_check(store)
+    first = reconcile(ledger, grace_seconds=3600, extra_checks=[check])
+    assert first.count("partition_result_missing", repaired=True) == 1
+    assert ledger.item(key).state == "done"
+    [result] = ledger.results(key)
+    assert (result.fencing_token, result.committed_by) == (1, "reconciler")
+    assert result.payload["checksum"] == COMPLETE_CHECKSUM and result.payload["partition"] == "2024-03-31"
+    recorded = [t for t in ledger.history(key) if t.event == "record_result"]
+    assert [(t.actor, t.fencing_token, t.to_state) for t in recorded] == [("reconciler", 1, "done")]
+
+    history = ledger.history(key)
+    second = reconcile(ledger, grace_seconds=3600, extra_checks=[check])
+    assert second.findings == []
+    assert ledger.history(key) == history and len(ledger.results(key)) == 1

@@ -8,6 +8,7 @@ manual trigger does.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import TYPE_CHECKING, Any
 
 import pendulum
@@ -24,22 +25,41 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
+    from onceflow.ledger import Ledger
+
 AMS = "Europe/Amsterdam"
 CONFIG = GeneratorConfig(seed=21, orders_per_day=80)
 
 
 @pytest.fixture
 def daily_sales_env(
+    request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     sales_db_url: str,
     sales_connections: Callable[[str, str], Path],
 ) -> dict[str, str]:
-    """Shop in a SQLite file, warehouse in ``sales_db_url`` (SQLite or PostgreSQL); no retries."""
+    """Shop in a SQLite file, warehouse in ``sales_db_url`` (SQLite or PostgreSQL), the work ledger
+    in a fresh database of the same backend; no retries."""
     monkeypatch.setenv("ONCEFLOW_SALES_RETRIES", "0")
     shop = f"sqlite:///{tmp_path / 'shop.db'}"
     sales_connections(shop, sales_db_url)
-    return {"shop": shop, "warehouse": sales_db_url}
+    if sales_db_url.startswith("sqlite"):
+        ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        ledger = str(request.getfixturevalue("postgres_url_factory")("ledger"))
+    conn = {
+        "conn_type": "sqlite" if ledger.startswith("sqlite") else "postgres",
+        "extra": {"sqlalchemy_url": ledger},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_LEDGER", json.dumps(conn))
+    return {"shop": shop, "warehouse": sales_db_url, "ledger": ledger}
+
+
+def ledger_of(env: dict[str, str]) -> Ledger:
+    from onceflow.ledger import Ledger, create_ledger_engine
+
+    return Ledger(create_ledger_engine(env["ledger"]))
 
 
 def run_day(run_dag: Callable[..., Any], day: dt.date) -> Any:
@@ -136,6 +156,22 @@ def test_a_rerun_is_byte_identical(
     assert after[0].checksum == before[0].checksum  # type: ignore[union-attr]
     assert after[0].fence_token > before[0].fence_token  # type: ignore[union-attr]
 
+    # The work ledger: one partition_load item, done, its result the partition's checksum; the
+    # re-run re-opened it (recheck) and committed under the next fencing token.
+    ledger = ledger_of(daily_sales_env)
+    item = ledger.item("daily_sales/2024-10-27")
+    assert (item.kind, item.state, item.fencing_token) == ("partition_load", "done", after[0].fence_token)  # type: ignore[union-attr]
+    [result] = ledger.results("daily_sales/2024-10-27")
+    assert result.payload["checksum"] == after[0].checksum == store.partition_checksum(day)  # type: ignore[union-attr]
+    assert result.payload["row_count"] == len(after[1]) and result.fencing_token == item.fencing_token
+    events = [(t.event, t.to_state) for t in ledger.history(item.work_key)]
+    assert events == [("create", "pending"), ("claim", "leased"), ("complete", "done"),
+                      ("recheck", "pending"), ("claim", "leased"), ("complete", "done")]  # fmt: skip
+    assert {t.owner for t in ledger.history(item.work_key) if t.event == "complete"} == {
+        f"daily_sales/{first.run_id}/1",
+        f"daily_sales/{second.run_id}/1",
+    }
+
 
 def test_an_empty_day_loads_an_empty_partition(
     run_dag: Callable[..., Any], shop_orders: Callable[..., Any], daily_sales_env: dict[str, str]
@@ -180,6 +216,8 @@ def test_too_many_rejects_fail_the_run_and_leave_the_partition_but_record_the_re
     store = store_of(daily_sales_env["warehouse"])
     assert store.audit(day) is None
     assert store.partition_rows(day) == []
+    item = ledger_of(daily_sales_env).item("daily_sales/2024-05-06")
+    assert item.state == "needs_correction" and "rejected" in (item.last_error or "")
     assert {r["reason"] for r in store.partition_rejects(day)} == {
         "missing_order_id",
         "unknown_event_type",

@@ -25,8 +25,10 @@ DOC = f"""
 
 Copies the orders of one **business day** (`{CONFIG.timezone}`) out of `onceflow_shop_db`, cleans
 them (dedupe, net refunds, currency to {CONFIG.reporting_currency}, malformed rows to `rejects`) and
-overwrites exactly that day's partition of `{CONFIG.table}` in `onceflow_warehouse`, fenced and
-audited in `load_audit`. The run for day D has the data interval [D 00:00, D+1 00:00) local time and
+overwrites exactly that day's partition of `{CONFIG.table}` in `onceflow_warehouse`, audited in
+`load_audit`. The load leases the work ledger item `{CONFIG.table}/<day>` (`onceflow_ledger`); the
+warehouse refuses an attempt whose ledger fencing token is older than one it already saw, and the
+result (row count, checksum) is committed to the ledger after the warehouse commit. The run for day D has the data interval [D 00:00, D+1 00:00) local time and
 starts at D+1 00:00. Re-running, retrying or backfilling any day gives the same partition.
 
 Backfill: `airflow backfill create --dag-id daily_sales --from-date 2024-01-01 --to-date 2025-12-31

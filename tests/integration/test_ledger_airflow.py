@@ -157,7 +157,7 @@ def test_the_reconcile_dag_expires_dead_leases_and_relays_a_stalled_outbox(run_d
         )
 
     result = run_dag("ledger_reconcile")
-    assert result.ti_states == {"relay": "success", "reconcile": "success"}
+    assert result.ti_states == {"relay": "success", "reconcile": "success", "partition_results": "success"}
     ledger = Ledger(engine)
     assert ledger.item("dead:1").state == "pending"
     expire = ledger.history("dead:1")[-1]
@@ -167,3 +167,46 @@ def test_the_reconcile_dag_expires_dead_leases_and_relays_a_stalled_outbox(run_d
     assert "onceflow__ghost" in runs
     assert [t.event for t in ledger.history("ghost:1")][-2:] == ["repair_follow_up", "repair_follow_up"]
     assert pending_rows(ledger) == []
+
+
+def test_the_reconcile_dag_records_a_partition_load_the_ledger_missed(
+    run_dag, ledger_conn, tmp_path, monkeypatch
+):
+    """A load committed in the warehouse and died before its ledger commit; ledger_reconcile
+    records the result from load_audit (actor reconciler)."""
+    import datetime as dt
+
+    from onceflow.ledger.partition_loads import KIND, work_key_for
+    from onceflow.sales.clean import PROCESSING_VERSION
+    from onceflow.sales.engine import make_engine
+    from onceflow.sales.generator import GeneratorConfig
+    from onceflow.sales.partition_store import PartitionStore
+    from onceflow.testing.sales_fixtures import clean_day
+
+    warehouse = f"sqlite:///{tmp_path / 'warehouse.db'}"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ONCEFLOW_WAREHOUSE",
+        json.dumps({"conn_type": "sqlite", "extra": {"sqlalchemy_url": warehouse}}),
+    )
+    _, engine = ledger_conn
+    ledger = Ledger(engine)
+    store = PartitionStore(make_engine(warehouse), "daily_sales")
+    store.create_schema()
+    day = dt.date(2024, 6, 15)
+    key = work_key_for("daily_sales", day)
+    rows = clean_day(day, GeneratorConfig(seed=3, orders_per_day=20))
+    lease = ledger.lease_key(KIND, key, "daily_sales/r/1", 3600, PROCESSING_VERSION, reopen_reason="x")
+    wl = store.register_ledger_token(day, token=lease.token, work_key=key, run_id="r", try_number=1)
+    audit = store.overwrite(wl, rows.rows, rows.rejects, processing_version=PROCESSING_VERSION)
+
+    result = run_dag("ledger_reconcile")
+    assert result.ti_states["partition_results"] == "success"
+    assert [f["work_key"] for f in result.xcom("partition_results")] == [key]
+    [stored] = ledger.results(key)
+    assert (stored.committed_by, stored.fencing_token, stored.payload["checksum"]) == (
+        "reconciler",
+        1,
+        audit.checksum,
+    )
+    assert ledger.item(key).state == "done"
+    assert [(t.event, t.actor) for t in ledger.history(key)][-1] == ("record_result", "reconciler")

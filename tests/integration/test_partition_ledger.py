@@ -145,3 +145,38 @@ def test_the_reconciler_records_a_result_the_ledger_missed_once(
     # the same token's result exists, so the designated write is idempotent and changes nothing.
     assert ledger.commit_result(lease, "load", {"checksum": "late"}).payload["checksum"] == audit.checksum
     assert ledger.history(KEY) == history
+
+
+def test_the_heartbeat_extends_the_lease_while_loading(ledger_url: str) -> None:
+    import time
+
+    from onceflow.ledger import Ledger, create_ledger_engine
+    from onceflow.ledger.keyed import Heartbeat
+
+    ledger = Ledger(create_ledger_engine(ledger_url))  # the real clock: the thread heartbeats for real
+    lease = ledger.lease_key(KIND, KEY, "daily_sales/r/1", 30, PROCESSING_VERSION, reopen_reason="x")
+    first = ledger.item(KEY).lease_expires_at
+    assert first is not None
+    with Heartbeat(lease, interval=0.05) as beat:
+        deadline = time.monotonic() + 60  # readiness, not speed
+        while (ledger.item(KEY).lease_expires_at or 0) <= first:
+            assert time.monotonic() < deadline, "no heartbeat reached the ledger"
+            time.sleep(0.05)
+    assert beat.lost is None
+
+
+def test_the_heartbeat_notices_a_lost_lease(ledger: Ledger, fake_clock: FakeClock) -> None:
+    import time
+
+    from onceflow.ledger.keyed import Heartbeat
+
+    old = ledger.lease_key(KIND, KEY, "daily_sales/r/1", 60, PROCESSING_VERSION, reopen_reason="x")
+    fake_clock.advance(61)
+    ledger.lease_key(KIND, KEY, "daily_sales/r/2", 60, PROCESSING_VERSION, reopen_reason="x")
+    with Heartbeat(old, interval=0.01) as beat:
+        deadline = time.monotonic() + 60
+        while beat.lost is None:
+            assert time.monotonic() < deadline, "the lost lease was never noticed"
+            time.sleep(0.02)
+    assert (beat.lost.token, beat.lost.current_token) == (1, 2)
+    assert ledger.item(KEY).lease_owner == "daily_sales/r/2"

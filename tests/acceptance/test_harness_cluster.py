@@ -35,6 +35,20 @@ TRIVIAL_DAG = textwrap.dedent(
 )
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
 def _write_dag(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "harness_trivial.py").write_text(TRIVIAL_DAG)
@@ -66,7 +80,12 @@ def test_trivial_dag_succeeds_through_the_real_scheduler(
             assert states == {"produce": "success", "consume": "success"}
             pids_while_running = cluster.leftover_pids()
             assert len(pids_while_running) >= 4
+            # LocalExecutor workers overwrite their environment with setproctitle(); the session
+            # net must still count them as ours.
+            titles = {_cmdline(pid) for pid in pids_while_running}
+            assert any("LocalExecutor" in t for t in titles), titles
         assert cluster.leftover_pids() == []
+        assert not [p for p in pids_while_running if _alive(p)]
     finally:
         env.cleanup()
 

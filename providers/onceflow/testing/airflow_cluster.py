@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from onceflow.testing.ports import free_port
-from onceflow.testing.processes import pids_with_marker, terminate_marked
+from onceflow.testing.processes import harness_pids, terminate_marked
 
 MARKER = "ONCEFLOW_HARNESS_RUN"
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -178,7 +178,7 @@ class AirflowCluster:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-        killed = terminate_marked(MARKER, self.marker, grace=15.0)
+        killed = terminate_marked(MARKER, self.marker, grace=15.0, sessions=self._sessions())
         for proc in self._procs.values():
             try:
                 proc.wait(timeout=5)
@@ -188,9 +188,13 @@ class AirflowCluster:
         self._engine.dispose()
         return killed
 
+    def _sessions(self) -> set[int]:
+        # Each component was started with start_new_session=True: its pid is its session id.
+        return {proc.pid for proc in self._procs.values()}
+
     def leftover_pids(self) -> list[int]:
         """Processes of this cluster still alive (empty after :meth:`stop`)."""
-        return pids_with_marker(MARKER, self.marker)
+        return harness_pids(MARKER, self.marker, self._sessions())
 
     def __enter__(self) -> AirflowCluster:
         return self.start()

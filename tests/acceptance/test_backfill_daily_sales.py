@@ -99,7 +99,7 @@ def backfill_alerts(cluster: Any, run_ids: set[str], timeout: float = 120.0) -> 
     return mine
 
 
-def wait_for_page(page: Path, *texts: str, timeout: float = 180.0) -> str:
+def wait_for_page(page: Path, *texts: str, timeout: float = 600.0) -> str:
     """The page once it contains every text (renders queued during the backfill may lag behind)."""
     deadline = time.monotonic() + timeout
     content = ""

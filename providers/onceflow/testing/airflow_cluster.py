@@ -323,7 +323,7 @@ class AirflowCluster:
         return self.query(sql + " ORDER BY start_date, task_id", **params)
 
 
-def set_pools(pools: dict[str, int], env: dict[str, str]) -> None:
+def set_pools(pools: dict[str, int]) -> None:
     """Create or resize pools in the metadata DB (slots only; deferred tasks hold no slot)."""
     from airflow.models.pool import Pool
 

@@ -10,17 +10,3 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 30.0) -> bool:
-    """True once something accepts connections on ``host:port`` within ``timeout`` seconds."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=1):
-                return True
-        except OSError:
-            time.sleep(0.1)
-    return False

@@ -15,28 +15,14 @@ import time
 from pathlib import Path
 
 
-def pids_with_marker(name: str, value: str) -> list[int]:
-    """PIDs of live processes whose environment holds ``name=value`` (Linux ``/proc``)."""
+def harness_pids(name: str, value: str, sessions: set[int] | None = None) -> list[int]:
+    """Live processes carrying ``name=value`` in their environment or in one of ``sessions``.
+
+    One pass over ``/proc``: ``stat`` gives the state and session id, and ``environ`` is read
+    only for processes the session test did not already claim.
+    """
     needle = f"{name}={value}".encode()
-    found: list[int] = []
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        if "State:\tZ" in status:
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
-
-
-def pids_in_sessions(sessions: set[int]) -> list[int]:
-    """PIDs of live (non-zombie) processes whose session id is one of ``sessions``."""
+    sessions = sessions or set()
     found: list[int] = []
     me = os.getpid()
     for entry in Path("/proc").iterdir():
@@ -44,18 +30,20 @@ def pids_in_sessions(sessions: set[int]) -> list[int]:
             continue
         try:
             stat = (entry / "stat").read_text()
+            # Fields after the parenthesised command: state ppid pgrp session ...
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if not fields or fields[0] == "Z":
+                continue
+            if int(fields[3]) in sessions or needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
         except OSError:
             continue
-        # Fields after the parenthesised command: state ppid pgrp session ...
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields and fields[0] != "Z" and int(fields[3]) in sessions:
-            found.append(int(entry.name))
     return found
 
 
-def harness_pids(name: str, value: str, sessions: set[int] | None = None) -> list[int]:
-    """Every live process carrying the marker or belonging to one of the harness's sessions."""
-    return sorted(set(pids_with_marker(name, value)) | set(pids_in_sessions(sessions or set())))
+def pids_with_marker(name: str, value: str) -> list[int]:
+    """Live processes whose environment holds ``name=value`` (Linux ``/proc``)."""
+    return harness_pids(name, value)
 
 
 def terminate_marked(

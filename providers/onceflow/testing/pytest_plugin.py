@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,7 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
     enabled = config.getini("onceflow_isolated_airflow") or config.getoption("onceflow_isolated_airflow")
     if not enabled:
         return
-    if "airflow" in __import__("sys").modules:
+    if "airflow" in sys.modules:
         raise pytest.UsageError(
             "onceflow: airflow was imported before the test session configured AIRFLOW_HOME; "
             "do not import airflow at module level in conftest.py or in a fixture module"
@@ -155,7 +156,7 @@ def airflow_cluster_factory(
         timeout: float = 180.0,
     ) -> AirflowCluster:
         if pools:
-            set_pools(pools, airflow_db.variables)
+            set_pools(pools)
         cluster = AirflowCluster(
             airflow_db.variables,
             tmp_path_factory.mktemp("airflow-cluster"),

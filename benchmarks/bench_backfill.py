@@ -13,8 +13,10 @@ same three tasks in the same pool ``onceflow_warehouse`` and the same ``deadline
 
 Each is backfilled over the same local days with ``airflow backfill create --max-active-runs``
 and timed from the command to the scheduler marking the backfill complete. The same days are
-also loaded day by day without Airflow (the work alone). Printed: wall times, seconds per run,
-and the ratios, i.e. how much of a daily_sales run is Airflow's per-run cost.
+also loaded day by day without Airflow (the work alone). Then daily_sales is backfilled again with
+``--reprocess-behavior completed`` (skip with ``--no-reprocess``): every partition must be re-loaded
+under a newer fence token with an unchanged checksum. Printed: wall times, seconds per run, the
+ratios (how much of a daily_sales run is Airflow's per-run cost) and the two checksum verdicts.
 """
 
 from __future__ import annotations
@@ -84,15 +86,28 @@ empty_daily()
 """
 
 
-def timed_backfill(cluster: Any, dag_id: str, days: list[dt.date], max_active_runs: int) -> float:
+def timed_backfill(
+    cluster: Any,
+    dag_id: str,
+    days: list[dt.date],
+    max_active_runs: int,
+    reprocess_behavior: str | None = None,
+) -> float:
     """Seconds from ``airflow backfill create`` to the scheduler completing the backfill."""
     cluster.wait_for_dag(dag_id)
     started = time.monotonic()
     backfill = create_backfill(
-        cluster, dag_id, days[0], days[-1], timezone=TZ, max_active_runs=max_active_runs
+        cluster,
+        dag_id,
+        days[0],
+        days[-1],
+        timezone=TZ,
+        max_active_runs=max_active_runs,
+        reprocess_behavior=reprocess_behavior,
     )
     runs = wait_for_backfill(cluster, backfill, timeout=12 * 3600, poll=5.0)
     elapsed = time.monotonic() - started
+    print(f"  {dag_id} backfill {backfill}: {len(runs)} runs in {elapsed:.1f} s", flush=True)
     failed = [r["run_id"] for r in runs if r["state"] != "success"]
     if len(runs) != len(days) or failed:
         tis = cluster.query(
@@ -111,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", type=int, default=730, help="local days to backfill (default 730)")
     parser.add_argument("--quick", action="store_true", help="30 days")
     parser.add_argument("--max-active-runs", type=int, default=8)
+    parser.add_argument(
+        "--no-reprocess", action="store_true", help="skip the --reprocess-behavior completed pass"
+    )
     parser.add_argument("--slots", type=int, default=4, help="slots of the onceflow_warehouse pool")
     parser.add_argument("--workers", type=int, default=8, help="LocalExecutor parallelism")
     # At least ~60: the generator's two malformed rows a day must stay under the 5% reject ratio.
@@ -155,10 +173,20 @@ def main(argv: list[str] | None = None) -> int:
         ) as cluster:
             empty = timed_backfill(cluster, "empty_daily", days, args.max_active_runs)
             sales = timed_backfill(cluster, "daily_sales", days, args.max_active_runs)
-
-        loaded = partition_audits(warehouse, days)
+            loaded = partition_audits(warehouse, days)
+            redo = 0.0
+            if not args.no_reprocess:
+                # The issue's second half: backfill again, re-running completed runs too.
+                redo = timed_backfill(
+                    cluster, "daily_sales", days, args.max_active_runs, reprocess_behavior="completed"
+                )
+        reloaded = partition_audits(warehouse, days)
         expected = partition_audits(reference, days)
-        same = {k: a[:3] for k, a in loaded.items()} == {k: a[:3] for k, a in expected.items()}
+        same = len(loaded) == n_days and {k: a[:3] for k, a in loaded.items()} == {
+            k: a[:3] for k, a in expected.items()
+        }
+        unchanged = {k: a.checksum for k, a in reloaded.items()} == {k: a.checksum for k, a in loaded.items()}
+        refenced = sum(1 for k, a in reloaded.items() if a.fence_token > loaded[k].fence_token)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         for url in (shop, warehouse, reference):
@@ -175,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         ("empty_daily (3 no-op tasks)", empty),
         ("daily_sales", sales),
         ("work alone (no Airflow)", alone),
+        *((("daily_sales, reprocess", redo),) if redo else ()),
     ):
         print(f"{name:28}{seconds:10.1f}{seconds / n:12.3f}")
     print(f"ratio daily_sales / empty_daily: {sales / empty:.2f}  (1.00 = all Airflow overhead)")
@@ -183,7 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         "the rest is task-side: imports and connections in three task processes, and the work"
     )
     print(f"ratio daily_sales / work alone: {sales / alone:.1f}")
-    print(f"per-partition checksums equal to the day-by-day pass: {same}")
+    print(f"per-partition checksums equal to the day-by-day pass: {same} ({len(loaded)} partitions)")
+    if redo:
+        print(
+            f"--reprocess-behavior completed: checksums unchanged: {unchanged}; "
+            f"{refenced} of {len(reloaded)} partitions re-loaded under a newer fence token"
+        )
+        same = same and unchanged and refenced == len(reloaded)
     return 0 if same else 1
 
 

@@ -20,6 +20,11 @@ Scans the queue sheet against Airflow and repairs what the normal path cannot se
   is marked FAILED;
 * a URL claimed by two rows: the later claim becomes DUPLICATE;
 * rows DONE without a published link, and published links on rows that are not DONE: flagged;
+* the sheet against the work ledger (`onceflow_ledger`): a claimed row without an `article` item
+  gets one; an item the ledger gave up on or sent back for correction turns its PROCESSING row
+  FAILED or INVALID with the ledger's reason once no run is active; a FAILED row abandons its
+  pending item; a DONE row with a link records the result the ledger missed; a successful run
+  whose item has no result is flagged. Ledger repairs are ledger transitions by the reconciler;
 * derived cells that disagree with their row (an INVALID/DUPLICATE row without a reason, a
   `run_id` naming another article's run) are recomputed and rewritten.
 
@@ -45,8 +50,10 @@ def sheet_reconcile() -> None:
         """One read of the sheet, run states from Airflow, then the repairs, each audited."""
         from datetime import datetime, timezone
 
+        from onceflow.hooks.ledger import LedgerHook
         from onceflow.hooks.sheets import SheetQueueHook
         from onceflow.operators.sheets import ARTICLE_PIPELINE, create_dag_run
+        from onceflow.sheets import ledger_link
         from onceflow.sheets import reconcile as rec
 
         context = get_current_context()
@@ -54,6 +61,7 @@ def sheet_reconcile() -> None:
         ti = context["ti"]
         version = str(params["processing_version"])
         queue = SheetQueueHook().queue(version)
+        ledger = LedgerHook().get_ledger()
 
         def run_state(run_id: str) -> str | None:
             if not ti.get_dr_count(dag_id=ARTICLE_PIPELINE, run_ids=[run_id]):
@@ -70,6 +78,7 @@ def sheet_reconcile() -> None:
             run_state=run_state,
             audit=queue.read_audit(),
             max_redrives=int(params["max_redrives"]),
+            ledger=lambda row_key: ledger_link.ledger_view(ledger, row_key),
         )
         return rec.apply(
             plan.actions,
@@ -77,6 +86,14 @@ def sheet_reconcile() -> None:
             now=now,
             create_run=lambda run_id, conf, reset: create_dag_run(
                 ARTICLE_PIPELINE, run_id, conf, reset=reset
+            ),
+            ledger_repair=lambda action, conf: ledger_link.repair(
+                ledger,
+                action.kind,
+                conf=conf,
+                row_number=action.row.number,
+                reason=action.reason,
+                published_url=action.row.get("published_url").strip(),
             ),
         )
 

@@ -234,7 +234,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(
         key=st.sampled_from(KEYS),
         event=st.sampled_from(
-            ["correct", "cancel", "expire", "recheck", "complete", "claim", "give_up", "nope"]
+            ["correct", "cancel", "expire", "recheck", "abandon", "complete", "claim", "give_up", "nope"]
         ),
         actor=st.sampled_from(sorted(states.ACTORS)),
         reason=st.sampled_from([None, "because"]),

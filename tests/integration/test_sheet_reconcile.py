@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from onceflow.sheets import reconcile
+from onceflow.hooks.ledger import LedgerHook
+from onceflow.sheets import ledger_link, reconcile
 from onceflow.sheets.keys import normalise_url, pipeline_run_id, row_key
 from onceflow.sheets.model import Snapshot, Status
 from onceflow.sheets.protocol import SheetQueue
@@ -156,11 +157,22 @@ def test_a_claimer_killed_between_claim_and_run_creation_is_repaired_with_exactl
     orphan_runs = {_run_id(rows[t].url) for t in tokens}
     assert not orphan_runs & set(_runs("article_pipeline")), "no run exists for the orphaned claims yet"
 
-    # within the lease, nothing happens; past it, the missing runs are created once
+    # within the lease no run is created, but the claims the ledger missed are registered at once
+    # (registering is idempotent, so it cannot race the claimer); past it, the missing runs are
+    # created once
     fresh = run_dag(
         "sheet_reconcile", conf={"lease_minutes": 60, "processing_version": "v1", "max_redrives": 3}
     )
-    assert fresh.state == "success" and fresh.xcom("reconcile") == []
+    assert fresh.state == "success"
+    assert sorted((e["action"], e["claim_token"]) for e in fresh.xcom("reconcile")) == sorted(
+        ("ledger_register", t) for t in tokens
+    )
+    ledger = LedgerHook().get_ledger()
+    for token in tokens:
+        key = ledger_link.work_key(row_key(normalise_url(rows[token].url)))
+        assert ledger.item(key).state == "pending"
+        assert [(h.event, h.actor) for h in ledger.history(key)] == [("create", "reconciler")]
+        assert ledger.item(key).payload["claim_token"] == token
     params = {"lease_minutes": 0, "processing_version": "v1", "max_redrives": 3}
     first = run_dag("sheet_reconcile", conf=params)
     assert first.state == "success", first.ti_states
@@ -174,8 +186,11 @@ def test_a_claimer_killed_between_claim_and_run_creation_is_repaired_with_exactl
         assert runs[run_id][1]["claim_token"] == token
     queue = SheetQueue(GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid))
     audit = queue.read_audit()
-    assert sorted(e["claim_token"] for e in audit) == sorted(tokens)
-    assert {e["reason"] for e in audit} == {reconcile.REDRIVE_MISSING} and all(e["time"] for e in audit)
+    assert sorted((e["action"], e["claim_token"]) for e in audit) == sorted(
+        [("ledger_register", t) for t in tokens] + [("create_run", t) for t in tokens]
+    )
+    assert {e["reason"] for e in audit} == {reconcile.REDRIVE_MISSING, reconcile.LEDGER_MISSING}
+    assert all(e["time"] for e in audit)
 
 
 def test_reconcile_flags_done_without_link_and_link_without_done_once(

@@ -12,6 +12,7 @@ States::
        │  └─retry/release┘ │ └─invalid──▶ needs_correction ──correct──▶ pending
        │                   └─give_up──▶ failed
        └──────── recheck (from done, failed, needs_correction) / expire (reconciler)
+    pending ──abandon (reconciler: the source gave the work up)──▶ failed
 """
 
 from __future__ import annotations
@@ -196,6 +197,15 @@ STATE_TABLE: tuple[Transition, ...] = (
         ("result_written", "has_reason"),
         False,
         "Reconciliation: a sink committed a result (e.g. a warehouse load) that the ledger missed.",
+    ),
+    _t(
+        "abandon",
+        {PENDING},
+        FAILED,
+        {RECONCILER},
+        ("has_reason",),
+        False,
+        "Reconciliation: the source gave the work up (a sheet row marked FAILED); nothing will run it.",
     ),
     _t(
         "correct",

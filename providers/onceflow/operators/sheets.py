@@ -65,6 +65,8 @@ class SheetClaimOperator(BaseOperator):
     :param spreadsheet_id: the spreadsheet (default: the connection's ``spreadsheet_id`` extra).
     :param sheet: the queue tab (default: the connection's ``sheet`` extra, else ``queue``).
     :param trigger_dag_id: the DAG started per row.
+    :param ledger_conn_id: the work ledger; each claimed row becomes a pending ``article`` item
+        (after the sheet claim, before its run). ``None`` leaves the ledger out.
     """
 
     template_fields: Sequence[str] = ("max_rows", "processing_version", "spreadsheet_id", "sheet")
@@ -79,6 +81,7 @@ class SheetClaimOperator(BaseOperator):
         spreadsheet_id: str | None = None,
         sheet: str | None = None,
         trigger_dag_id: str = ARTICLE_PIPELINE,
+        ledger_conn_id: str | None = "onceflow_ledger",
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("pool", "onceflow_sheets")
@@ -89,6 +92,7 @@ class SheetClaimOperator(BaseOperator):
         self.spreadsheet_id = spreadsheet_id
         self.sheet = sheet
         self.trigger_dag_id = trigger_dag_id
+        self.ledger_conn_id = ledger_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         from onceflow.hooks.sheets import SheetQueueHook
@@ -100,10 +104,19 @@ class SheetClaimOperator(BaseOperator):
             self.log.info(
                 "row %d marked %s: %s", rejection.row_number, rejection.status.value, rejection.reason
             )
-        runs: dict[str, str] = {}
+        version = str(self.processing_version)
+        confs = {c.token: c.conf(hook.spreadsheet_id, hook.sheet, version) for c in result.claims}
         failures: list[str] = []
+        registered: list[str] = []
+        if self.ledger_conn_id and result.claims:
+            try:
+                registered = self._register(result.claims, confs)
+            except Exception as err:  # the claims stand; the runs still start; sheet_reconcile registers
+                self.log.exception("could not register the claims in the ledger")
+                failures.append(f"ledger: {err}")
+        runs: dict[str, str] = {}
         for claim in result.claims:
-            conf = claim.conf(hook.spreadsheet_id, hook.sheet, str(self.processing_version))
+            conf = confs[claim.token]
             try:
                 runs[claim.run_id] = create_dag_run(self.trigger_dag_id, claim.run_id, conf)
             except Exception as err:  # keep going: one refusal must not orphan the other claims
@@ -121,9 +134,10 @@ class SheetClaimOperator(BaseOperator):
             dict(queue.transport.calls),
         )
         if failures:
-            # the rows stay claimed; sheet_reconcile creates these runs after the lease
-            raise RuntimeError(f"{len(failures)} of {len(result.claims)} runs not created: {failures}")
+            # the rows stay claimed; sheet_reconcile creates missing runs and ledger items
+            raise RuntimeError(f"claimed {len(result.claims)} row(s), but: {failures}")
         return {
+            "ledger_items_created": registered,
             "claims": [
                 {"claim_token": c.token, "row_key": c.row_key, "url": c.url, "run_id": c.run_id}
                 for c in result.claims
@@ -133,4 +147,118 @@ class SheetClaimOperator(BaseOperator):
                 {"claim_token": r.token, "status": r.status.value, "reason": r.reason}
                 for r in result.rejected
             ],
+        }
+
+    def _register(self, claims: Sequence[Any], confs: dict[str, dict[str, str]]) -> list[str]:
+        from onceflow.hooks.ledger import LedgerHook
+        from onceflow.sheets.ledger_link import ClaimRecord, register_claims
+
+        ledger = LedgerHook(self.ledger_conn_id or "onceflow_ledger").get_ledger()
+        records = [ClaimRecord(c.row_key, c.row_number, c.token, confs[c.token]) for c in claims]
+        created = register_claims(ledger, records)
+        self.log.info("ledger: %d new article item(s) of %d claims", len(created), len(records))
+        return created
+
+
+class ClaimedRowOperator(BaseOperator):
+    """First step of an ``article_pipeline`` run: find the claimed row, check it, record the run.
+
+    The step is a fenced ledger step on the article's item (``article:<row key>``): it leases the
+    item, reads the row back by its claim token (through the row anchor: one small read whatever
+    the sheet's size), checks that the row still points at the article the run was created for,
+    writes the run id beside it, and commits the result under the lease. A retry after the commit
+    repeats nothing; a late attempt whose lease was taken over is refused (``StaleFenceError``).
+    A row that is gone or points at another article moves the item to ``needs_correction`` with
+    the reason, and the task fails without retrying.
+
+    The run's conf comes from ``sheet_claim`` or ``sheet_reconcile`` (claim token, row key, URL,
+    spreadsheet, tab, processing version); a recheck run carries only ``work_key`` and
+    ``target_version``, and the claim comes from the item's payload.
+
+    :param ledger_conn_id: the work ledger.
+    :param lease_seconds: the step's lease; heartbeats extend it while the step runs.
+    """
+
+    ui_color = "#e8f7e4"
+
+    def __init__(
+        self, *, ledger_conn_id: str = "onceflow_ledger", lease_seconds: float = 120.0, **kwargs: Any
+    ) -> None:
+        kwargs.setdefault("pool", "onceflow_sheets")
+        super().__init__(**kwargs)
+        self.ledger_conn_id = ledger_conn_id
+        self.lease_seconds = lease_seconds
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onceflow.hooks.ledger import LedgerHook
+        from onceflow.ledger.steps import InvalidInput, run_keyed_step
+        from onceflow.sheets.ledger_link import CLAIM_STEP, KIND, conf_payload, work_key
+
+        dag_run = context["dag_run"]
+        conf = dict(dag_run.conf or {})
+        ledger = LedgerHook(self.ledger_conn_id).get_ledger()
+        if not conf.get("claim_token") and conf.get("work_key"):
+            # a recheck run: the claim is on the ledger item
+            conf = {**conf_payload(ledger.item(str(conf["work_key"])).payload), **conf}
+        if not conf.get("claim_token") or not conf.get("row_key"):
+            raise AirflowFailException(
+                "run conf has no claim_token/row_key: article_pipeline runs are created by sheet_claim, "
+                f"sheet_reconcile or recheck; got keys {sorted(conf)}"
+            )
+        version = str(conf.get("target_version") or conf.get("processing_version") or "v1")
+        ti = context["ti"]
+        try:
+            outcome = run_keyed_step(
+                ledger,
+                kind=KIND,
+                work_key=work_key(str(conf["row_key"])),
+                step=CLAIM_STEP,
+                owner=f"{ti.dag_id}/{ti.run_id}/{ti.try_number}",
+                worker_version=version,
+                work=lambda _lease: self._read_row(conf, dag_run.run_id),
+                lease_seconds=self.lease_seconds,
+                reuse_prefix=f"{ti.dag_id}/{ti.run_id}/",  # a retry of this run repeats nothing
+                payload={k: conf[k] for k in ("claim_token", "row_key", "url", "spreadsheet_id", "sheet",
+                                              "processing_version") if k in conf},
+            )  # fmt: skip
+        except InvalidInput as exc:
+            raise AirflowFailException(str(exc)) from exc  # recorded in the ledger; a retry cannot help
+        if outcome.repeated:
+            self.log.info(
+                "ledger already holds this step's result (token %s): nothing repeated", outcome.token
+            )
+        return dict(outcome.payload)
+
+    def _read_row(self, conf: dict[str, Any], run_id: str) -> dict[str, Any]:
+        from onceflow.hooks.sheets import SheetQueueHook
+        from onceflow.ledger.steps import InvalidInput
+        from onceflow.sheets.model import token_time
+        from onceflow.sheets.validation import judge_url
+
+        token = str(conf["claim_token"])
+        hook = SheetQueueHook(spreadsheet_id=conf.get("spreadsheet_id"), sheet=conf.get("sheet"))
+        queue = hook.queue(str(conf.get("processing_version", "v1")))
+        row = queue.locate(token)
+        if row is None:
+            raise InvalidInput(f"no row of the queue carries claim token {token!r}: the claim was removed")
+        verdict = judge_url(row)
+        if verdict.key != conf.get("row_key"):
+            raise InvalidInput(
+                f"row {row.number} carries token {token!r} but its URL {row.url!r} is not the article "
+                f"this run was created for ({conf.get('url')!r})"
+            )
+        fields = {"run_id": run_id, "claim_token": token}
+        claimed_at = token_time(row.token) if row.token else None
+        if claimed_at is not None:
+            fields["claimed_at"] = claimed_at.isoformat(timespec="seconds")
+        row = queue.write_fields(token, fields)
+        return {
+            "row_number_at_read": row.number,
+            "url": verdict.normalised_url,
+            "row_key": verdict.key,
+            "status": row.status_cell.raw,
+            "claim_token": token,
+            "run_id": run_id,
         }

@@ -6,7 +6,13 @@ Invariants, each checked from one read of the queue tab and the run states Airfl
   claimer died between claim and run creation) it is created, if it failed it is cleared, both
   under the same deterministic run id, so repair never duplicates work;
 * a URL is owned by one live row; a second PROCESSING row for it becomes DUPLICATE;
-* a DONE row has a published link, and a published link belongs to a DONE row (flagged).
+* a DONE row has a published link, and a published link belongs to a DONE row (flagged);
+* with the work ledger: a claimed row has an ``article`` item (registered when missing); an item
+  the ledger gave up on (``failed``) or sent back for correction (``needs_correction``) turns its
+  PROCESSING row FAILED or INVALID with the ledger's reason once no run is active; a row FAILED
+  in the sheet abandons its pending item; a DONE row with a link records the result the ledger
+  missed; a successful run whose item has no result is flagged. Ledger repairs are ledger
+  transitions with the reconciler as actor; sheet repairs go to the audit tab.
 
 Planning is pure (this module); :func:`apply` executes a plan through the queue and callbacks, and
 every action is appended to the audit tab with its reason and time.
@@ -14,10 +20,12 @@ every action is appended to the audit tab with its reason and time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from onceflow.ledger import states
 from onceflow.sheets.keys import RUN_ID_PREFIX, pipeline_run_id
 from onceflow.sheets.model import LIVE_STATUSES, Row, Snapshot, Status, token_time
 from onceflow.sheets.validation import duplicate_reason, judge_url
@@ -26,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from datetime import datetime, timedelta
 
+    from onceflow.sheets.ledger_link import LedgerView
     from onceflow.sheets.protocol import SheetQueue
 
 log = logging.getLogger(__name__)
@@ -40,6 +49,15 @@ CLAIMED_TWICE = "same URL claimed by two rows; the later claim is a duplicate of
 REASON_MISSING = "INVALID/DUPLICATE row had no reason; reason written"
 ROW_GONE = "row carrying the claim was deleted before the repair; nothing written"
 RUN_ID_WRONG_ROW = "run_id cell named another article's run (a write that landed on a moved row); corrected"
+LEDGER_MISSING = "claimed in the sheet but not in the ledger (claimer stopped between the two); registered"
+LEDGER_GAVE_UP = "ledger gave the article up: {why}"
+LEDGER_INVALID = "ledger sent the article back for correction: {why}"
+SHEET_GAVE_UP = "row is FAILED in the sheet; nothing will run its ledger item"
+SHEET_DONE = "row is DONE with a published link but the ledger has no result; recorded from the sheet"
+RUN_OK_LEDGER_NOT = "run succeeded but the ledger item is {state}, without a committed result"
+
+#: Action kinds carried out in the ledger (the rest act on the sheet or on Airflow).
+LEDGER_ACTIONS = frozenset({"ledger_register", "ledger_abandon", "ledger_record_done"})
 
 #: Run states that mean "something is already driving this row".
 ACTIVE_RUN_STATES = frozenset({"queued", "running"})
@@ -101,6 +119,7 @@ def plan(
     run_state: Callable[[str], str | None],
     audit: list[dict[str, str]],
     max_redrives: int = 3,
+    ledger: Callable[[str], LedgerView | None] | None = None,
 ) -> Plan:
     """Decide what to repair.
 
@@ -112,6 +131,8 @@ def plan(
         ``failed``), or None when no such run exists.
     :param audit: the audit tab so far; flags are not repeated, re-drives are counted.
     :param max_redrives: failed runs re-driven at most this often per claim, then FAILED.
+    :param ledger: row key -> the article's ledger item (``None`` when it has none); leave the
+        parameter out to reconcile the sheet with Airflow only.
     """
     result = Plan()
 
@@ -148,6 +169,10 @@ def plan(
             add(Action("flag", DONE_NO_LINK, row), once=True)
         if link and row.status is not Status.DONE:
             add(Action("flag", LINK_NOT_DONE, row), once=True)
+        if ledger is not None:
+            _against_ledger(row, ledger, run_state, version, duplicates, add)
+            if any(a.row is row and a.kind == "transition" for a in result.actions):
+                continue  # the ledger settled this row
         if row.status is not Status.PROCESSING or not row.token or row.token in duplicates:
             continue
         claimed_at = token_time(row.token)
@@ -166,11 +191,62 @@ def plan(
             redrives = _already_logged(audit, Action("reset_run", REDRIVE_FAILED, row))
             if redrives >= max_redrives:
                 add(Action("transition", GIVE_UP.format(n=redrives), row, run_id, Status.FAILED))
+                view = ledger(key) if ledger is not None else None
+                if view is not None and view.state in (states.PENDING, states.LEASED):
+                    add(Action("ledger_abandon", SHEET_GAVE_UP, row, run_id))
             else:
                 add(Action("reset_run", REDRIVE_FAILED, row, run_id))
         elif state == "success":
             add(Action("flag", SUCCESS_NOT_DONE, row, run_id), once=True)
     return result
+
+
+def _against_ledger(
+    row: Row,
+    ledger: Callable[[str], LedgerView | None],
+    run_state: Callable[[str], str | None],
+    version: str,
+    duplicates: set[str | None],
+    add: Callable[..., None],
+) -> None:
+    """Compare one claimed row with its ledger item (and its run, where that decides)."""
+    key = judge_url(row).key
+    if not row.token or key is None or row.token in duplicates:
+        return
+    view = ledger(key)
+    run_id = pipeline_run_id(key, version)
+    if row.status is Status.PROCESSING:
+        if view is None:
+            add(Action("ledger_register", LEDGER_MISSING, row, run_id))
+            return
+        if view.state in (states.FAILED, states.NEEDS_CORRECTION):
+            if run_state(run_id) in ACTIVE_RUN_STATES:
+                return  # a run (a recheck, a re-drive) may still settle it
+            failed = view.state == states.FAILED
+            why = (view.reason or "no reason recorded").splitlines()[0][:300]
+            add(
+                Action(
+                    "transition",
+                    (LEDGER_GAVE_UP if failed else LEDGER_INVALID).format(why=why),
+                    row,
+                    run_id,
+                    Status.FAILED if failed else Status.INVALID,
+                    fields=(("reason", why),),
+                )
+            )
+            return
+        if view.state in (states.PENDING, states.LEASED) and run_state(run_id) == "success":
+            add(Action("flag", RUN_OK_LEDGER_NOT.format(state=view.state), row, run_id), once=True)
+    elif row.status is Status.FAILED and view is not None and view.state == states.PENDING:
+        add(Action("ledger_abandon", SHEET_GAVE_UP, row, run_id))
+    elif (
+        row.status is Status.DONE
+        and row.get("published_url").strip()
+        and view is not None
+        and view.state in (states.PENDING, states.LEASED)
+        and not (view.state == states.LEASED and not view.lease_expired)
+    ):
+        add(Action("ledger_record_done", SHEET_DONE, row, run_id))
 
 
 def _derived_cells(row: Row, owner: dict[str, Row]) -> list[Action]:
@@ -205,27 +281,30 @@ def apply(
     *,
     now: datetime,
     create_run: Callable[[str, dict[str, str], bool], str],
+    ledger_repair: Callable[[Action, dict[str, str]], bool] | None = None,
 ) -> list[dict[str, str]]:
     """Carry out a plan; append every action to the audit tab; return the audit entries.
 
     :param create_run: ``(run_id, conf, reset) -> "created" | "exists"``.
+    :param ledger_repair: ``(action, run conf) -> changed``, carries out the ``ledger_*`` actions
+        (an unchanged ledger, e.g. a repair another pass already made, writes no audit entry).
     """
     entries = []
     for action in actions:
         row = action.row
         token = row.token or ""
         if action.kind in ("create_run", "reset_run"):
-            verdict = judge_url(row)
-            conf = {
-                "claim_token": token,
-                "row_key": verdict.key or "",
-                "url": verdict.normalised_url or row.url,
-                "spreadsheet_id": getattr(queue.transport, "spreadsheet_id", ""),
-                "sheet": queue.sheet,
-                "processing_version": queue.version,
-            }
-            outcome = create_run(action.run_id, conf, action.kind == "reset_run")
+            outcome = create_run(action.run_id, run_conf(row, queue), action.kind == "reset_run")
             log.info("%s %s: %s", action.kind, action.run_id, outcome)
+        elif action.kind in LEDGER_ACTIONS:
+            if ledger_repair is None or not ledger_repair(action, run_conf(row, queue)):
+                continue
+        elif action.kind == "transition" and action.new_status is not None and action.fields:
+            if not queue.transition(token, Status.PROCESSING, action.new_status):
+                log.info("row %s already moved on; nothing to do", token)
+                continue
+            with contextlib.suppress(LookupError, RuntimeError):  # the status says it; reason is extra
+                queue.write_fields(token, dict(action.fields))
         elif action.kind == "rewrite":
             try:
                 queue.write_fields(token, dict(action.fields))
@@ -247,3 +326,16 @@ def apply(
         entries.append(action.audit_entry(now))
     queue.audit(entries)
     return entries
+
+
+def run_conf(row: Row, queue: SheetQueue) -> dict[str, str]:
+    """The ``article_pipeline`` run conf of a claimed row (what ``sheet_claim`` would have sent)."""
+    verdict = judge_url(row)
+    return {
+        "claim_token": row.token or "",
+        "row_key": verdict.key or "",
+        "url": verdict.normalised_url or row.url,
+        "spreadsheet_id": getattr(queue.transport, "spreadsheet_id", ""),
+        "sheet": queue.sheet,
+        "processing_version": queue.version,
+    }

@@ -213,6 +213,23 @@ class AirflowCluster:
                 parts.append(f"--- {name} ({path}) ---\n" + "\n".join(tail))
         return "\n".join(parts)
 
+    def task_log_tails(self, dag_id: str, *, lines: int = 60, ok_states: Iterable[str] = ("success",)) -> str:
+        """The newest attempt's log of every task of ``dag_id`` not in ``ok_states`` (why it failed)."""
+        logs = Path(self.env["AIRFLOW_HOME"]) / "logs" / f"dag_id={dag_id}"
+        parts = []
+        for ti in self.task_instances(dag_id):
+            if ti["state"] in set(ok_states):
+                continue
+            folder = logs / f"run_id={ti['run_id']}" / f"task_id={ti['task_id']}"
+            attempts = sorted(folder.glob("attempt=*.log"), key=lambda p: p.stat().st_mtime)
+            head = f"--- {dag_id}/{ti['run_id']}/{ti['task_id']} is {ti['state']} (try {ti['try_number']})"
+            if not attempts:
+                parts.append(f"{head}: no log under {folder}")
+                continue
+            tail = attempts[-1].read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"{head}: {attempts[-1]}\n" + "\n".join(tail))
+        return "\n".join(parts)
+
     # -- commands ----------------------------------------------------------------------------
 
     def cli(self, *args: str, check: bool = True, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,134 @@
+"""Claimed sheet rows as ledger work items: one item per article, keyed by the row's stable key.
+
+``sheet_claim`` registers each row it claimed (kind ``article``, key ``article:<row key>``, the
+claim's run conf as payload) right after the sheet claim and before the run exists, so the three
+records of an article are written in order: sheet claim, ledger item, Airflow run. Each later
+write is idempotent and a crash between two leaves a gap that ``sheet_reconcile`` closes.
+
+Registration never re-opens a finished item: processing an article again is a recheck (the
+``recheck`` DAG) or a new processing version, not a second claim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from onceflow.ledger import states
+from onceflow.ledger.errors import UnknownWorkItem
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from onceflow.ledger.core import Ledger
+
+KIND = "article"
+#: The step ``article_pipeline`` commits for a claimed row (the chain's steps come later).
+CLAIM_STEP = "read_claimed_row"
+#: The step the reconciler records when the sheet says DONE and the ledger missed it.
+SHEET_DONE_STEP = "sheet_done"
+
+
+def work_key(row_key: str) -> str:
+    """``article:<row key>``: the ledger key of the article a row points at."""
+    if not row_key:
+        raise ValueError("a claimed row without a row key cannot be registered in the ledger")
+    return f"{KIND}:{row_key}"
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """What the ledger stores about one claim (the payload is the run's conf)."""
+
+    row_key: str
+    row_number: int
+    token: str
+    conf: dict[str, str]
+
+
+def register_claims(
+    ledger: Ledger, claims: Iterable[ClaimRecord], *, actor: str = states.PRODUCER
+) -> list[str]:
+    """Create a pending ``article`` item per claim; return the keys that were new.
+
+    An existing item (registered by an earlier attempt, a second claimer or the reconciler, or
+    finished earlier) is left as it is.
+    """
+    created = []
+    for claim in claims:
+        key = work_key(claim.row_key)
+        reason = f"claimed in the sheet: row {claim.row_number}, claim token {claim.token}"
+        if ledger.add(KIND, key, payload=claim.conf, reason=reason, actor=actor):
+            created.append(key)
+    return created
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """What the sheet reconciler needs to know about an article's ledger item."""
+
+    state: str
+    lease_expired: bool
+    reason: str
+    fencing_token: int
+
+
+def ledger_view(ledger: Ledger, row_key: str) -> LedgerView | None:
+    """The item of ``row_key`` as the reconciler sees it, or ``None`` if the ledger has none."""
+    try:
+        item = ledger.item(work_key(row_key))
+    except UnknownWorkItem:
+        return None
+    expired = item.state == states.LEASED and (
+        item.lease_expires_at is None or item.lease_expires_at <= ledger.clock.now()
+    )
+    why = item.last_error or item.reason or ""
+    return LedgerView(item.state, expired, why, item.fencing_token)
+
+
+def conf_payload(item_payload: Any) -> dict[str, str]:
+    """The claim conf stored on an item (rechecks start runs with only the work key)."""
+    if not isinstance(item_payload, dict):
+        return {}
+    return {str(k): str(v) for k, v in item_payload.items()}
+
+
+def repair(
+    ledger: Ledger, kind: str, *, conf: dict[str, str], row_number: int, reason: str, published_url: str = ""
+) -> bool:
+    """Carry out one of the sheet reconciler's ledger actions; ``True`` when the ledger changed.
+
+    Every change is a ledger transition with the reconciler as actor; a repair another pass (or
+    another reconciler) already made changes nothing and returns ``False``.
+
+    :param kind: ``ledger_register``, ``ledger_abandon`` or ``ledger_record_done``.
+    :param conf: the row's run conf (claim token, row key, URL, ...).
+    """
+    row_key = conf.get("row_key", "")
+    key = work_key(row_key)
+    if kind == "ledger_register":
+        record = ClaimRecord(row_key, row_number, conf.get("claim_token", ""), conf)
+        return bool(register_claims(ledger, [record], actor=states.RECONCILER))
+    view = ledger_view(ledger, row_key)
+    if view is None:
+        return False
+    if view.state == states.LEASED:
+        if not view.lease_expired:
+            return False  # a live holder decides; the next pass looks again
+        ledger.transition(key, "expire", states.RECONCILER, reason=f"{reason} (lease had expired)")
+    if kind == "ledger_abandon":
+        if ledger.item(key).state != states.PENDING:
+            return False
+        ledger.transition(key, "abandon", states.RECONCILER, reason=reason)
+        return True
+    if kind == "ledger_record_done":
+        item = ledger.item(key)
+        return ledger.record_result(
+            key,
+            SHEET_DONE_STEP,
+            conf.get("processing_version", "v1"),
+            item.fencing_token,
+            {"published_url": published_url, "source": "sheet"},
+            reason=reason,
+        )
+    raise ValueError(f"not a ledger repair: {kind!r}")

@@ -64,6 +64,8 @@ def sales_cluster(
     env = {
         "AIRFLOW_CONN_ONCEFLOW_SHOP_DB": connection(shop),
         "AIRFLOW_CONN_ONCEFLOW_WAREHOUSE": connection(warehouse),
+        # Several task processes lease at once: the ledger on PostgreSQL, as in production.
+        "AIRFLOW_CONN_ONCEFLOW_LEDGER": connection(request.getfixturevalue("postgres_url_factory")("ledger")),
         "ONCEFLOW_BUSINESS_TZ": TZ,
         "ONCEFLOW_SALES_STAGING_DIR": str(tmp_path / "staging"),
         "ONCEFLOW_DASHBOARD_DIR": str(tmp_path / "dashboard"),

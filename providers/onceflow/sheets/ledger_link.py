@@ -82,7 +82,10 @@ def ledger_view(ledger: Ledger, row_key: str) -> LedgerView | None:
     expired = item.state == states.LEASED and (
         item.lease_expires_at is None or item.lease_expires_at <= ledger.clock.now()
     )
-    why = item.last_error or item.reason or ""
+    why = item.reason or ""
+    if item.last_error:  # a worker's report: the exception class says what kind of failure
+        plain = item.last_error_class in (None, "InvalidInput")
+        why = item.last_error if plain else f"{item.last_error_class}: {item.last_error}"
     return LedgerView(item.state, expired, why, item.fencing_token)
 
 

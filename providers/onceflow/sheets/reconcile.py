@@ -237,15 +237,11 @@ def _against_ledger(
             return
         if view.state in (states.PENDING, states.LEASED) and run_state(run_id) == "success":
             add(Action("flag", RUN_OK_LEDGER_NOT.format(state=view.state), row, run_id), once=True)
-    elif row.status is Status.FAILED and view is not None and view.state == states.PENDING:
+    elif view is None or not (view.state == states.PENDING or view.lease_expired):
+        return  # only an item nobody is working on is repaired from the sheet
+    elif row.status is Status.FAILED:
         add(Action("ledger_abandon", SHEET_GAVE_UP, row, run_id))
-    elif (
-        row.status is Status.DONE
-        and row.get("published_url").strip()
-        and view is not None
-        and view.state in (states.PENDING, states.LEASED)
-        and not (view.state == states.LEASED and not view.lease_expired)
-    ):
+    elif row.status is Status.DONE and row.get("published_url").strip():
         add(Action("ledger_record_done", SHEET_DONE, row, run_id))
 
 

@@ -1,0 +1,210 @@
+"""The sheet queue and the work ledger together, through dag.test on the real DAGs.
+
+Real parts: the Sheets emulator driven by google-api-python-client, the ledger on SQLite and on
+PostgreSQL (``ledger_url``), Airflow's metadata DB. ``sheet_claim`` registers each claim as an
+``article`` item, ``article_pipeline``'s step commits through the ledger, and ``sheet_reconcile``
+brings sheet, ledger and Airflow back into agreement, recording each repair as a ledger transition
+by the reconciler and an audit-tab entry.
+
+One thing is a stand-in: the article chain's later steps (fetch, translate, ...) come in a later
+issue, so where a test needs an item the ledger gave up on or sent back for correction, it leases
+the item and reports that outcome itself, as such a step would.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from onceflow.ledger import Ledger, create_ledger_engine
+from onceflow.sheets import ledger_link
+from onceflow.sheets.keys import normalise_url, row_key
+from onceflow.sheets.model import Snapshot, Status
+from onceflow.sheets.protocol import SheetQueue
+from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from onceflow.testing.sheets_fixtures import SheetsEmulator
+
+HEADER = ["url", "status", "reason", "run_id", "score", "published_url", "claim_token", "claimed_at"]
+RECONCILE = {"lease_minutes": 60, "processing_version": "v1", "max_redrives": 3}
+
+
+@pytest.fixture
+def article_ledger(ledger_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
+    """``onceflow_ledger`` pointed at a fresh ledger (SQLite file or PostgreSQL database)."""
+    conn = {"conn_type": "postgres", "extra": {"sqlalchemy_url": ledger_url}}
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_LEDGER", json.dumps(conn))
+    engine = create_ledger_engine(ledger_url)
+    try:
+        yield Ledger(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def sheet(sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A queue spreadsheet with ``rows``; returns its id and a SheetQueue on it."""
+
+    def make(rows: list[list[str]]) -> tuple[str, SheetQueue]:
+        sid = sheets_emulator.create_spreadsheet("articles", sheets={"queue": [HEADER, *rows]})
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid)
+        )
+        transport = GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid)
+        return sid, SheetQueue(transport, spread=1)
+
+    return make
+
+
+def key_of(url: str) -> str:
+    return ledger_link.work_key(row_key(normalise_url(url)))
+
+
+def urls(n: int) -> list[str]:
+    tag = uuid.uuid4().hex[:8]
+    return [f"https://news.example/{tag}/{i}" for i in range(n)]
+
+
+def history(ledger: Ledger, key: str) -> list[tuple[str, str]]:
+    return [(h.event, h.actor) for h in ledger.history(key)]
+
+
+def test_sheet_claim_registers_each_claimed_row_as_a_pending_article_item(
+    run_dag: Any, sheet: Any, article_ledger: Ledger
+) -> None:
+    batch = urls(3)
+    sid, _ = sheet([[u, "NEW"] for u in batch] + [["not a url", "NEW"]])
+    first = run_dag("sheet_claim", conf={"max_rows": 10, "processing_version": "v1"})
+    assert first.state == "success", first.ti_states
+    out = first.xcom("claim_rows")
+    assert sorted(out["ledger_items_created"]) == sorted(key_of(u) for u in batch)
+    tokens = {c["url"]: c["claim_token"] for c in out["claims"]}
+    for url in batch:
+        item = article_ledger.item(key_of(url))
+        assert (item.kind, item.state, item.fencing_token) == ("article", "pending", 0)
+        assert item.payload["claim_token"] == tokens[normalise_url(url)]
+        assert item.payload["spreadsheet_id"] == sid
+        assert history(article_ledger, key_of(url)) == [("create", "producer")]
+    assert article_ledger.counts("article") == {"pending": 3}, "the INVALID row is not work"
+
+    again = run_dag("sheet_claim", conf={"max_rows": 10, "processing_version": "v1"})
+    assert again.state == "success" and again.xcom("claim_rows")["ledger_items_created"] == []
+    assert article_ledger.counts("article") == {"pending": 3}
+
+
+def test_the_article_step_commits_through_the_ledger_and_a_second_run_of_it_repeats_nothing(
+    run_dag: Any, sheet: Any, article_ledger: Ledger
+) -> None:
+    [url] = urls(1)
+    sid, queue = sheet([[url, "NEW"]])
+    claim = queue.claim(1).claims[0]
+    run = run_dag("article_pipeline", conf=claim.conf(sid, "queue", "v1"))
+    assert run.state == "success", run.ti_states
+    key = key_of(url)
+    item = article_ledger.item(key)
+    assert (item.state, item.fencing_token) == ("done", 1)
+    [result] = article_ledger.results(key)
+    assert (result.step, result.processing_version, result.fencing_token) == ("read_claimed_row", "v1", 1)
+    assert result.payload["run_id"] == run.run_id == queue.find(claim.token).get("run_id")
+    assert result.committed_by.startswith(f"article_pipeline/{run.run_id}/")
+    assert history(article_ledger, key) == [
+        ("create", "producer"),
+        ("claim", "worker"),
+        ("complete", "worker"),
+    ]
+
+
+def test_a_row_edited_to_another_article_sends_the_item_to_needs_correction_without_retries(
+    run_dag: Any, sheet: Any, article_ledger: Ledger
+) -> None:
+    original, other = urls(2)
+    sid, queue = sheet([[original, "NEW"]])
+    claim = queue.claim(1).claims[0]
+    queue.write_fields(claim.token, {"url": other})  # the editor pastes another link into the row
+    run = run_dag("article_pipeline", conf=claim.conf(sid, "queue", "v1"))
+    assert run.state == "failed"
+    assert run.try_numbers["read_claimed_row"] == 1, "invalid input is not retried"
+    item = article_ledger.item(key_of(original))
+    assert item.state == "needs_correction"
+    assert "is not the article this run was created for" in (item.last_error or "")
+    assert history(article_ledger, key_of(original))[-1] == ("invalid_input", "worker")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status"), [("needs_correction", Status.INVALID), ("failed", Status.FAILED)]
+)
+def test_reconcile_settles_the_row_from_the_ledger_verdict_once(
+    run_dag: Any,
+    sheet: Any,
+    article_ledger: Ledger,
+    sheets_emulator: SheetsEmulator,
+    outcome: str,
+    status: Status,
+) -> None:
+    [url] = urls(1)
+    sid, _ = sheet([[url, "NEW"]])
+    assert run_dag("sheet_claim", conf={"max_rows": 5, "processing_version": "v1"}).state == "success"
+    key = key_of(url)
+    # stand-in for a later chain step (see the module docstring)
+    lease = article_ledger.lease_key("article", key, "fetch-step", 60, "v1", reopen_reason="-")
+    if outcome == "needs_correction":
+        why = "page is not an article (no <article> element)"
+        article_ledger.mark_invalid(lease, why)
+    else:
+        why = "TimeoutError: fetch timed out"
+        while article_ledger.fail(lease, TimeoutError("fetch timed out"), backoff_seconds=0) != "failed":
+            lease = article_ledger.lease_key("article", key, "fetch-step", 60, "v1", reopen_reason="-")
+    assert article_ledger.item(key).state == outcome
+
+    first = run_dag("sheet_reconcile", conf=RECONCILE)
+    assert first.state == "success", first.ti_states
+    [entry] = first.xcom("reconcile")
+    assert entry["action"] == "transition" and why in entry["reason"]
+    [row] = Snapshot.from_values(sheets_emulator.values(sid, "queue")).rows
+    assert row.status is status and row.get("reason") == why
+    assert run_dag("sheet_reconcile", conf=RECONCILE).xcom("reconcile") == [], "settled once"
+
+
+def test_reconcile_registers_abandons_and_records_from_the_sheet_as_reconciler_transitions(
+    run_dag: Any, sheet: Any, article_ledger: Ledger
+) -> None:
+    missed, given_up, published = urls(3)
+    _, queue = sheet([[u, "NEW"] for u in (missed, given_up, published)])
+    claims = {c.url: c for c in queue.claim(3).claims}  # claimed outside sheet_claim: no items yet
+    for url in (given_up, published):
+        article_ledger.add("article", key_of(url), reason="registered by the claimer")
+    queue.transition(claims[normalise_url(given_up)].token, Status.PROCESSING, Status.FAILED)
+    done = claims[normalise_url(published)].token
+    queue.write_fields(done, {"published_url": "https://pub.example/p1"})
+    queue.transition(done, Status.PROCESSING, Status.DONE)
+
+    first = run_dag("sheet_reconcile", conf=RECONCILE)
+    assert first.state == "success", first.ti_states
+    assert sorted(e["action"] for e in first.xcom("reconcile")) == [
+        "ledger_abandon",
+        "ledger_record_done",
+        "ledger_register",
+    ]
+    assert history(article_ledger, key_of(missed)) == [("create", "reconciler")]
+    assert article_ledger.item(key_of(given_up)).state == "failed"
+    assert history(article_ledger, key_of(given_up))[-1] == ("abandon", "reconciler")
+    assert article_ledger.item(key_of(published)).state == "done"
+    [result] = article_ledger.results(key_of(published))
+    assert (result.step, result.payload) == (
+        "sheet_done",
+        {"published_url": "https://pub.example/p1", "source": "sheet"},
+    )
+    assert history(article_ledger, key_of(published))[-1] == ("record_result", "reconciler")
+    audit = {e["action"] for e in queue.read_audit()}
+    assert {"ledger_register", "ledger_abandon", "ledger_record_done"} <= audit
+
+    before = {k: history(article_ledger, k) for k in map(key_of, (missed, given_up, published))}
+    second = run_dag("sheet_reconcile", conf=RECONCILE)
+    assert second.state == "success" and second.xcom("reconcile") == [], "repairs are idempotent"
+    assert {k: history(article_ledger, k) for k in before} == before

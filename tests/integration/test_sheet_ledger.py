@@ -76,7 +76,7 @@ def history(ledger: Ledger, key: str) -> list[tuple[str, str]]:
 
 
 def test_sheet_claim_registers_each_claimed_row_as_a_pending_article_item(
-    run_dag: Any, sheet: Any, article_ledger: Ledger
+    run_dag: Any, sheet: Any, article_ledger: Ledger, sheets_emulator: SheetsEmulator
 ) -> None:
     batch = urls(3)
     sid, _ = sheet([[u, "NEW"] for u in batch] + [["not a url", "NEW"]])
@@ -93,9 +93,20 @@ def test_sheet_claim_registers_each_claimed_row_as_a_pending_article_item(
         assert history(article_ledger, key_of(url)) == [("create", "producer")]
     assert article_ledger.counts("article") == {"pending": 3}, "the INVALID row is not work"
 
+    # the editor sets a claimed row back to NEW: it is claimed again, but the item is not re-made
+    requeued = Snapshot.from_values(sheets_emulator.values(sid, "queue")).rows[0]
+    anonymous_service(sheets_emulator.endpoint).spreadsheets().values().update(
+        spreadsheetId=sid,
+        range=f"queue!B{requeued.number}",
+        valueInputOption="RAW",
+        body={"values": [["NEW"]]},
+    ).execute()
     again = run_dag("sheet_claim", conf={"max_rows": 10, "processing_version": "v1"})
-    assert again.state == "success" and again.xcom("claim_rows")["ledger_items_created"] == []
+    assert again.state == "success", again.ti_states
+    assert len(again.xcom("claim_rows")["claims"]) == 1
+    assert again.xcom("claim_rows")["ledger_items_created"] == []
     assert article_ledger.counts("article") == {"pending": 3}
+    assert history(article_ledger, key_of(requeued.url)) == [("create", "producer")]
 
 
 def test_the_article_step_commits_through_the_ledger_and_a_second_run_of_it_repeats_nothing(

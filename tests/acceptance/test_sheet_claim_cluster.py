@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from onceflow.ledger import Ledger, create_ledger_engine
+from onceflow.sheets import ledger_link
 from onceflow.sheets.keys import normalise_url, pipeline_run_id, row_key
 from onceflow.sheets.model import Snapshot
 from onceflow.sheets.transport import anonymous_service
@@ -171,8 +174,12 @@ def test_sheet_reconcile_completes_a_row_whose_claimer_was_killed_with_exactly_o
     dags.mkdir()
     for name in ("article_pipeline.py", "sheet_reconcile.py"):
         shutil.copy(REPO_DAGS / name, dags / name)
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ledger_conn = json.dumps({"conn_type": "sqlite", "extra": {"sqlalchemy_url": ledger_url}})
     cluster = airflow_cluster_factory(
-        dags_folder=dags, env={"AIRFLOW_CONN_ONCEFLOW_SHEETS": conn}, pools={"onceflow_sheets": 10}
+        dags_folder=dags,
+        env={"AIRFLOW_CONN_ONCEFLOW_SHEETS": conn, "AIRFLOW_CONN_ONCEFLOW_LEDGER": ledger_conn},
+        pools={"onceflow_sheets": 10},
     )
     params = {"lease_minutes": 0, "processing_version": "v1", "max_redrives": 3}
     first = cluster.trigger("sheet_reconcile", conf=params)
@@ -188,3 +195,18 @@ def test_sheet_reconcile_completes_a_row_whose_claimer_was_killed_with_exactly_o
     assert len(runs) == 1
     row = next(r for r in Snapshot.from_values(sheets_emulator.values(sid, "queue")).rows if r.token == token)
     assert row.get("run_id") == run_id and row.get("claim_token") == token
+    # the ledger saw the same story: registered by the reconciler, leased and completed by the run
+    engine = create_ledger_engine(ledger_url)
+    try:
+        ledger = Ledger(engine)
+        key = ledger_link.work_key(row_key(normalise_url(url)))
+        assert ledger.item(key).state == "done"
+        assert [(h.event, h.actor) for h in ledger.history(key)] == [
+            ("create", "reconciler"),
+            ("claim", "worker"),
+            ("complete", "worker"),
+        ]
+        [result] = ledger.results(key)
+        assert result.payload["run_id"] == run_id and result.fencing_token == 1
+    finally:
+        engine.dispose()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.testing.ports import free_port
-from onceflow.testing.processes import pids_with_marker
+from onceflow.testing.processes import harness_pids
 
 pytestmark = pytest.mark.real_airflow
 
@@ -80,14 +80,14 @@ def test_onceflow_up_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
             proc.wait(timeout=90)
         finally:
             log.close()
-    # Every Airflow process of the run carries its AIRFLOW_HOME in its environment; the emulator
-    # carries the state file on its command line.
+    # Every Airflow process of the run carries its AIRFLOW_HOME in its environment or, like the
+    # LocalExecutor workers that overwrite theirs (setproctitle), belongs to the run's session;
+    # the emulator carries the state file on its command line.
+    home = str(tmp_path / "home" / "airflow")
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and pids_with_marker(
-        "AIRFLOW_HOME", str(tmp_path / "home" / "airflow")
-    ):
+    while time.monotonic() < deadline and harness_pids("AIRFLOW_HOME", home, {proc.pid}):
         time.sleep(1)
-    assert pids_with_marker("AIRFLOW_HOME", str(tmp_path / "home" / "airflow")) == []
+    assert harness_pids("AIRFLOW_HOME", home, {proc.pid}) == []
     emulator = subprocess.run(
         ["pgrep", "-f", str(tmp_path / "home" / "data")], capture_output=True, text=True
     )

@@ -110,7 +110,7 @@ class SheetClaimOperator(BaseOperator):
         registered: list[str] = []
         if self.ledger_conn_id and result.claims:
             try:
-                registered = self._register(result.claims, confs)
+                registered = self._register(self.ledger_conn_id, result.claims, confs)
             except Exception as err:  # the claims stand; the runs still start; sheet_reconcile registers
                 self.log.exception("could not register the claims in the ledger")
                 failures.append(f"ledger: {err}")
@@ -149,11 +149,11 @@ class SheetClaimOperator(BaseOperator):
             ],
         }
 
-    def _register(self, claims: Sequence[Any], confs: dict[str, dict[str, str]]) -> list[str]:
+    def _register(self, conn_id: str, claims: Sequence[Any], confs: dict[str, dict[str, str]]) -> list[str]:
         from onceflow.hooks.ledger import LedgerHook
         from onceflow.sheets.ledger_link import ClaimRecord, register_claims
 
-        ledger = LedgerHook(self.ledger_conn_id or "onceflow_ledger").get_ledger()
+        ledger = LedgerHook(conn_id).get_ledger()
         records = [ClaimRecord(c.row_key, c.row_number, c.token, confs[c.token]) for c in claims]
         created = register_claims(ledger, records)
         self.log.info("ledger: %d new article item(s) of %d claims", len(created), len(records))

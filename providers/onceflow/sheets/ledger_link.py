@@ -115,22 +115,23 @@ def repair(
     view = ledger_view(ledger, row_key)
     if view is None:
         return False
-    if view.state == states.LEASED:
+    state = view.state
+    if state == states.LEASED:
         if not view.lease_expired:
             return False  # a live holder decides; the next pass looks again
-        ledger.transition(key, "expire", states.RECONCILER, reason=f"{reason} (lease had expired)")
+        expire = f"{reason} (lease had expired)"
+        state = ledger.transition(key, "expire", states.RECONCILER, reason=expire).state
     if kind == "ledger_abandon":
-        if ledger.item(key).state != states.PENDING:
+        if state != states.PENDING:
             return False
         ledger.transition(key, "abandon", states.RECONCILER, reason=reason)
         return True
     if kind == "ledger_record_done":
-        item = ledger.item(key)
         return ledger.record_result(
             key,
             SHEET_DONE_STEP,
             conf.get("processing_version", "v1"),
-            item.fencing_token,
+            view.fencing_token,  # expiry keeps the token
             {"published_url": published_url, "source": "sheet"},
             reason=reason,
         )

@@ -169,9 +169,10 @@ def plan(
             add(Action("flag", DONE_NO_LINK, row), once=True)
         if link and row.status is not Status.DONE:
             add(Action("flag", LINK_NOT_DONE, row), once=True)
+        view: LedgerView | None = None
         if ledger is not None:
-            _against_ledger(row, ledger, run_state, version, duplicates, add)
-            if any(a.row is row and a.kind == "transition" for a in result.actions):
+            view, settled = _against_ledger(row, ledger, run_state, version, duplicates, add)
+            if settled:
                 continue  # the ledger settled this row
         if row.status is not Status.PROCESSING or not row.token or row.token in duplicates:
             continue
@@ -191,7 +192,6 @@ def plan(
             redrives = _already_logged(audit, Action("reset_run", REDRIVE_FAILED, row))
             if redrives >= max_redrives:
                 add(Action("transition", GIVE_UP.format(n=redrives), row, run_id, Status.FAILED))
-                view = ledger(key) if ledger is not None else None
                 if view is not None and view.state in (states.PENDING, states.LEASED):
                     add(Action("ledger_abandon", SHEET_GAVE_UP, row, run_id))
             else:
@@ -208,20 +208,24 @@ def _against_ledger(
     version: str,
     duplicates: set[str | None],
     add: Callable[..., None],
-) -> None:
-    """Compare one claimed row with its ledger item (and its run, where that decides)."""
+) -> tuple[LedgerView | None, bool]:
+    """Compare one claimed row with its ledger item (and its run, where that decides).
+
+    :return: the item (looked up once per row; the re-drive logic reuses it) and whether a
+        transition of the row was planned, which settles it.
+    """
     key = judge_url(row).key
-    if not row.token or key is None or row.token in duplicates:
-        return
+    if row.status not in LIVE_STATUSES or not row.token or key is None or row.token in duplicates:
+        return None, False
     view = ledger(key)
     run_id = pipeline_run_id(key, version)
     if row.status is Status.PROCESSING:
         if view is None:
             add(Action("ledger_register", LEDGER_MISSING, row, run_id))
-            return
+            return view, False
         if view.state in (states.FAILED, states.NEEDS_CORRECTION):
             if run_state(run_id) in ACTIVE_RUN_STATES:
-                return  # a run (a recheck, a re-drive) may still settle it
+                return view, False  # a run (a recheck, a re-drive) may still settle it
             failed = view.state == states.FAILED
             why = (view.reason or "no reason recorded").splitlines()[0][:300]
             add(
@@ -234,15 +238,16 @@ def _against_ledger(
                     fields=(("reason", why),),
                 )
             )
-            return
+            return view, True
         if view.state in (states.PENDING, states.LEASED) and run_state(run_id) == "success":
             add(Action("flag", RUN_OK_LEDGER_NOT.format(state=view.state), row, run_id), once=True)
     elif view is None or not (view.state == states.PENDING or view.lease_expired):
-        return  # only an item nobody is working on is repaired from the sheet
+        pass  # only an item nobody is working on is repaired from the sheet
     elif row.status is Status.FAILED:
         add(Action("ledger_abandon", SHEET_GAVE_UP, row, run_id))
     elif row.status is Status.DONE and row.get("published_url").strip():
         add(Action("ledger_record_done", SHEET_DONE, row, run_id))
+    return view, False
 
 
 def _derived_cells(row: Row, owner: dict[str, Row]) -> list[Action]:

@@ -2,11 +2,9 @@
 
 * Twenty deferrable ``NewRowsSensor`` tasks waiting on a 10-slot pool do not stop processing tasks
   in that pool from running (the seed's "sensor deadlock"): waiting happens in the triggerer.
-* A claimer killed with SIGKILL between its claim and the run creation: ``sheet_reconcile``
-  creates the missing ``article_pipeline`` run, the scheduler runs it, and the row ends with
-  exactly one run, whose id is written beside the claim. (Marked slow: three runs through a
-  real scheduler take minutes on a busy machine; ``tests/integration/test_sheet_reconcile.py``
-  covers the same kill -9 repair, and its idempotence, with ``dag.test()`` in the normal suite.)
+* The real ``claim_rows`` task killed with SIGKILL between its claim and the run creation:
+  ``sheet_reconcile`` creates the missing ``article_pipeline`` run, the scheduler runs it, and the
+  row ends with exactly one run, whose id is written beside the claim.
 """
 
 from __future__ import annotations
@@ -15,8 +13,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 import uuid
@@ -24,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from sqlalchemy import text
 
 from onceflow.ledger import Ledger, create_ledger_engine
 from onceflow.sheets import ledger_link
@@ -32,6 +29,8 @@ from onceflow.sheets.model import Snapshot
 from onceflow.sheets.transport import anonymous_service
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
     from onceflow.testing.sheets_fixtures import SheetsEmulator
 
 pytestmark = pytest.mark.real_airflow
@@ -132,81 +131,130 @@ def test_twenty_waiting_sensors_on_a_ten_slot_pool_do_not_block_processing(
     assert cluster.wait_for_run("sheet_sensor_wall", wall, timeout=240) == "success"
 
 
-KILLED_CLAIMER = textwrap.dedent(
-    """
-    import sys
-    from onceflow.hooks.sheets import SheetQueueHook
-
-    result = SheetQueueHook().queue("v1").claim(1)
-    print("TOKENS", *[c.token for c in result.claims], flush=True)
-    sys.stdin.readline()  # about to create the run: the test kills us here
-    raise SystemExit("not killed")
-    """
-)
+def _claimed_token(emulator: SheetsEmulator, sid: str, url: str) -> str | None:
+    rows = Snapshot.from_values(emulator.values(sid, "queue")).rows
+    return next((r.token for r in rows if r.get("url") == url and r.token), None)
 
 
-@pytest.mark.slow
-def test_sheet_reconcile_completes_a_row_whose_claimer_was_killed_with_exactly_one_run(
-    airflow_cluster_factory: Any, sheets_emulator: SheetsEmulator, tmp_path: Path
+def _ledger_lock_waiters(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_sheet_reconcile_completes_a_row_whose_claim_task_was_killed_between_claim_and_run(
+    airflow_cluster_factory: Any,
+    sheets_emulator: SheetsEmulator,
+    postgres_url_factory: Any,
+    tmp_path: Path,
 ) -> None:
+    """kill -9 of the real ``claim_rows`` task (``SheetClaimOperator`` under the scheduler) after
+    its claim landed in the sheet and before it created the run; ``sheet_reconcile`` then creates
+    the one missing run, the scheduler runs it, and the ledger tells the same story.
+
+    Nothing is mocked. The task is held between its two steps by a lock: the operator's next step
+    after the sheet claim is registering the row in the ledger (PostgreSQL), and the test holds
+    ``work_items`` in ACCESS EXCLUSIVE mode, so the task waits there until it is killed.
+    """
     url = f"https://{uuid.uuid4().hex[:8]}.example/article"
     sid = _sheet(sheets_emulator, [[url, "NEW"]])
     conn = sheets_emulator.connection_json(spreadsheet_id=sid)
-    claimer = subprocess.Popen(
-        [sys.executable, "-c", KILLED_CLAIMER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "AIRFLOW_CONN_ONCEFLOW_SHEETS": conn},
-    )
-    assert claimer.stdout is not None
-    line = ""
-    while not line.startswith("TOKENS"):
-        line = claimer.stdout.readline()
-        assert line, "claimer exited before claiming"
-    os.kill(claimer.pid, signal.SIGKILL)
-    assert claimer.wait(timeout=30) == -signal.SIGKILL
-    (token,) = line.split()[1:]
-    run_id = pipeline_run_id(row_key(normalise_url(url)), "v1")
+    key = row_key(normalise_url(url))
+    run_id = pipeline_run_id(key, "v1")
 
+    ledger_url = postgres_url_factory("ledger")
+    engine = create_ledger_engine(ledger_url)
+    ledger = Ledger(engine)  # migrates: the table the test locks exists before any task runs
     dags = tmp_path / "dags"
     dags.mkdir()
-    for name in ("article_pipeline.py", "sheet_reconcile.py"):
+    for name in ("sheet_claim.py", "article_pipeline.py", "sheet_reconcile.py"):
         shutil.copy(REPO_DAGS / name, dags / name)
-    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    ledger_conn = json.dumps({"conn_type": "sqlite", "extra": {"sqlalchemy_url": ledger_url}})
-    cluster = airflow_cluster_factory(
-        dags_folder=dags,
-        env={"AIRFLOW_CONN_ONCEFLOW_SHEETS": conn, "AIRFLOW_CONN_ONCEFLOW_LEDGER": ledger_conn},
-        pools={"onceflow_sheets": 10},
-    )
-    params = {"lease_minutes": 0, "processing_version": "v1", "max_redrives": 3}
-    first = cluster.trigger("sheet_reconcile", conf=params)
-    assert cluster.wait_for_run("sheet_reconcile", first, timeout=240) == "success"
-    _wait(
-        lambda: cluster.run_state("article_pipeline", run_id) is not None, 60, "article run created", cluster
-    )
-    assert cluster.wait_for_run("article_pipeline", run_id, timeout=240) == "success"
-    runs = cluster.query(
-        "SELECT run_id, conf FROM dag_run WHERE dag_id = 'article_pipeline' AND run_id = :run_id",
-        run_id=run_id,
-    )
-    assert len(runs) == 1
-    row = next(r for r in Snapshot.from_values(sheets_emulator.values(sid, "queue")).rows if r.token == token)
-    assert row.get("run_id") == run_id and row.get("claim_token") == token
-    # the ledger saw the same story: registered by the reconciler, leased and completed by the run
-    engine = create_ledger_engine(ledger_url)
+    env = {
+        "AIRFLOW_CONN_ONCEFLOW_SHEETS": conn,
+        "AIRFLOW_CONN_ONCEFLOW_LEDGER": json.dumps(
+            {"conn_type": "postgres", "extra": {"sqlalchemy_url": ledger_url}}
+        ),
+    }
     try:
-        ledger = Ledger(engine)
-        key = ledger_link.work_key(row_key(normalise_url(url)))
-        assert ledger.item(key).state == "done"
-        assert [(h.event, h.actor) for h in ledger.history(key)] == [
+        with engine.connect() as blocker:
+            blocker.execute(text("LOCK TABLE work_items IN ACCESS EXCLUSIVE MODE"))
+            # sheet_claim is not paused at creation: its first scheduled run claims the row
+            cluster = airflow_cluster_factory(dags_folder=dags, env=env, pools={"onceflow_sheets": 10})
+            _wait(lambda: _claimed_token(sheets_emulator, sid, url), 300, "the row claimed", cluster)
+            token = _claimed_token(sheets_emulator, sid, url)
+            assert token is not None
+            running: list[dict[str, Any]] = []
+
+            def claim_task_waits_on_the_ledger() -> bool:
+                running[:] = cluster.query(
+                    "SELECT run_id, pid, try_number FROM task_instance WHERE dag_id = 'sheet_claim' "
+                    "AND task_id = 'claim_rows' AND state = 'running' AND pid IS NOT NULL"
+                )
+                return len(running) == 1 and _ledger_lock_waiters(engine) > 0
+
+            _wait(claim_task_waits_on_the_ledger, 120, "claim_rows blocked on the ledger", cluster)
+            [claimer] = running
+            assert cluster.run_state("article_pipeline", run_id) is None, "the run came before the kill"
+            os.kill(claimer["pid"], signal.SIGKILL)
+            _wait(lambda: not _alive(claimer["pid"]), 30, "the claim task gone", cluster)
+            blocker.rollback()  # releases the lock
+
+        # The retry claims nothing (the row is PROCESSING, not NEW): the claim is orphaned.
+        assert cluster.wait_for_run("sheet_claim", claimer["run_id"], timeout=240) == "success"
+        attempts = cluster.query(
+            "SELECT try_number, state FROM task_instance_history WHERE dag_id = 'sheet_claim' "
+            "AND task_id = 'claim_rows' AND run_id = :run_id",
+            run_id=claimer["run_id"],
+        )
+        # the killed attempt did not succeed (recorded failed, or up_for_retry as the retry began)
+        killed = [a["state"] for a in attempts if a["try_number"] == claimer["try_number"]]
+        assert len(killed) == 1 and killed[0] in {"failed", "up_for_retry"}, attempts
+        assert cluster.dag_runs("article_pipeline") == []
+        row = next(r for r in Snapshot.from_values(sheets_emulator.values(sid, "queue")).rows if r.token)
+        assert (row.get("url"), row.get("run_id")) == (url, "")
+
+        params = {"lease_minutes": 0, "processing_version": "v1", "max_redrives": 3}
+        first = cluster.trigger("sheet_reconcile", conf=params)
+        assert cluster.wait_for_run("sheet_reconcile", first, timeout=240) == "success"
+        _wait(
+            lambda: cluster.run_state("article_pipeline", run_id) is not None,
+            60,
+            "article run created",
+            cluster,
+        )
+        assert cluster.wait_for_run("article_pipeline", run_id, timeout=240) == "success"
+        second = cluster.trigger("sheet_reconcile", conf=params)
+        assert cluster.wait_for_run("sheet_reconcile", second, timeout=240) == "success"
+        assert [r["run_id"] for r in cluster.dag_runs("article_pipeline")] == [run_id]
+
+        row = next(
+            r for r in Snapshot.from_values(sheets_emulator.values(sid, "queue")).rows if r.token == token
+        )
+        assert row.get("run_id") == run_id and row.get("claim_token") == token
+        # registered by a reconciler (the killed task never got there; sheet_reconcile's own scheduled
+        # run may have done it first), leased and completed by the run
+        item_key = ledger_link.work_key(key)
+        assert ledger.item(item_key).state == "done"
+        assert [(h.event, h.actor) for h in ledger.history(item_key)] == [
             ("create", "reconciler"),
             ("claim", "worker"),
             ("complete", "worker"),
         ]
-        [result] = ledger.results(key)
+        [result] = ledger.results(item_key)
         assert result.payload["run_id"] == run_id and result.fencing_token == 1
     finally:
         engine.dispose()

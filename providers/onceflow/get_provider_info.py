@@ -2,7 +2,7 @@
 
 Keep it a plain literal: Airflow imports this in every process, so it must stay cheap.
 Each helper that adds a hook, operator, sensor, trigger, connection type or plugin lists it here;
-``tests/unit/test_provider_info.py`` fails when a class of the package is missing.
+``tests/integration/test_provider_registration.py`` fails when a module of the package is missing.
 """
 
 from __future__ import annotations

@@ -53,12 +53,27 @@ def test_every_module_of_a_kind_is_declared(kind: str) -> None:
     assert shipped == _declared_modules(kind)
 
 
-def test_declared_connection_types_resolve_to_hooks() -> None:
-    for entry in get_provider_info().get("connection-types", []):
-        module, _, name = entry["hook-class-name"].rpartition(".")
-        hook = getattr(importlib.import_module(module), name)
-        assert inspect.isclass(hook)
-        assert hook.conn_type == entry["connection-type"]
+def test_every_hook_uses_a_connection_type_an_installed_provider_registers() -> None:
+    """onceflow declares no connection type of its own: its hooks reuse ``postgres`` and
+    ``google_cloud_platform`` (so the UI's connection forms are the familiar ones). Each hook's
+    ``conn_type`` must therefore be one the installed providers register."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+
+    assert get_provider_info()["connection-types"] == []
+    hooks = [
+        cls
+        for module in sorted(_declared_modules("hooks"))
+        for cls in vars(importlib.import_module(module)).values()
+        if inspect.isclass(cls)
+        and issubclass(cls, BaseHook)
+        and cls.__module__ == module
+        and not cls.__name__.startswith("_")  # shared bases carry no conn_type
+    ]
+    assert {h.__name__ for h in hooks} >= {"LedgerHook", "SheetQueueHook", "WarehouseHook"}
+    known = set(ProvidersManagerTaskRuntime().hooks)
+    unknown = {h.__name__: h.conn_type for h in hooks if h.conn_type not in known}
+    assert unknown == {}, f"hooks whose connection type no installed provider registers: {unknown}"
 
 
 def test_notifications_and_plugins_import() -> None:

@@ -9,6 +9,7 @@ PostgreSQL in production.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -199,44 +200,46 @@ def run(cfg: LocalRunConfig) -> int:
     _demo_orders(cfg)
 
     children: list[subprocess.Popen[bytes]] = []
-    emulator_log = (cfg.home / "logs" / "sheets-emulator.log").open("ab")
-    children.append(
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "onceflow.testing.sheets_emulator",
-                "--port",
-                str(emulator_port),
-                "--state",
-                str(cfg.data / "sheets-state.json"),
-                "--seed",
-                str(_demo_sheet(cfg.data / "demo-sheet.json")),
-            ],
-            stdout=emulator_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    )
-    airflow_log = (cfg.home / "logs" / "airflow-standalone.log").open("ab")
-    children.append(
-        subprocess.Popen(
-            [sys.executable, "-m", "airflow", "standalone"],
-            env=env,
-            stdout=airflow_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    )
     ui = f"http://localhost:{api_port}"
+    logs = cfg.home / "logs"
 
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
+    # Both launches inside the try: if the second fails, the first is still stopped.
     try:
+        with (logs / "sheets-emulator.log").open("ab") as log:
+            children.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "onceflow.testing.sheets_emulator",
+                        "--port",
+                        str(emulator_port),
+                        "--state",
+                        str(cfg.data / "sheets-state.json"),
+                        "--seed",
+                        str(_demo_sheet(cfg.data / "demo-sheet.json")),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        with (logs / "airflow-standalone.log").open("ab") as log:
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "airflow", "standalone"],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         if not _wait_http(f"http://127.0.0.1:{api_port}/api/v2/monitor/health", 240, children):
-            print(f"onceflow: Airflow did not answer on {ui}; see {cfg.home / 'logs'}", file=sys.stderr)
+            print(f"onceflow: Airflow did not answer on {ui}; see {logs}", file=sys.stderr)
             return 1
         print(_banner(cfg, ui, emulator_port), flush=True)
         if cfg.exit_when_ready:
@@ -250,14 +253,16 @@ def run(cfg: LocalRunConfig) -> int:
     finally:
         for child in children:
             if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGTERM)
         for child in children:
             try:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-        emulator_log.close()
-        airflow_log.close()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=10)  # bounded: never hang the shell on a stuck child
 
 
 def _banner(cfg: LocalRunConfig, ui: str, emulator_port: int) -> str:

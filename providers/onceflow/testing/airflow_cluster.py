@@ -4,6 +4,13 @@
 triggerer as subprocesses on free loopback ports against the session's metadata database,
 waits until the api-server reports every component healthy, and on :meth:`stop` ends every
 process it started, grandchildren included (see :mod:`onceflow.testing.processes`).
+
+If the process that started a cluster dies without stopping it (SIGKILL, SIGTERM, a crash, or a
+forgotten ``stop()``), the cluster's watchdog sweeps it: a small process in its own session that
+reads a pipe only this process writes, and sees EOF when that process is gone. We chose it over
+``PR_SET_PDEATHSIG`` in a ``preexec_fn``: running Python between fork and exec can deadlock when
+the parent has threads (an in-process emulator, a client pool), the signal follows the *thread*
+that forked rather than the process, and it never reached the orphaned LocalExecutor workers.
 """
 
 from __future__ import annotations
@@ -18,14 +25,15 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sqlalchemy import create_engine, text
 
 from onceflow.testing.ports import free_port
-from onceflow.testing.processes import harness_pids, terminate_marked
+from onceflow.testing.processes import harness_pids, start_ticks, terminate_marked
 
 MARKER = "ONCEFLOW_HARNESS_RUN"
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -36,15 +44,21 @@ class ClusterError(RuntimeError):
     """An Airflow component failed to start, died, or a wait timed out; the message has log tails."""
 
 
-def _set_parent_death_signal() -> None:
-    # If the test process dies (even by SIGKILL) the kernel stops the component too.
-    try:
-        import ctypes
+def _exit_code(proc: subprocess.Popen[bytes]) -> int | None:
+    """The exit code of a finished child *without reaping it*; None while it runs.
 
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    An unreaped child keeps its PID allocated, so its session id cannot be handed to an unrelated
+    process before :meth:`AirflowCluster.stop` has swept the session (``Popen.poll`` would reap).
+    """
+    if proc.returncode is not None:
+        return proc.returncode
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped elsewhere (a waitpid(-1) in some library)
+        return proc.poll()
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
 
 class AirflowCluster:
@@ -100,32 +114,75 @@ class AirflowCluster:
         self.dags_folder = Path(self.env["AIRFLOW__CORE__DAGS_FOLDER"])
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        # Session id (each component's pid) -> its start time; emptied once stop() has reaped.
+        self._leaders: dict[int, int] = {}
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._watch_pipe: IO[bytes] | None = None
         self._first_job_id = 0
         self._engine = create_engine(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self, timeout: float = 180.0) -> AirflowCluster:
-        """Start every component and wait until the api-server reports them healthy."""
-        self._first_job_id = self._max_job_id()
-        for name in COMPONENTS:
-            log = (self.workdir / f"{name}.log").open("wb")
-            self._procs[name] = subprocess.Popen(
+        """Start every component and wait until the api-server reports them healthy.
+
+        On any failure (a launch, the wait, Ctrl-C) everything started so far is stopped before
+        the error propagates: ``with AirflowCluster(...)`` never runs ``__exit__`` if
+        ``__enter__`` raises.
+        """
+        try:
+            self._first_job_id = self._max_job_id()
+            self._start_watchdog()
+            for name in COMPONENTS:
+                self._launch(name)
+            self.wait_healthy(timeout)
+        except BaseException as exc:
+            try:
+                self.stop()
+            except Exception as stop_exc:
+                exc.add_note(f"onceflow: stop() after the failed start failed too: {stop_exc!r}")
+            raise
+        return self
+
+    def _start_watchdog(self) -> None:
+        read_fd, write_fd = os.pipe()  # both non-inheritable: no other child keeps the pipe open
+        self._watch_pipe = open(write_fd, "wb", buffering=0)  # noqa: SIM115  # closed by stop()
+        # Without the marker (or AIRFLOW_*) the watchdog is no target of its own sweep.
+        env = {k: v for k, v in os.environ.items() if k != MARKER and not k.startswith("AIRFLOW")}
+        try:
+            with (self.workdir / "watchdog.log").open("wb") as log:
+                self._watchdog = subprocess.Popen(
+                    [sys.executable, "-m", "onceflow.testing.processes", MARKER, self.marker],
+                    env=env,
+                    stdin=read_fd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # out of reach of signals sent to our group
+                )
+        finally:
+            os.close(read_fd)
+
+    def _tell_watchdog(self, line: str) -> None:
+        if self._watch_pipe is not None:
+            with contextlib.suppress(BrokenPipeError):  # a dead watchdog only loses the net
+                self._watch_pipe.write(f"{line}\n".encode())
+
+    def _launch(self, name: str) -> None:
+        # No preexec_fn: Popen then execs straight from C (safe with threads in this process).
+        with (self.workdir / f"{name}.log").open("wb") as log:
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "airflow", name],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_set_parent_death_signal,
             )
-            log.close()
-        try:
-            self.wait_healthy(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        self._procs[name] = proc
+        ticks = start_ticks(proc.pid)  # never None: the child stays unreaped until stop()
+        if ticks is not None:
+            self._leaders[proc.pid] = ticks
+            self._tell_watchdog(f"session {proc.pid} {ticks}")
 
     def wait_healthy(self, timeout: float = 180.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -169,32 +226,68 @@ class AirflowCluster:
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():
-            if proc.poll() is not None:
-                raise ClusterError(f"{name} exited with {proc.returncode}\n{self.log_tails()}")
+            code = _exit_code(proc)
+            if code is not None:
+                raise ClusterError(f"{name} exited with {code}\n{self.log_tails()}")
 
     def stop(self) -> list[int]:
-        """End every process of this cluster; returns the PIDs that needed SIGKILL."""
+        """End every process of this cluster; returns the PIDs that needed SIGKILL.
+
+        Safe to call again, and on a partly started cluster. Processes that survive even SIGKILL
+        (stuck in the kernel) are reported by a warning and by :meth:`leftover_pids`; stop()
+        gives up on them after bounded waits instead of hanging.
+        """
         for proc in self._procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
+            if proc.returncode is None:  # unreaped, so its group id is still this component's
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGTERM)
-        killed = terminate_marked(MARKER, self.marker, grace=15.0, sessions=self._sessions())
-        for proc in self._procs.values():
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        killed = terminate_marked(MARKER, self.marker, grace=15.0, sessions=self._leaders)
+        survivors = self.leftover_pids()
+        if survivors:
+            # Keep the leaders unreaped (their session ids stay ours) and the watchdog armed.
+            warnings.warn(
+                f"onceflow: cluster {self.marker}: processes survived SIGKILL: {survivors}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        else:
+            self._reap_leaders()
+            self._retire_watchdog()
         self._engine.dispose()
         return killed
 
-    def _sessions(self) -> set[int]:
-        # Each component was started with start_new_session=True: its pid is its session id.
-        return {proc.pid for proc in self._procs.values()}
+    def _reap_leaders(self) -> None:
+        for name, proc in self._procs.items():
+            try:
+                proc.wait(timeout=10)  # dead already: this only collects the zombie
+            except subprocess.TimeoutExpired:
+                warnings.warn(
+                    f"onceflow: {name} (pid {proc.pid}) could not be reaped", RuntimeWarning, stacklevel=3
+                )
+                return
+        # Reaped leaders free their PIDs: from now on a session id could be someone else's.
+        self._leaders.clear()
+
+    def _retire_watchdog(self) -> None:
+        if self._watch_pipe is not None:
+            self._tell_watchdog("done")
+            self._watch_pipe.close()
+            self._watch_pipe = None
+        if self._watchdog is not None:
+            try:
+                self._watchdog.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._watchdog.wait(timeout=5)
+                warnings.warn(
+                    f"onceflow: watchdog {self._watchdog.pid} hung; killed", RuntimeWarning, stacklevel=3
+                )
+            self._watchdog = None
 
     def leftover_pids(self) -> list[int]:
         """Processes of this cluster still alive (empty after :meth:`stop`)."""
-        return harness_pids(MARKER, self.marker, self._sessions())
+        return harness_pids(MARKER, self.marker, self._leaders)
 
     def __enter__(self) -> AirflowCluster:
         return self.start()

@@ -4,39 +4,78 @@ Two nets, because each misses something: each harness run exports a unique marke
 every descendant inherits (found by scanning ``/proc/*/environ``, even after setsid()), and each
 component starts its own session (found by the session id in ``/proc/*/stat``, even after
 setproctitle() has overwritten the environment block, as Airflow's LocalExecutor workers do).
+
+A session id is a PID number, so it is only ours while that number cannot be handed out again.
+Linux keeps a number allocated while any process uses it as its PID, group or session id: session
+S stays ours while its leader is unreaped (alive or a zombie) or any member lives.
+:class:`~onceflow.testing.airflow_cluster.AirflowCluster` therefore reaps its leaders only once
+their sessions are empty, and passes each leader's start time, so a session whose leader PID now
+belongs to another process is ignored.
+
+``python -m onceflow.testing.processes NAME VALUE`` is the watchdog a cluster starts beside its
+components (see :func:`watch`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
+import sys
 import time
+from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import IO
+
+#: Session ids, or session id -> start time of its leader (:func:`start_ticks`).
+Sessions = Collection[int] | Mapping[int, int]
 
 
-def harness_pids(name: str, value: str, sessions: set[int] | None = None) -> list[int]:
+def _stat_fields(proc: Path) -> list[str]:
+    stat = (proc / "stat").read_text()
+    # Fields after the parenthesised command: state ppid pgrp session ... (field 3 onwards).
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks after boot (``/proc/<pid>/stat`` field 22); None if gone."""
+    try:
+        return int(_stat_fields(Path(f"/proc/{pid}"))[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _trusted_sessions(sessions: Sessions | None) -> set[int]:
+    if not sessions:
+        return set()
+    if not isinstance(sessions, Mapping):
+        return set(sessions)
+    # A live process with the leader's PID but another start time means the PID was reused: the
+    # session with that id (if any) is someone else's.
+    return {sid for sid, ticks in sessions.items() if start_ticks(sid) in (ticks, None)}
+
+
+def harness_pids(name: str, value: str, sessions: Sessions | None = None) -> list[int]:
     """Live processes carrying ``name=value`` in their environment or in one of ``sessions``.
 
     One pass over ``/proc``: ``stat`` gives the state and session id, and ``environ`` is read
     only for processes the session test did not already claim.
     """
     needle = f"{name}={value}".encode()
-    sessions = sessions or set()
+    trusted = _trusted_sessions(sessions)
     found: list[int] = []
     me = os.getpid()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         try:
-            stat = (entry / "stat").read_text()
-            # Fields after the parenthesised command: state ppid pgrp session ...
-            fields = stat[stat.rfind(")") + 2 :].split()
+            fields = _stat_fields(entry)
             if not fields or fields[0] == "Z":
                 continue
-            if int(fields[3]) in sessions or needle in (entry / "environ").read_bytes().split(b"\0"):
+            if int(fields[3]) in trusted or needle in (entry / "environ").read_bytes().split(b"\0"):
                 found.append(int(entry.name))
-        except OSError:
+        except (OSError, IndexError, ValueError):
             continue
     return found
 
@@ -47,7 +86,7 @@ def pids_with_marker(name: str, value: str) -> list[int]:
 
 
 def terminate_marked(
-    name: str, value: str, grace: float = 10.0, sessions: set[int] | None = None
+    name: str, value: str, grace: float = 10.0, sessions: Sessions | None = None
 ) -> list[int]:
     """SIGTERM every harness process, wait up to ``grace`` seconds, then SIGKILL what is left.
 
@@ -69,5 +108,40 @@ def terminate_marked(
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    # PermissionError: the PID now belongs to another user's process; skipping it lets the
+    # caller reach its SIGKILL pass for the rest.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
+
+
+def watch(name: str, value: str, commands: IO[bytes], grace: float = 15.0) -> bool:
+    """The watchdog's body: read ``session <sid> <start ticks>`` lines until ``done`` or EOF.
+
+    The harness process holds the only write end of ``commands``; EOF without ``done`` means it
+    died (even by SIGKILL) or dropped a running cluster, so sweep the marker and sessions.
+
+    :returns: whether it swept.
+    """
+    leaders: dict[int, int] = {}
+    for line in commands:
+        parts = line.split()
+        if parts == [b"done"]:
+            return False
+        if len(parts) == 3 and parts[0] == b"session":
+            leaders[int(parts[1])] = int(parts[2])
+    killed = terminate_marked(name, value, grace, leaders)
+    print(f"swept {name}={value} sessions={sorted(leaders)}; SIGKILLed {killed}", flush=True)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Sweep a test cluster when its harness dies.")
+    parser.add_argument("name", help="marker variable")
+    parser.add_argument("value", help="marker value")
+    args = parser.parse_args(argv)
+    watch(args.name, args.value, sys.stdin.buffer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -168,13 +168,17 @@ def airflow_cluster_factory(
         return cluster.start(timeout=timeout)
 
     yield factory
-    leftovers: dict[str, list[int]] = {}
+    problems: list[str] = []
     for cluster in made:
-        cluster.stop()
-        if cluster.leftover_pids():
-            leftovers[cluster.marker] = cluster.leftover_pids()
-    if leftovers:
-        pytest.fail(f"onceflow: Airflow processes survived teardown: {leftovers}")
+        # Each in its own try: one failing stop() must not leave the other clusters running.
+        try:
+            cluster.stop()
+        except Exception as exc:
+            problems.append(f"{cluster.marker}: stop() failed: {exc!r}")
+        if leftovers := cluster.leftover_pids():
+            problems.append(f"{cluster.marker}: survived teardown: {leftovers}")
+    if problems:
+        pytest.fail("onceflow: Airflow cluster teardown: " + "; ".join(problems))
 
 
 @pytest.fixture

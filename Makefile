@@ -3,8 +3,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# uv comes from PyPI; Python downloads are off because only package registries are reachable.
-UV := $(PYTHON) -m uv
+# uv comes from PyPI (.ci/uv installs it when missing); Python downloads are off because only
+# package registries are reachable.
+UV := PYTHON=$(PYTHON) bash .ci/uv
 export UV_PYTHON_DOWNLOADS := never
 PYTEST_ARGS ?=
 
@@ -17,7 +18,6 @@ help:
 	@echo "make bench  every benchmark at full size (hours);  make bench-quick  the same at small sizes"
 
 $(VENV)/.synced: pyproject.toml uv.lock
-	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet --disable-pip-version-check "uv>=0.5"
 	$(UV) sync --frozen --python $(PYTHON)
 	@touch $@
 
@@ -57,8 +57,12 @@ bench-quick: install
 	$(PY) benchmarks/bench_depends_on_past.py --quick
 	$(PY) benchmarks/bench_backfill.py --quick
 
-run: install
-	$(VENV)/bin/onceflow up --home .onceflow
+# No system-deps: `make run` needs neither root nor the test tools.
+# ONCEFLOW_HOME and RUN_ARGS (e.g. RUN_ARGS="--port 8090") are for tests and second copies.
+ONCEFLOW_HOME ?= .onceflow
+RUN_ARGS ?=
+run: $(VENV)/.synced
+	$(VENV)/bin/onceflow up --home $(ONCEFLOW_HOME) $(RUN_ARGS)
 
 clean:
-	rm -rf .onceflow .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .onceflow .tools .pytest_cache .mypy_cache .ruff_cache

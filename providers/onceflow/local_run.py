@@ -112,6 +112,9 @@ def environment(cfg: LocalRunConfig, api_port: int, emulator_port: int) -> dict[
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(cfg.plugins_folder),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        # 8 LocalExecutor workers, not 32: plenty for the demo, and a laptop (or a 2-core CI box)
+        # keeps its memory and stops them quickly on Ctrl-C.
+        "AIRFLOW__CORE__PARALLELISM": "8",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{cfg.airflow_home / 'airflow.db'}",
         "AIRFLOW__API__HOST": "127.0.0.1",
@@ -184,6 +187,10 @@ def _wait_http(url: str, timeout: float, children: list[subprocess.Popen[bytes]]
     return False
 
 
+#: Environment variable that marks every process of one ``onceflow up``.
+RUN_MARKER = "ONCEFLOW_UP_RUN"
+
+
 def run(cfg: LocalRunConfig) -> int:
     """Prepare the folder, start the emulator and ``airflow standalone``, wait for Ctrl-C."""
     for folder in (cfg.airflow_home, cfg.data, cfg.home / "logs"):
@@ -191,6 +198,10 @@ def run(cfg: LocalRunConfig) -> int:
     api_port = _pick_port(cfg.port)
     emulator_port = _pick_port(8090)
     env = environment(cfg, api_port, emulator_port)
+    # Every process started from here inherits this marker, which is how _stop finds them all
+    # (AIRFLOW_HOME would also match a user's shell that exported the same home).
+    marker = f"{os.getpid()}-{time.time_ns()}"
+    env[RUN_MARKER] = marker
 
     print(f"onceflow: preparing {cfg.home} (metadata DB, pools, demo data)", flush=True)
     _airflow(env, "db", "migrate")
@@ -223,6 +234,7 @@ def run(cfg: LocalRunConfig) -> int:
                         "--seed",
                         str(_demo_sheet(cfg.data / "demo-sheet.json")),
                     ],
+                    env={**os.environ, RUN_MARKER: marker},
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -238,7 +250,7 @@ def run(cfg: LocalRunConfig) -> int:
                     start_new_session=True,
                 )
             )
-        if not _wait_http(f"http://127.0.0.1:{api_port}/api/v2/monitor/health", 240, children):
+        if not _wait_http(f"http://127.0.0.1:{api_port}/api/v2/monitor/health", 420, children):
             print(f"onceflow: Airflow did not answer on {ui}; see {logs}", file=sys.stderr)
             return 1
         print(_banner(cfg, ui, emulator_port), flush=True)
@@ -251,18 +263,31 @@ def run(cfg: LocalRunConfig) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        for child in children:
-            if child.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.pid, signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    child.wait(timeout=10)  # bounded: never hang the shell on a stuck child
+        # A second Ctrl-C or SIGTERM (make forwards one to its recipe) must not cut the clean-up short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _stop(children, marker)
+
+
+def _stop(children: list[subprocess.Popen[bytes]], marker: str) -> None:
+    """SIGTERM everything started here, SIGKILL what is left after 30 s, then reap.
+
+    ``airflow standalone``'s own children outlive it when it dies first, and task processes move to
+    process groups of their own, so a ``killpg`` misses some: everything is found by the run's
+    marker variable and by session instead (:mod:`onceflow.testing.processes`). The children are
+    reaped only after the sweep, so their PIDs still pin the session ids it matches.
+    """
+    from onceflow.testing.processes import start_ticks, terminate_marked
+
+    sessions = {c.pid: ticks for c in children if (ticks := start_ticks(c.pid)) is not None}
+    killed = terminate_marked(RUN_MARKER, marker, grace=30.0, sessions=sessions)
+    if killed:
+        print(
+            f"onceflow: {len(killed)} process(es) ignored SIGTERM for 30 s and were killed", file=sys.stderr
+        )
+    for child in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=10)  # bounded: never hang the shell on a stuck child
 
 
 def _banner(cfg: LocalRunConfig, ui: str, emulator_port: int) -> str:

@@ -1,6 +1,6 @@
 """Sheet claims: the batched conditional protocol against the naive read-then-write protocol.
 
-Run: ``.venv/bin/python benchmarks/bench_sheet_claims.py [--quick]``
+Run: ``.venv/bin/python benchmarks/bench_sheet_claims.py [--quick] [--quota-seconds S] [--quota-only]``
 
 Both protocols talk to the Sheets API emulator over HTTP through the real google-api-python-client,
 and every request is counted by the emulator's request log. Printed:
@@ -9,29 +9,47 @@ and every request is counted by the emulator's request log. Printed:
    makes for the tab ids is left out) at batch sizes 1, 10, 100 and sheet sizes 100 to 50,000
    rows, and the claims per minute each protocol can reach under Google's default quota of 60
    write and 60 read requests per minute per user, with the ratio;
-2. what each protocol does when two claimers race over the same rows (claims made twice).
+2. what each protocol does when two claimers race over the same rows (claims made twice);
+3. measured under quota: each protocol runs against its own emulator that *enforces* 60 reads and
+   60 writes per minute (429 + ``Retry-After`` past them, as Google does) for ``--quota-seconds``
+   of wall time (default 60, ``--quick`` 20), side by side, and the claims it completed are
+   counted: claims/min reached at batch 1, 10 and 100, and the ratio. The run is cut into at
+   least two quota windows of at most 60 s, the limit scaled to match (still 60 per minute), so
+   every run crosses a window edge and the backoff after real 429s is part of what is measured;
+4. end to end under the same quota: each claimed row also runs what ``article_pipeline``'s first
+   task does with the sheet (``locate`` + ``write_fields``); the naive side reads the row and
+   writes its fields by row number. Rows/min measured, and the steady state computed from the
+   measured requests per row.
 
 The naive protocol is the one from the seed post: read the sheet, then ``values.update`` the status
-cell of each row picked to ``PROCESSING`` (last writer wins, no token).
+cell of each row picked to ``PROCESSING`` (last writer wins, no token). Under quota both sides use
+the same :class:`~onceflow.sheets.retry.Backoff` (honours ``Retry-After``).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers"))
 
-from onceflow.sheets.model import Snapshot, Status
-from onceflow.sheets.protocol import SheetQueue
+from onceflow.sheets.model import Snapshot, Status, token_time
+from onceflow.sheets.protocol import Claim, SheetQueue
+from onceflow.sheets.retry import Backoff, QuotaExceeded
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
-from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
+from onceflow.testing.sheets_emulator.quota import Quota
+from onceflow.testing.sheets_emulator.server import METHODS, SheetsEmulatorServer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
 WRITE_QUOTA = READ_QUOTA = 60  # requests per minute per user (Google's default)
@@ -134,10 +152,312 @@ def race(server: SheetsEmulatorServer, name: str, rows: int = 200, batch: int = 
     return len(claims), twice
 
 
+# -- measured under an enforced quota ---------------------------------------------------------------
+
+
+class Deadline(Exception):
+    """The measured wall time is over (raised instead of sleeping past it)."""
+
+
+def deadline_sleep(deadline: float) -> Callable[[float], None]:
+    def sleep(seconds: float) -> None:
+        if time.monotonic() + seconds > deadline:
+            raise Deadline
+        time.sleep(seconds)
+
+    return sleep
+
+
+def quota_backoff(deadline: float, seed: int) -> Backoff:
+    """The production policy (jittered, honours Retry-After), with a budget that never runs out."""
+    return Backoff(attempts=1_000_000, sleep=deadline_sleep(deadline), rng=random.Random(seed))
+
+
+def naive_execute(backoff: Backoff, request: Any) -> Any:
+    """One request of the naive protocol, resent after a 429 as the same backoff says."""
+    from googleapiclient.errors import HttpError
+
+    def once() -> Any:
+        try:
+            return request.execute(num_retries=0)
+        except HttpError as err:
+            if int(err.resp.status) == 429:
+                after = err.resp.get("retry-after")
+                raise QuotaExceeded("429", float(after) if after is not None else None) from err
+            raise
+
+    return backoff.call(once)
+
+
+@dataclass
+class Side:
+    """One measured run: its own emulator, client and counters."""
+
+    name: str
+    server: SheetsEmulatorServer
+    sid: str
+    service: Any
+    queue: SheetQueue
+    done: int = 0  # claims (or, end to end, rows processed) completed before the deadline
+    claimed: int = 0
+    refused: int = 0  # requests answered 429 by the quota
+    error: BaseException | None = None
+
+
+def protocol_claims(side: Side, batch: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        result = side.queue.claim(batch)
+        if time.monotonic() <= deadline:
+            side.done += len(result.claims)
+        if result.aimed == 0:
+            raise RuntimeError("the sheet ran out of NEW rows: seed more")
+
+
+def naive_claims(side: Side, batch: int, deadline: float, process: bool = False) -> None:
+    backoff = side.queue.backoff
+    values = side.service.spreadsheets().values()
+    while time.monotonic() < deadline:
+        got = naive_execute(backoff, values.get(spreadsheetId=side.sid, range="queue"))
+        snapshot = Snapshot.from_values(got.get("values", []))
+        assert snapshot.columns is not None
+        status, run_id = snapshot.columns["status"], snapshot.columns["run_id"]
+        picked = [r for r in snapshot.rows if r.status is Status.NEW][:batch]
+        if not picked:
+            raise RuntimeError("the sheet ran out of NEW rows: seed more")
+        for row in picked:
+            cell = f"queue!{chr(ord('A') + status)}{row.number}"
+            body = {"values": [["PROCESSING"]]}
+            naive_execute(
+                backoff, values.update(spreadsheetId=side.sid, range=cell, valueInputOption="RAW", body=body)
+            )
+            if time.monotonic() <= deadline:
+                side.claimed += 1
+                side.done += 0 if process else 1
+        for row in picked if process else []:
+            # what the first task would do without anchors: read the row, write its fields by number
+            naive_execute(
+                backoff, values.get(spreadsheetId=side.sid, range=f"queue!{row.number}:{row.number}")
+            )
+            cell = f"queue!{chr(ord('A') + run_id)}{row.number}"
+            body = {"values": [[f"article_pipeline__{row.number}"]]}
+            naive_execute(
+                backoff, values.update(spreadsheetId=side.sid, range=cell, valueInputOption="RAW", body=body)
+            )
+            if time.monotonic() <= deadline:
+                side.done += 1
+
+
+def protocol_end_to_end(side: Side, batch: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        result = side.queue.claim(batch)
+        if time.monotonic() <= deadline:
+            side.claimed += len(result.claims)
+        if result.aimed == 0:
+            raise RuntimeError("the sheet ran out of NEW rows: seed more")
+        for claim in result.claims:
+            first_task(side.queue, claim)
+            if time.monotonic() <= deadline:
+                side.done += 1
+
+
+def first_task(queue: SheetQueue, claim: Claim) -> None:
+    """The sheet calls of ``article_pipeline``'s first task (``ClaimedRowOperator._read_row``): a
+    fresh queue per task, ``locate`` the row by token, then ``write_fields`` run id and claim."""
+    task = SheetQueue(queue.transport, backoff=queue.backoff)
+    row = task.locate(claim.token)
+    assert row is not None
+    fields = {"run_id": claim.run_id, "claim_token": claim.token}
+    claimed_at = token_time(claim.token)
+    if claimed_at is not None:
+        fields["claimed_at"] = claimed_at.isoformat(timespec="seconds")
+    task.write_fields(claim.token, fields)
+
+
+def first_task_cost(server: SheetsEmulatorServer, claims: int = 10) -> tuple[float, float]:
+    """Requests per row of :func:`first_task`, without a quota: (reads, writes)."""
+    sid = seed(server, 100)
+    queue = SheetQueue(GoogleSheetsTransport(anonymous_service(server.endpoint), sid), spread=1)
+    won = queue.claim(claims).claims
+    server.request_log.reset()
+    for claim in won:
+        first_task(queue, claim)
+    log = server.request_log
+    return log.reads / len(won), log.writes / len(won)
+
+
+def quota_shape(seconds: float) -> tuple[float, int]:
+    """(window seconds, requests admitted per window): 60 per minute, at least two windows per run."""
+    windows = max(2, math.ceil(seconds / 60))
+    window = seconds / windows
+    return window, max(1, round(window))
+
+
+def run_sides(jobs: list[tuple[str, Callable[[Side, float], None]]], rows: int, seconds: float) -> list[Side]:
+    """Run each job against its own quota-enforcing emulator, all at once, for ``seconds``."""
+    window, limit = quota_shape(seconds)
+    sides: list[tuple[Side, Callable[[Side, float], None]]] = []
+    for i, (name, job) in enumerate(jobs):
+        server = SheetsEmulatorServer(port=0, state=None).start()
+        sid = seed(server, rows)
+        service = anonymous_service(server.endpoint)
+        queue = SheetQueue(GoogleSheetsTransport(service, sid), rng=random.Random(i))
+        queue.sheet_id()  # the tab ids, and the client's one-off set-up, before the clock starts
+        service.spreadsheets().values()
+        sides.append((Side(name, server, sid, service, queue), job))
+    start = time.monotonic() + 0.5
+    deadline = start + seconds
+
+    def run(side: Side, job: Callable[[Side, float], None]) -> None:
+        time.sleep(max(0.0, start - time.monotonic()))
+        try:
+            job(side, deadline)
+        except Deadline:
+            pass
+        except BaseException as err:
+            side.error = err
+
+    for i, (side, _) in enumerate(sides):
+        side.queue.backoff = quota_backoff(deadline, i)
+        side.server.request_log.reset()
+        side.server.quota = Quota(limit, limit, window)
+    threads = [threading.Thread(target=run, args=pair) for pair in sides]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for side, _ in sides:
+        side.server.stop()
+        side.refused = side.server.request_log.snapshot()["faults"].get("quota", 0)
+        if side.error is not None:
+            raise RuntimeError(f"{side.name} failed") from side.error
+    return [side for side, _ in sides]
+
+
+def admitted(side: Side) -> tuple[int, int]:
+    """Reads and writes the quota admitted (the request log also counts the 429s)."""
+    reads = writes = 0
+    for event in side.server.request_log.timeline:
+        if event.status != 429:
+            if METHODS[event.method][1]:
+                writes += 1
+            else:
+                reads += 1
+    return reads, writes
+
+
+def per_unit(side: Side) -> tuple[float, float]:
+    """Admitted reads and writes per completed claim (or processed row)."""
+    reads, writes = admitted(side)
+    done = max(1, side.done)
+    return reads / done, writes / done
+
+
+def rate(reads: float, writes: float) -> float:
+    """Units per minute under 60 reads + 60 writes per minute, at that many requests per unit."""
+    return min(READ_QUOTA / reads if reads else math.inf, WRITE_QUOTA / writes if writes else math.inf)
+
+
+def measure_under_quota(
+    seconds: float, batches: list[int], e2e_batch: int, task: tuple[float, float]
+) -> None:
+    """Claims/min (and, at ``e2e_batch``, processed rows/min) measured under an enforced quota.
+
+    :param task: requests per row of :func:`first_task` (reads, writes), for the computed rows/min.
+    """
+    window, limit = quota_shape(seconds)
+    per_min = 60 / seconds
+    print(
+        f"Measured under the emulator's enforced quota: {limit} reads + {limit} writes per {window:g} s"
+        f" window (= {limit * 60 / window:g}/min each); {seconds:g} s of wall time per side, sides at once"
+    )
+    print(
+        f"{'batch':>5} | {'protocol claims/min':>19} {'429s':>5} | {'naive claims/min':>16} {'429s':>5} |"
+        f" {'ratio':>6} | {'computed from request counts p / n':>34} | quota used, writes p / n"
+    )
+    capacity = round(limit * seconds / window)
+    e2e: list[Side] = []
+    for batch in batches:
+        rows = int(batch * limit * seconds / window * 1.3) + 4 * batch + 100
+
+        def claims_p(side: Side, deadline: float, batch: int = batch) -> None:
+            protocol_claims(side, batch, deadline)
+
+        def claims_n(side: Side, deadline: float, batch: int = batch) -> None:
+            naive_claims(side, batch, deadline)
+
+        def e2e_p(side: Side, deadline: float, batch: int = batch) -> None:
+            protocol_end_to_end(side, batch, deadline)
+
+        def e2e_n(side: Side, deadline: float, batch: int = batch) -> None:
+            naive_claims(side, batch, deadline, process=True)
+
+        jobs: list[tuple[str, Callable[[Side, float], None]]] = [("protocol", claims_p), ("naive", claims_n)]
+        if batch == e2e_batch:
+            jobs += [("protocol", e2e_p), ("naive", e2e_n)]
+        p, n, *rest = run_sides(jobs, rows, seconds)
+        e2e += rest
+        p_rate, n_rate = p.done * per_min, n.done * per_min
+        ratio = f"{p_rate / n_rate:5.1f}x" if n_rate else "  n/a"
+        # steady state: 1 read + 1 write per protocol wake-up, 1 read per naive wake-up + 1 write per row
+        computed = f"{rate(1 / batch, 1 / batch):,.0f} / {rate(1 / batch, 1.0):,.0f}"
+        print(
+            f"{batch:>5} | {p_rate:>19,.0f} {p.refused:>5} | {n_rate:>16,.0f} {n.refused:>5} | {ratio} |"
+            f" {computed:>34} | {admitted(p)[1]}/{capacity} / {admitted(n)[1]}/{capacity}",
+            flush=True,
+        )
+    if e2e:
+        print()
+        print(
+            f"End to end, measured under the same quota at batch {e2e_batch}: each claimed row also makes"
+            " the sheet calls of article_pipeline's first task (protocol: locate + write_fields; naive:"
+            " read the row, then write its fields by row number)"
+        )
+        for side in e2e:
+            reads, writes = per_unit(side)
+            print(
+                f"  {side.name:>8}: {side.done * per_min:5.1f} rows/min ({side.claimed} claimed,"
+                f" {side.done} processed, {side.refused} 429s; {reads:.2f} reads + {writes:.2f} writes per row)"
+            )
+    task_r, task_w = task
+    print()
+    print(
+        f"End to end, computed from requests per row: the claim's share plus the first task"
+        f" (measured: {task_r:.2f} reads + {task_w:.2f} writes per row; naive 1 + 1)"
+    )
+    print(
+        f"{'batch':>5} | {'protocol claims/min':>19} | {'protocol rows/min':>17} |"
+        f" {'if the task were write_fields alone':>35} | {'naive rows/min':>14}"
+    )
+    for batch in (1, 10, 50, 100):
+        print(
+            f"{batch:>5} | {rate(1 / batch, 1 / batch):>19,.0f} |"
+            f" {rate(1 / batch + task_r, 1 / batch + task_w):>17.1f} |"
+            f" {rate(1 / batch + 1, 1 / batch + 1):>35.1f} | {rate(1 / batch + 1, 2.0):>14.1f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="sheet sizes 100 and 1,000 only")
+    parser.add_argument(
+        "--quick", action="store_true", help="sheet sizes 100 and 1,000 only; 20 s under quota"
+    )
+    parser.add_argument(
+        "--quota-seconds",
+        type=float,
+        default=None,
+        help="wall time of each measured run under the enforced quota (default 60, 20 with --quick; 0 skips it)",
+    )
+    parser.add_argument("--quota-only", action="store_true", help="only the measured-under-quota section")
+    parser.add_argument("--e2e-batch", type=int, default=10, help="batch of the end-to-end run (default 10)")
     args = parser.parse_args()
+    quota_seconds = args.quota_seconds if args.quota_seconds is not None else (20.0 if args.quick else 60.0)
+    if args.quota_only:
+        if quota_seconds <= 0:
+            parser.error("--quota-only needs --quota-seconds > 0")
+        with SheetsEmulatorServer(port=0, state=None) as server:
+            task = first_task_cost(server)
+        measure_under_quota(quota_seconds, [1, 10, 100], args.e2e_batch, task)
+        return
     sizes = [100, 1_000] if args.quick else [100, 1_000, 10_000, 50_000]
     server = SheetsEmulatorServer(port=0, state=None).start()
     try:
@@ -176,8 +496,16 @@ def main() -> None:
         print(
             f"Later writes through the row anchor: {reads:.1f} reads + {writes:.1f} writes per write_fields"
         )
+        task = first_task_cost(server)
+        print(
+            f"article_pipeline's first task (locate + write_fields): {task[0]:.1f} reads + {task[1]:.1f}"
+            " writes per row"
+        )
     finally:
         server.stop()
+    if quota_seconds > 0:
+        print()
+        measure_under_quota(quota_seconds, [1, 10, 100], args.e2e_batch, task)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ class Fault:
     :param probability: fire with this probability per matching request.
     :param seed: seed of this rule's random generator (with ``probability``).
     :param methods: only requests to these methods (e.g. ``values.get``); ``None`` means all.
-    :param retry_after: seconds sent in the ``Retry-After`` header of a 429.
+    :param retry_after: seconds sent in the ``Retry-After`` header of a 429; ``None`` sends no
+        header.
     :param latency: seconds added before the request is handled (kind ``latency``).
     """
 
@@ -35,7 +36,7 @@ class Fault:
     probability: float | None = None
     seed: int | None = None
     methods: list[str] | None = None
-    retry_after: float = 1.0
+    retry_after: float | None = 1.0
     latency: float = 0.0
     fired: int = 0
     _rng: random.Random = field(default_factory=random.Random, repr=False)
@@ -68,7 +69,9 @@ class Fault:
         }
 
     @property
-    def retry_after_header(self) -> str:
+    def retry_after_header(self) -> str | None:
+        if self.retry_after is None:
+            return None
         return str(max(0, math.ceil(self.retry_after)))
 
     def _fires(self, method: str) -> bool:

@@ -24,7 +24,7 @@ from onceflow.testing.sheets_emulator.errors import ApiError, invalid_argument, 
 from onceflow.testing.sheets_emulator.faults import Fault, FaultInjector
 from onceflow.testing.sheets_emulator.model import Store
 from onceflow.testing.sheets_emulator.quota import Quota
-from onceflow.testing.sheets_emulator.requestlog import RequestLog
+from onceflow.testing.sheets_emulator.requestlog import RequestEvent, RequestLog
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -170,7 +170,25 @@ class SheetsEmulatorServer:
     # -- request handling (called from the HTTP handler threads) -------------------------------
 
     def handle_api(self, request: handlers.ApiRequest) -> tuple[int, dict[str, Any], dict[str, str]]:
-        """Apply one API request: count it, inject faults, then apply + persist under the lock."""
+        """Apply one API request: count it, inject faults, then apply + persist under the lock.
+
+        Its arrival time, status and ``Retry-After`` go to the request log's ``timeline``.
+        """
+        arrived = time.monotonic()
+        status: int = 500
+        headers: dict[str, str] = {}
+        try:
+            status, reply, headers = self._handle_api(request)
+            return status, reply, headers
+        except ApiError as exc:
+            status, headers = exc.code, exc.headers
+            raise
+        finally:
+            self.request_log.record_reply(
+                RequestEvent(arrived, request.method, status, headers.get("Retry-After"))
+            )
+
+    def _handle_api(self, request: handlers.ApiRequest) -> tuple[int, dict[str, Any], dict[str, str]]:
         handler, writes = METHODS[request.method]
         self.request_log.record(request.method, writes=writes)
         quota = self.quota
@@ -184,7 +202,8 @@ class SheetsEmulatorServer:
         failure = decision.failure
         if failure is not None and failure.kind == "429":
             self.request_log.record_fault("429")
-            return 429, _quota_error(writes), {"Retry-After": failure.retry_after_header}
+            header = failure.retry_after_header
+            return 429, _quota_error(writes), {} if header is None else {"Retry-After": header}
         if failure is not None and failure.kind == "500":
             self.request_log.record_fault("500")
             return 500, _internal_error(), {}

@@ -108,8 +108,12 @@ def test_article_pipeline_reads_its_row_back_by_token_wherever_it_moved(
         }
     }
     service.spreadsheets().batchUpdate(spreadsheetId=sid, body={"requests": [insert]}).execute()
+    log = sheets_emulator.request_log
+    log.reset()
     result = run_dag("article_pipeline", conf=claim.conf(sid, "queue", "v1"))
     assert result.state == "success", result.ti_states
+    # the same-article check rides on write_fields' own read: 1 read + 1 write per article
+    assert (log.reads, log.writes) == (1, 1), log.counts
     assert result.xcom("read_claimed_row")["url"] == claim.url
     row = queue.find(claim.token)
     assert row is not None and row.number == claim.row_number + 2

@@ -234,26 +234,36 @@ class ClaimedRowOperator(BaseOperator):
     def _read_row(self, conf: dict[str, Any], run_id: str) -> dict[str, Any]:
         from onceflow.hooks.sheets import SheetQueueHook
         from onceflow.ledger.steps import InvalidInput
-        from onceflow.sheets.model import token_time
+        from onceflow.sheets.model import Row, token_time
         from onceflow.sheets.validation import judge_url
 
         token = str(conf["claim_token"])
         hook = SheetQueueHook(spreadsheet_id=conf.get("spreadsheet_id"), sheet=conf.get("sheet"))
         queue = hook.queue(str(conf.get("processing_version", "v1")))
-        row = queue.locate(token)
-        if row is None:
-            raise InvalidInput(f"no row of the queue carries claim token {token!r}: the claim was removed")
-        verdict = judge_url(row)
-        if verdict.key != conf.get("row_key"):
-            raise InvalidInput(
-                f"row {row.number} carries token {token!r} but its URL {row.url!r} is not the article "
-                f"this run was created for ({conf.get('url')!r})"
-            )
+
+        read: list[Row] = []
+
+        def same_article(row: Row) -> None:
+            read.append(row)
+            if judge_url(row).key != conf.get("row_key"):
+                raise InvalidInput(
+                    f"row {row.number} carries token {token!r} but its URL {row.url!r} is not the "
+                    f"article this run was created for ({conf.get('url')!r})"
+                )
+
         fields = {"run_id": run_id, "claim_token": token}
-        claimed_at = token_time(row.token) if row.token else None
+        claimed_at = token_time(token)
         if claimed_at is not None:
             fields["claimed_at"] = claimed_at.isoformat(timespec="seconds")
-        row = queue.write_fields(token, fields)
+        try:
+            # the check rides on write_fields' own read: 1 read + 1 write per row, the sheet's
+            # per-user quota being what caps articles per minute
+            row = queue.write_fields(token, fields, check=same_article)
+        except LookupError as exc:
+            raise InvalidInput(
+                f"no row of the queue carries claim token {token!r}: the claim was removed"
+            ) from exc
+        verdict = judge_url(read[-1])  # the row as read (the write's echo holds only what it wrote)
         return {
             "row_number_at_read": row.number,
             "url": verdict.normalised_url,

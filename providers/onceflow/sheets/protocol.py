@@ -555,7 +555,13 @@ class SheetQueue:
             self._cleanup([anchors.delete(anchors.by_id(created))])
         return False
 
-    def write_fields(self, token: str, fields: dict[str, str], attempts: int = 3) -> Row:
+    def write_fields(
+        self,
+        token: str,
+        fields: dict[str, str],
+        attempts: int = 3,
+        check: Callable[[Row], None] | None = None,
+    ) -> Row:
         """Write ``fields`` (column -> text, stored RAW, never as a formula) into the row of ``token``.
 
         The write goes through the row's anchor (``values.batchUpdateByDataFilter`` on the
@@ -563,6 +569,8 @@ class SheetQueue:
         before it (header and row, by the same anchor) checks the row still carries the token and
         skips a write that is already there. Costs 1 read + 1 write.
 
+        :param check: called with the row as read, before anything is written; whatever it raises
+            aborts the write (a caller's own check of the row costs no extra read this way).
         :raises LookupError: no row carries the token (e.g. the editor deleted it).
         :raises RuntimeError: the anchor could not be settled in ``attempts`` tries.
         """
@@ -578,6 +586,8 @@ class SheetQueue:
                 if self._adopt(token):
                     continue
                 raise LookupError(f"no row carries claim token {token!r}")
+            if check is not None:
+                check(mine[0])
             wanted = {k: v for k, v in fields.items() if columns.has(k)}
             if all(mine[0].get(k) == v for k, v in wanted.items()):
                 return mine[0]

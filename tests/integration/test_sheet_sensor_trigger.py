@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -64,3 +64,63 @@ def test_the_trigger_waits_until_enough_rows_are_new_then_fires(
         polled.set()
         editor.join(30)
     assert payload == {"status": "found", "new_rows": 2}
+
+
+def _first_event(trigger: NewRowsTrigger, timeout: float = 60) -> dict[str, object]:
+    async def first() -> dict[str, object]:
+        event = await asyncio.wait_for(trigger.run().__aiter__().__anext__(), timeout)
+        return dict(event.payload)
+
+    return asyncio.run(first())
+
+
+def test_a_missing_column_ends_the_wait_at_once_with_an_error_naming_it(
+    sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = sheets_emulator.create_spreadsheet(
+        "articles", sheets={"queue": [["link", "status"], ["https://a.example/1", "NEW"]]}
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid))
+    payload = _first_event(NewRowsTrigger(poll_interval=0.1))
+    assert payload["status"] == "error"
+    assert "MissingColumnsError" in str(payload["message"]) and "'url'" in str(payload["message"])
+    assert sheets_emulator.request_log["values.batchGet"] == 1, "it stopped instead of polling on"
+
+
+def test_a_tab_that_does_not_exist_ends_the_wait_with_an_error(
+    sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = sheets_emulator.create_spreadsheet("articles", sheets={"queue": [HEADER]})
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid))
+    payload = _first_event(NewRowsTrigger(sheet="no such tab", poll_interval=0.1))
+    assert payload["status"] == "error" and "400" in str(payload["message"]), payload
+
+
+def test_429s_and_500s_do_not_end_the_wait(
+    sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = sheets_emulator.create_spreadsheet(
+        "articles", sheets={"queue": [HEADER, ["https://a.example/1", "NEW"]]}
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid))
+    sheets_emulator.faults.add("500", count=2, methods=["values.batchGet"])
+    sheets_emulator.faults.add("429", count=1, retry_after=None, methods=["values.batchGet"])
+    payload = _first_event(NewRowsTrigger(poll_interval=0.1))
+    assert payload == {"status": "found", "new_rows": 1}
+    assert sheets_emulator.request_log.snapshot()["faults"] == {"500": 2, "429": 1}
+
+
+def test_sheet_claim_fails_loudly_on_a_sheet_missing_a_column_despite_soft_fail(
+    run_dag: Any, sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sheet_claim``'s sensor has ``soft_fail`` (nothing new before the timeout: skip). A broken
+    sheet is not "nothing new": the run fails, and the task says which column is missing."""
+    sid = sheets_emulator.create_spreadsheet(
+        "articles", sheets={"queue": [["link", "status"], ["https://a.example/1", "NEW"]]}
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid))
+    result = run_dag("sheet_claim", conf={"max_rows": 10, "processing_version": "v1"})
+    assert result.state == "failed", result.ti_states
+    assert result.ti_states["wait_for_new_rows"] == "failed"
+    assert result.ti_states["claim_rows"] == "upstream_failed"
+    assert sheets_emulator.values(sid, "queue")[1] == ["https://a.example/1", "NEW"], "nothing was touched"

@@ -15,6 +15,14 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
+class QueueUnreadable(Exception):
+    """The queue sheet cannot be read as a queue (a missing column, tab or permission).
+
+    Deliberately not an ``AirflowException``: ``soft_fail`` (which ``sheet_claim`` uses to skip
+    a run that found nothing new) turns those into a skip, and a broken sheet must fail loudly.
+    """
+
+
 class NewRowsSensor(BaseSensorOperator):
     """Succeed once the queue tab has at least ``min_rows`` NEW rows.
 
@@ -70,6 +78,11 @@ class NewRowsSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> int:
-        """Resume after the trigger fired; the XCom is the number of NEW rows seen."""
+        """Resume after the trigger fired; the XCom is the number of NEW rows seen.
+
+        :raises QueueUnreadable: the trigger stopped because waiting could not help.
+        """
+        if event.get("status") == "error":
+            raise QueueUnreadable(f"the queue sheet cannot be waited on: {event.get('message')}")
         self.log.info("trigger saw %s NEW rows", event.get("new_rows"))
         return int(event.get("new_rows", 0))

@@ -16,6 +16,20 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
 
+def is_permanent(err: BaseException) -> bool:
+    """Whether waiting longer cannot fix ``err``: a required column missing, a tab that does not
+    exist (400), no access or no such spreadsheet (401/403/404). 429s, 5xx and network errors
+    are not: the trigger keeps polling through those."""
+    from googleapiclient.errors import HttpError
+
+    from onceflow.sheets.model import MissingColumnsError
+    from onceflow.sheets.retry import Refused
+
+    if isinstance(err, (MissingColumnsError, Refused)):
+        return True
+    return isinstance(err, HttpError) and int(err.resp.status) in (401, 403, 404)
+
+
 def count_new_rows(gcp_conn_id: str, spreadsheet_id: str | None, sheet: str | None) -> int:
     """Number of rows whose status is NEW (after trimming and upper-casing). One read."""
     from onceflow.hooks.sheets import SheetQueueHook
@@ -69,7 +83,12 @@ class NewRowsTrigger(BaseTrigger):
                 found = await asyncio.to_thread(
                     count_new_rows, self.gcp_conn_id, self.spreadsheet_id, self.sheet
                 )
-            except Exception as err:  # a flaky read is not a reason to stop waiting
+            except Exception as err:
+                if is_permanent(err):
+                    # waiting cannot add a column or grant access: end the wait now, saying why
+                    yield TriggerEvent({"status": "error", "message": f"{type(err).__name__}: {err}"})
+                    return
+                # a flaky read is not a reason to stop waiting
                 self.log.warning("reading the queue failed (%s); retrying in %ss", err, self.poll_interval)
             else:
                 self.log.info("%d NEW rows (waiting for %d)", found, self.min_rows)

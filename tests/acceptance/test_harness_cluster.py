@@ -187,6 +187,7 @@ def test_cluster_fixture_leaves_no_process_after_a_failing_test(
         _kill_survivors(record)
 
 
+@pytest.mark.slow  # one more inner session and cluster (~80 s); the failing-test case above stays in make test
 @pytest.mark.timeout(2400)
 def test_cluster_is_swept_when_pytest_is_killed_mid_test(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch

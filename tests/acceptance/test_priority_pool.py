@@ -95,22 +95,16 @@ def poll(predicate: Callable[[], Any], *, timeout: float, what: str, cluster: An
     raise AssertionError(f"timed out waiting for {what}\n{cluster.log_tails()}")
 
 
-def run_competition(factory: Callable[..., Any], tmp_path: Path, slots: int) -> dict[str, Any]:
+def run_competition(cluster: Any, dags: Path, release: Path, slots: int) -> dict[str, Any]:
     """Hold a slot, create the nightly run and a 3-day backfill, release, return what Airflow recorded."""
-    dags, plugins, release = tmp_path / "dags", tmp_path / "plugins", tmp_path / "release"
-    dags.mkdir()
-    plugins.mkdir()
-    (plugins / "onceflow_priority_plugin.py").write_text(PLUGIN)
-    # DAG ids per experiment: the session's metadata DB outlives a cluster, and runs of an
-    # earlier experiment must not satisfy this one's waits.
+    from onceflow.testing.airflow_cluster import set_pools
+
+    set_pools({POOL: slots})  # the scheduler reads pool sizes from the metadata DB every loop
+    # DAG ids per experiment: runs of the other experiment must not satisfy this one's waits.
     holder_id, probe_id = f"slot_holder_{slots}", f"priority_probe_{slots}"
     (dags / f"{holder_id}.py").write_text(
         textwrap.dedent(HOLDER_DAG.format(pool=POOL, release=str(release), holder=holder_id))
     )
-    cluster = factory(
-        dags_folder=dags, pools={POOL: slots}, env={"AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins)}
-    )
-
     holder_run = cluster.trigger(holder_id)
     poll(
         lambda: [t for t in cluster.task_instances(holder_id, holder_run) if t["state"] == "running"],
@@ -148,12 +142,21 @@ def run_competition(factory: Callable[..., Any], tmp_path: Path, slots: int) -> 
     return {"holder": holder, "tis": sorted(tis, key=lambda t: t["start_date"]), "runs": runs}
 
 
-def test_with_one_slot_the_nightly_run_goes_before_older_backfill_days(
+def test_priority_weights_decide_only_when_the_pool_is_short_of_slots(
     airflow_cluster_factory: Callable[..., Any], tmp_path: Path
 ) -> None:
-    seen = run_competition(airflow_cluster_factory, tmp_path, slots=1)
-    tis, holder, runs = seen["tis"], seen["holder"], seen["runs"]
+    """Both experiments on one cluster (starting one is the costly part): one slot, then eight."""
+    dags, plugins = tmp_path / "dags", tmp_path / "plugins"
+    dags.mkdir()
+    plugins.mkdir()
+    (plugins / "onceflow_priority_plugin.py").write_text(PLUGIN)
+    cluster = airflow_cluster_factory(
+        dags_folder=dags, pools={POOL: 1}, env={"AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins)}
+    )
 
+    # One slot: the nightly run goes before older backfill days.
+    seen = run_competition(cluster, dags, tmp_path / "release_1", slots=1)
+    tis, holder, runs = seen["tis"], seen["holder"], seen["runs"]
     order = [runs[t["run_id"]]["run_type"] for t in tis]
     assert order == ["scheduled", "backfill", "backfill", "backfill"]
     backfill_days = [runs[t["run_id"]]["logical_date"] for t in tis[1:]]
@@ -165,13 +168,9 @@ def test_with_one_slot_the_nightly_run_goes_before_older_backfill_days(
     for earlier, later in itertools.pairwise(tis):
         assert later["start_date"] >= earlier["end_date"]
 
-
-def test_with_free_slots_the_same_weights_order_nothing(
-    airflow_cluster_factory: Callable[..., Any], tmp_path: Path
-) -> None:
-    seen = run_competition(airflow_cluster_factory, tmp_path, slots=8)
+    # Eight slots: the same weights order nothing.
+    seen = run_competition(cluster, dags, tmp_path / "release_8", slots=8)
     tis, holder, runs = seen["tis"], seen["holder"], seen["runs"]
-
     assert sorted(runs[t["run_id"]]["run_type"] for t in tis) == [
         "backfill",
         "backfill",

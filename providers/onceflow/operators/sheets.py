@@ -194,6 +194,7 @@ class ClaimedRowOperator(BaseOperator):
 
         from onceflow.hooks.ledger import LedgerHook
         from onceflow.ledger.steps import InvalidInput, run_keyed_step
+        from onceflow.sheets.keys import RUN_CONF_KEYS
         from onceflow.sheets.ledger_link import CLAIM_STEP, KIND, conf_payload, work_key
 
         dag_run = context["dag_run"]
@@ -220,9 +221,8 @@ class ClaimedRowOperator(BaseOperator):
                 work=lambda _lease: self._read_row(conf, dag_run.run_id),
                 lease_seconds=self.lease_seconds,
                 reuse_prefix=f"{ti.dag_id}/{ti.run_id}/",  # a retry of this run repeats nothing
-                payload={k: conf[k] for k in ("claim_token", "row_key", "url", "spreadsheet_id", "sheet",
-                                              "processing_version") if k in conf},
-            )  # fmt: skip
+                payload={k: conf[k] for k in RUN_CONF_KEYS if k in conf},
+            )
         except InvalidInput as exc:
             raise AirflowFailException(str(exc)) from exc  # recorded in the ledger; a retry cannot help
         if outcome.repeated:

@@ -75,3 +75,17 @@ def pipeline_run_id(key: str, version: str) -> str:
     Valid under Airflow's default ``allowed_run_id_pattern`` (``^[A-Za-z0-9_.~:+-]+$``).
     """
     return f"{RUN_ID_PREFIX}__{key}__{check_version(version)}"
+
+
+#: The keys of an ``article_pipeline`` run conf (and of its ledger item's payload).
+RUN_CONF_KEYS = ("claim_token", "row_key", "url", "spreadsheet_id", "sheet", "processing_version")
+
+
+def article_run_conf(
+    *, token: str, key: str, url: str, spreadsheet_id: str, sheet: str, version: str
+) -> dict[str, str]:
+    """The ``article_pipeline`` run conf of a claimed row: enough to find the row again by its
+    claim token, wherever it moved. ``sheet_claim``, ``sheet_reconcile`` and the ledger item all
+    carry exactly this."""
+    values = (token, key, url, spreadsheet_id, sheet, version)
+    return dict(zip(RUN_CONF_KEYS, values, strict=True))

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from onceflow.sheets import anchors
-from onceflow.sheets.keys import pipeline_run_id
+from onceflow.sheets.keys import article_run_conf, pipeline_run_id
 from onceflow.sheets.model import (
     ColumnMap,
     Row,
@@ -70,14 +70,14 @@ class Claim:
 
     def conf(self, spreadsheet_id: str, sheet: str, version: str) -> dict[str, str]:
         """The ``article_pipeline`` run conf: enough to find the row again by token."""
-        return {
-            "claim_token": self.token,
-            "row_key": self.row_key,
-            "url": self.url,
-            "spreadsheet_id": spreadsheet_id,
-            "sheet": sheet,
-            "processing_version": version,
-        }
+        return article_run_conf(
+            token=self.token,
+            key=self.row_key,
+            url=self.url,
+            spreadsheet_id=spreadsheet_id,
+            sheet=sheet,
+            version=version,
+        )
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from onceflow.ledger import states
-from onceflow.sheets.keys import RUN_ID_PREFIX, pipeline_run_id
+from onceflow.sheets.keys import RUN_ID_PREFIX, article_run_conf, pipeline_run_id
 from onceflow.sheets.model import LIVE_STATUSES, Row, Snapshot, Status, token_time
 from onceflow.sheets.validation import duplicate_reason, judge_url
 
@@ -332,11 +332,11 @@ def apply(
 def run_conf(row: Row, queue: SheetQueue) -> dict[str, str]:
     """The ``article_pipeline`` run conf of a claimed row (what ``sheet_claim`` would have sent)."""
     verdict = judge_url(row)
-    return {
-        "claim_token": row.token or "",
-        "row_key": verdict.key or "",
-        "url": verdict.normalised_url or row.url,
-        "spreadsheet_id": getattr(queue.transport, "spreadsheet_id", ""),
-        "sheet": queue.sheet,
-        "processing_version": queue.version,
-    }
+    return article_run_conf(
+        token=row.token or "",
+        key=verdict.key or "",
+        url=verdict.normalised_url or row.url,
+        spreadsheet_id=getattr(queue.transport, "spreadsheet_id", ""),
+        sheet=queue.sheet,
+        version=queue.version,
+    )

@@ -110,6 +110,7 @@ def test_429s_and_500s_do_not_end_the_wait(
     assert sheets_emulator.request_log.snapshot()["faults"] == {"500": 2, "429": 1}
 
 
+@pytest.mark.slow  # a whole sheet_claim dag.test (~60 s); the trigger tests above run in make test
 def test_sheet_claim_fails_loudly_on_a_sheet_missing_a_column_despite_soft_fail(
     run_dag: Any, sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:

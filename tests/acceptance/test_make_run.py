@@ -81,7 +81,8 @@ def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
     # LocalExecutor workers that overwrite theirs (setproctitle), belongs to the run's session;
     # the emulator carries the state file on its command line.
     home = str(tmp_path / "home" / "airflow")
-    deadline = time.monotonic() + 30
+    # make exits at once on SIGTERM; onceflow up then gives its children 30 s before SIGKILL
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline and harness_pids("AIRFLOW_HOME", home, {proc.pid}):
         time.sleep(1)
     assert harness_pids("AIRFLOW_HOME", home, {proc.pid}) == []

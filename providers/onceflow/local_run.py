@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onceflow.pools import pools_import_json
+from onceflow.shutdown import GracefulShutdown
 
 DEMO_SPREADSHEET_ID = "onceflow-demo"
 DEMO_URLS = (
@@ -174,9 +175,11 @@ def _demo_orders(cfg: LocalRunConfig) -> None:
     )
 
 
-def _wait_http(url: str, timeout: float, children: list[subprocess.Popen[bytes]]) -> bool:
+def _wait_http(
+    url: str, timeout: float, children: list[subprocess.Popen[bytes]], stop: GracefulShutdown
+) -> bool:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and all(c.poll() is None for c in children):
+    while time.monotonic() < deadline and not stop.requested and all(c.poll() is None for c in children):
         try:
             with urllib.request.urlopen(url, timeout=3) as resp:
                 if resp.status == 200:
@@ -192,7 +195,19 @@ RUN_MARKER = "ONCEFLOW_UP_RUN"
 
 
 def run(cfg: LocalRunConfig) -> int:
-    """Prepare the folder, start the emulator and ``airflow standalone``, wait for Ctrl-C."""
+    """Prepare the folder, start the emulator and ``airflow standalone``, wait for Ctrl-C.
+
+    SIGTERM and SIGINT only set a flag (:class:`~onceflow.shutdown.GracefulShutdown`) that the
+    waits poll, so no number of them can cut the clean-up short: ``make`` forwards the SIGTERM
+    its process group already got, and a raising handler hit by that second one inside the
+    ``finally`` left the whole of Airflow running.
+    """
+    stop = GracefulShutdown()
+    with stop.installed((signal.SIGTERM, signal.SIGINT)):
+        return _run(cfg, stop)
+
+
+def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
     for folder in (cfg.airflow_home, cfg.data, cfg.home / "logs"):
         folder.mkdir(parents=True, exist_ok=True)
     api_port = _pick_port(cfg.port)
@@ -209,15 +224,12 @@ def run(cfg: LocalRunConfig) -> int:
     pools_file.write_text(pools_import_json())
     _airflow(env, "pools", "import", str(pools_file))
     _demo_orders(cfg)
+    if stop.requested:  # stopped while preparing: nothing runs in the background yet
+        return 0
 
     children: list[subprocess.Popen[bytes]] = []
     ui = f"http://localhost:{api_port}"
     logs = cfg.home / "logs"
-
-    def _terminate(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _terminate)
     # Both launches inside the try: if the second fails, the first is still stopped.
     try:
         with (logs / "sheets-emulator.log").open("ab") as log:
@@ -250,22 +262,23 @@ def run(cfg: LocalRunConfig) -> int:
                     start_new_session=True,
                 )
             )
-        if not _wait_http(f"http://127.0.0.1:{api_port}/api/v2/monitor/health", 420, children):
+        if not _wait_http(f"http://127.0.0.1:{api_port}/api/v2/monitor/health", 420, children, stop):
+            if stop.requested:
+                return 0
             print(f"onceflow: Airflow did not answer on {ui}; see {logs}", file=sys.stderr)
             return 1
         print(_banner(cfg, ui, emulator_port), flush=True)
         if cfg.exit_when_ready:
             return 0
-        while all(child.poll() is None for child in children):
-            time.sleep(1)
+        while not stop.requested and all(child.poll() is None for child in children):
+            time.sleep(0.5)
+        if stop.requested:
+            return 0
         print("onceflow: a component stopped; see the logs above", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 0
     finally:
-        # A second Ctrl-C or SIGTERM (make forwards one to its recipe) must not cut the clean-up short.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if stop.requested:
+            print("onceflow: stopping (up to 30 s)", file=sys.stderr, flush=True)
         _stop(children, marker)
 
 

@@ -73,6 +73,14 @@ def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
         assert (tmp_path / "home" / "data" / "shop.db").exists()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
+        # More SIGTERMs while onceflow up cleans up, as make's own forwarded one and an impatient
+        # user's do: they must not cut the clean-up short (once they did, and left Airflow running).
+        for _ in range(40):
+            time.sleep(0.05)
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                break
         try:
             proc.wait(timeout=90)
         finally:

@@ -9,14 +9,12 @@ the worker stops claiming. The item in hand is finished and committed if the han
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from onceflow.ledger.errors import StaleFenceError
+from onceflow.shutdown import GracefulShutdown
 
 if TYPE_CHECKING:
     from onceflow.ledger.core import Ledger
@@ -32,30 +30,6 @@ class ShutdownRequested(Exception):
 
 class InvalidInput(Exception):
     """Raised by a handler when the input itself is wrong (the item needs correction)."""
-
-
-class GracefulShutdown:
-    """A stop flag that signals set; install it for the duration of the work."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    @property
-    def requested(self) -> bool:
-        return self._event.is_set()
-
-    def request(self, *_: Any) -> None:
-        self._event.set()
-
-    @contextlib.contextmanager
-    def installed(self, signals: Sequence[int] = (signal.SIGTERM,)) -> Iterator[GracefulShutdown]:
-        """Route ``signals`` to :meth:`request` (main thread only), restoring the old handlers."""
-        previous = {sig: signal.signal(sig, self.request) for sig in signals}
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 @dataclass

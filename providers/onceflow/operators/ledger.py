@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
-    from onceflow.ledger.worker import GracefulShutdown
+    from onceflow.shutdown import GracefulShutdown
 
 DAY = 86400.0
 
@@ -167,7 +167,8 @@ class RecheckDispatchOperator(BaseOperator):
         from onceflow.ledger import FollowUp
         from onceflow.ledger.models import stable_run_id
         from onceflow.ledger.recheck import RECHECK_LANE
-        from onceflow.ledger.worker import GracefulShutdown, LedgerWorker, Outcome
+        from onceflow.ledger.worker import LedgerWorker, Outcome
+        from onceflow.shutdown import GracefulShutdown
 
         ledger = LedgerHook(self.ledger_conn_id).get_ledger()
         self._shutdown = GracefulShutdown()

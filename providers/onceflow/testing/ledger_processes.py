@@ -77,7 +77,8 @@ def hold(args: argparse.Namespace) -> None:
 
 
 def shutdown(args: argparse.Namespace) -> None:
-    from onceflow.ledger.worker import GracefulShutdown, LedgerWorker, ShutdownRequested
+    from onceflow.ledger.worker import LedgerWorker, ShutdownRequested
+    from onceflow.shutdown import GracefulShutdown
 
     ledger = _ledger(args.url)
     stop = GracefulShutdown()

@@ -57,17 +57,7 @@ def _stored_result(conn: Connection, work_key: str, step: str, version: str) -> 
     ).first()
     if row is None:
         return None
-    m = row._mapping
-    return ResultRecord(
-        work_key=m["work_key"],
-        step=m["step"],
-        processing_version=m["processing_version"],
-        fencing_token=m["fencing_token"],
-        payload=json.loads(m["payload"]) if m["payload"] else None,
-        committed_by=m["committed_by"],
-        committed_at=m["committed_at"],
-        follow_ups=json.loads(m["follow_ups"]) if m["follow_ups"] else [],
-    )
+    return ResultRecord.from_row(row._mapping)
 
 
 def write_follow_up(

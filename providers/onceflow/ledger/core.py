@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -267,19 +266,7 @@ class Ledger:
             rows = (
                 conn.execute(sa.select(r).where(r.c.work_key == work_key).order_by(r.c.id)).mappings().all()
             )
-        return [
-            ResultRecord(
-                work_key=m["work_key"],
-                step=m["step"],
-                processing_version=m["processing_version"],
-                fencing_token=m["fencing_token"],
-                payload=json.loads(m["payload"]) if m["payload"] else None,
-                committed_by=m["committed_by"],
-                committed_at=m["committed_at"],
-                follow_ups=json.loads(m["follow_ups"]) if m["follow_ups"] else [],
-            )
-            for m in rows
-        ]
+        return [ResultRecord.from_row(m) for m in rows]
 
     def counts(self, kind: str | None = None) -> dict[str, int]:
         """Number of items per state (optionally of one kind)."""

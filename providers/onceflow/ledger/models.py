@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from onceflow.ledger.core import Ledger
 
 DAG_RUN = "dag_run"
@@ -113,6 +115,20 @@ class ResultRecord:
     committed_by: str | None
     committed_at: float
     follow_ups: list[dict[str, Any]]
+
+    @classmethod
+    def from_row(cls, m: Mapping[Any, Any]) -> ResultRecord:
+        """A ``results`` row as read (payload and follow-ups are stored as JSON text)."""
+        return cls(
+            work_key=m["work_key"],
+            step=m["step"],
+            processing_version=m["processing_version"],
+            fencing_token=m["fencing_token"],
+            payload=json.loads(m["payload"]) if m["payload"] else None,
+            committed_by=m["committed_by"],
+            committed_at=m["committed_at"],
+            follow_ups=json.loads(m["follow_ups"]) if m["follow_ups"] else [],
+        )
 
 
 @dataclass(frozen=True)

@@ -158,8 +158,20 @@ class PartitionStore:
         return self.engine.dialect.name
 
     def create_schema(self) -> None:
-        """Create the sales, rejects, audit and lease tables if they do not exist."""
-        self.metadata.create_all(self.engine)
+        """Create the sales, rejects, audit and lease tables if they do not exist.
+
+        Safe to call from many tasks at once (a backfill's first wave all call it): creators are
+        serialised, on PostgreSQL by an advisory lock held to commit (its DDL is transactional, so
+        the next creator then finds the tables), on SQLite by ``BEGIN IMMEDIATE``. Without it,
+        concurrent ``CREATE TABLE``s of one name fail on PostgreSQL with a unique violation.
+        """
+        with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(
+                    sa.text("SELECT pg_advisory_xact_lock(hashtext(:name))"),
+                    {"name": f"onceflow.warehouse.schema:{self.table_name}"},
+                )
+            self.metadata.create_all(conn)
 
     # -- leases -------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from onceflow.sheets.keys import normalise_url, pipeline_run_id, row_key
 from onceflow.sheets.model import Snapshot
 from onceflow.sheets.protocol import SheetQueue
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+from onceflow.testing.sheet_edits import batch_update, delete_rows, insert_rows, sort_rows
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -74,24 +75,6 @@ def _expected(url: str) -> dict[str, str]:
     }
 
 
-def _dimension(sheet_id: int, start: int, end: int) -> dict[str, Any]:
-    return {"range": {"sheetId": sheet_id, "dimension": "ROWS", "startIndex": start, "endIndex": end}}
-
-
-def _sort(sheet_id: int, descending: bool) -> dict[str, Any]:
-    order = "DESCENDING" if descending else "ASCENDING"
-    return {
-        "sortRange": {
-            "range": {"sheetId": sheet_id, "startRowIndex": 1},
-            "sortSpecs": [{"dimensionIndex": 0, "sortOrder": order}],
-        }
-    }
-
-
-def _edit(service: Any, sid: str, *requests: dict[str, Any]) -> None:
-    service.spreadsheets().batchUpdate(spreadsheetId=sid, body={"requests": list(requests)}).execute()
-
-
 def _rows(emulator: SheetsEmulator, sid: str) -> Snapshot:
     return Snapshot.from_values(emulator.values(sid, "queue"))
 
@@ -117,9 +100,9 @@ def _setup(emulator: SheetsEmulator, n: int = 6) -> tuple[SheetQueue, EditorBefo
 
 
 EDITS: dict[str, Callable[[int], list[dict[str, Any]]]] = {
-    "insert above": lambda sheet_id: [{"insertDimension": _dimension(sheet_id, 1, 3)}],
-    "delete above": lambda sheet_id: [{"deleteDimension": _dimension(sheet_id, 1, 3)}],
-    "sort": lambda sheet_id: [_sort(sheet_id, descending=True)],
+    "insert above": lambda sheet_id: [insert_rows(sheet_id, 1, count=2)],
+    "delete above": lambda sheet_id: [delete_rows(sheet_id, 1, 3)],
+    "sort": lambda sheet_id: [sort_rows(sheet_id, descending=True)],
 }
 
 
@@ -129,7 +112,7 @@ def test_a_write_reaches_its_row_when_rows_move_between_locating_and_writing(
 ) -> None:
     queue, transport, editor, sid = _setup(sheets_emulator)
     claim = next(c for c in queue.claim(6).claims if c.url.endswith("/d"))
-    transport.before_write = lambda: _edit(editor, sid, *EDITS[edit](queue.sheet_id()))
+    transport.before_write = lambda: batch_update(editor, sid, *EDITS[edit](queue.sheet_id()))
     transport.calls.clear()
     row = queue.write_fields(claim.token, _expected(claim.url))
     assert transport.before_write is None, "the editor acted between the locating read and the write"
@@ -151,7 +134,7 @@ def test_a_positional_write_under_the_same_interleaving_lands_on_the_wrong_row(
     claim = next(c for c in queue.claim(6).claims if c.url.endswith("/d"))
     located = queue.find(claim.token)
     assert located is not None
-    transport.before_write = lambda: _edit(editor, sid, *EDITS["sort"](queue.sheet_id()))
+    transport.before_write = lambda: batch_update(editor, sid, *EDITS["sort"](queue.sheet_id()))
     transport.write_values([(f"queue!E{located.number}", [["0.5"]])])
     victim = next(r for r in _rows(sheets_emulator, sid).rows if r.get("score") == "0.5")
     assert victim.url != claim.url
@@ -164,8 +147,8 @@ def test_a_write_for_a_row_the_editor_deletes_meanwhile_lands_nowhere(
     claim = next(c for c in queue.claim(6).claims if c.url.endswith("/d"))
     before = _rows(sheets_emulator, sid)
     index = next(r.number for r in before.rows if r.url == claim.url) - 1
-    transport.before_write = lambda: _edit(
-        editor, sid, {"deleteDimension": _dimension(queue.sheet_id(), index, index + 1)}
+    transport.before_write = lambda: batch_update(
+        editor, sid, delete_rows(queue.sheet_id(), index, index + 1)
     )
     with pytest.raises(LookupError):
         queue.write_fields(claim.token, _expected(claim.url))
@@ -198,8 +181,8 @@ def test_reconcile_audits_a_repair_whose_row_was_deleted_and_writes_nothing_else
     assert [(a.kind, a.row.url) for a in plan.actions] == [("rewrite", victim.url)]
     # the editor deletes the row after reconcile read it, before its write
     index = row.number - 1
-    transport.before_write = lambda: _edit(
-        editor, sid, {"deleteDimension": _dimension(queue.sheet_id(), index, index + 1)}
+    transport.before_write = lambda: batch_update(
+        editor, sid, delete_rows(queue.sheet_id(), index, index + 1)
     )
     entries = reconcile.apply(plan.actions, queue, now=now, create_run=lambda *a: "created")
     assert [(e["action"], e["reason"], e["claim_token"]) for e in entries] == [
@@ -291,17 +274,17 @@ def test_eight_claimers_write_their_rows_while_an_editor_inserts_deletes_and_sor
         while not stop.is_set():
             at = 1 + k % 9
             # an editor row in the middle, a sort, then that row (found by its text) deleted again
-            _edit(svc, sid, {"insertDimension": _dimension(sheet_id, at, at + 1)})
+            batch_update(svc, sid, insert_rows(sheet_id, at))
             svc.spreadsheets().values().update(
                 spreadsheetId=sid,
                 range=f"queue!A{at + 1}",
                 valueInputOption="RAW",
                 body={"values": [[f"editor {k}", "HOLD"]]},
             ).execute()
-            _edit(svc, sid, _sort(sheet_id, descending=k % 2 == 0))
+            batch_update(svc, sid, sort_rows(sheet_id, descending=k % 2 == 0))
             col = svc.spreadsheets().values().get(spreadsheetId=sid, range="queue!A:A").execute()["values"]
             where = next(i for i, v in enumerate(col) if v and v[0] == f"editor {k}")
-            _edit(svc, sid, {"deleteDimension": _dimension(sheet_id, where, where + 1)})
+            batch_update(svc, sid, delete_rows(sheet_id, where, where + 1))
             k += 1
             edits[0] = k
 
@@ -418,8 +401,8 @@ def test_a_claim_batch_refused_because_rows_were_deleted_under_it_is_made_again(
     queue = SheetQueue(transport, spread=1)
     editor = anonymous_service(sheets_emulator.endpoint)
     sheet_id = queue.sheet_id()
-    _edit(editor, sid, {"deleteDimension": _dimension(sheet_id, 4, 1000)})  # the grid ends at row 4
-    transport.before_batch = lambda: _edit(editor, sid, {"deleteDimension": _dimension(sheet_id, 1, 2)})
+    batch_update(editor, sid, delete_rows(sheet_id, 4, 1000))  # the grid ends at row 4
+    transport.before_batch = lambda: batch_update(editor, sid, delete_rows(sheet_id, 1, 2))
     result = queue.claim(3)
     assert transport.calls["spreadsheets.batchUpdate"] == 2, "the first claim batch was refused"
     assert sorted(c.url for c in result.claims) == urls[1:]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from onceflow.sheets.model import Snapshot, Status
 from onceflow.sheets.protocol import Claim, SheetQueue
 from onceflow.sheets.retry import Backoff, QuotaExceeded, QuotaExhausted
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+from onceflow.testing.sheet_races import run_claimers
 
 if TYPE_CHECKING:
     from onceflow.testing.sheets_emulator.requestlog import RequestEvent
@@ -242,28 +242,10 @@ def test_claimers_under_the_emulators_own_quota_wait_as_told_and_claim_exactly_o
     queues = [_queue(sheets_emulator, sid, RecordingSleep(), seed=i) for i in range(claimers)]
     sheets_emulator.request_log.reset()
     sheets_emulator.set_quota(reads_per_minute=3, writes_per_minute=3, window=1.0)
-    won: list[list[Claim]] = [[] for _ in range(claimers)]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(claimers)
-
-    def drain(i: int) -> None:
-        try:
-            barrier.wait()
-            while True:
-                result = queues[i].claim(5)
-                won[i] += result.claims
-                if result.aimed == 0:
-                    return
-        except BaseException as err:
-            errors.append(err)
-
-    threads = [threading.Thread(target=drain, args=(i,)) for i in range(claimers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    sheets_emulator.clear_quota()
-    assert not errors, errors
+    try:
+        results = run_claimers(queues, 5, timeout=60)  # raises if a claimer raised
+    finally:
+        sheets_emulator.clear_quota()
     assert sheets_emulator.request_log.snapshot()["faults"].get("quota", 0) > 0, "the quota never bit"
     refusals = 0
     for claimer in queues:
@@ -275,4 +257,6 @@ def test_claimers_under_the_emulators_own_quota_wait_as_told_and_claim_exactly_o
                 assert this.retry_after is not None and this.retry_after >= 1.0, this
                 assert after.at - this.at >= this.retry_after, f"{this.method} resent too early: {after}"
     assert refusals > 0
-    _assert_exactly_once(sheets_emulator, queues[0], [c for w in won for c in w], rows)
+    _assert_exactly_once(
+        sheets_emulator, queues[0], [c for rs in results for r in rs for c in r.claims], rows
+    )

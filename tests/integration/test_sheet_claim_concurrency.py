@@ -24,8 +24,13 @@ from onceflow.sheets.model import Snapshot, Status
 from onceflow.sheets.protocol import SheetQueue
 from onceflow.sheets.retry import Backoff
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+from onceflow.testing.sheet_edits import batch_update, delete_rows, insert_rows, set_row
+from onceflow.testing.sheet_races import drain, run_claimers
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from onceflow.sheets.protocol import ClaimResult
     from onceflow.testing.sheets_fixtures import SheetsEmulator
 
 HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
@@ -44,37 +49,18 @@ def _queue(emulator: SheetsEmulator, sid: str, seed: int) -> SheetQueue:
     return SheetQueue(transport, backoff=Backoff(base=0.05, cap=1.0, attempts=30), rng=random.Random(seed))
 
 
-def _drain(queue: SheetQueue) -> list[dict[str, Any]]:
-    """Claim until a read shows no NEW rows; return every claim won."""
-    won: list[dict[str, Any]] = []
-    while True:
-        result = queue.claim(LIMIT)
-        won += [{"token": c.token, "row_key": c.row_key} for c in result.claims]
-        won.append({"redirected": result.redirected, "recovered": result.recovered})
-        if result.aimed == 0:
-            return won
+def _records(results: Iterable[ClaimResult]) -> list[dict[str, Any]]:
+    """Each claim won (token, row key), and each round's redirected and recovered counts."""
+    records: list[dict[str, Any]] = []
+    for result in results:
+        records += [{"token": c.token, "row_key": c.row_key} for c in result.claims]
+        records.append({"redirected": result.redirected, "recovered": result.recovered})
+    return records
 
 
 def _claim_with_threads(emulator: SheetsEmulator, sid: str) -> list[dict[str, Any]]:
-    results: list[list[dict[str, Any]]] = [[] for _ in range(CLAIMERS)]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(CLAIMERS)
-
-    def claimer(i: int) -> None:
-        try:
-            queue = _queue(emulator, sid, i)
-            barrier.wait()
-            results[i] = _drain(queue)
-        except BaseException as err:
-            errors.append(err)
-
-    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(CLAIMERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, errors
-    return [c for r in results for c in r]
+    queues = [_queue(emulator, sid, i) for i in range(CLAIMERS)]
+    return [r for results in run_claimers(queues, LIMIT, timeout=300) for r in _records(results)]
 
 
 PROCESS_CLAIMER = textwrap.dedent(
@@ -83,19 +69,17 @@ PROCESS_CLAIMER = textwrap.dedent(
     from onceflow.sheets.protocol import SheetQueue
     from onceflow.sheets.retry import Backoff
     from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+    from onceflow.testing.sheet_races import drain
 
     endpoint, sid = sys.argv[1], sys.argv[2]
     seed, limit, start_at = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     queue = SheetQueue(GoogleSheetsTransport(anonymous_service(endpoint), sid),
                        backoff=Backoff(base=0.05, cap=1.0, attempts=30), rng=random.Random(seed))
     time.sleep(max(0.0, start_at - time.time()))  # start together
-    while True:
-        result = queue.claim(limit)
+    for result in drain(queue, limit):
         for c in result.claims:
-            print(json.dumps({"token": c.token, "row_key": c.row_key}), flush=True)
-        print(json.dumps({"redirected": result.redirected, "recovered": result.recovered}), flush=True)
-        if result.aimed == 0:
-            break
+            print(json.dumps({"token": c.token, "row_key": c.row_key}))
+        print(json.dumps({"redirected": result.redirected, "recovered": result.recovered}))
     """
 )
 
@@ -209,48 +193,15 @@ def _editor(
             url = f"https://news.example.com/late/{seed}-{n}" if new else f"https://filler.example.com/{n}"
             if new:
                 inserted.append(url)
-            cells = [
-                {"userEnteredValue": {"stringValue": url}},
-                {"userEnteredValue": {"stringValue": "NEW" if new else "HOLD"}},
-            ]
-            requests: list[dict[str, Any]] = [
-                {
-                    "insertDimension": {
-                        "range": {
-                            "sheetId": sheet_id,
-                            "dimension": "ROWS",
-                            "startIndex": at,
-                            "endIndex": at + 1,
-                        }
-                    }
-                },
-                {
-                    "updateCells": {
-                        "start": {"sheetId": sheet_id, "rowIndex": at, "columnIndex": 0},
-                        "rows": [{"values": cells}],
-                        "fields": "userEnteredValue",
-                    }
-                },
-            ]
+            requests = [insert_rows(sheet_id, at), set_row(sheet_id, at, [url, "NEW" if new else "HOLD"])]
         else:
             fillers = [i for i, row in enumerate(values) if len(row) > 1 and row[1] == "HOLD"]
             if not fillers:
                 continue
             at = rng.choice(fillers)
-            requests = [
-                {
-                    "deleteDimension": {
-                        "range": {
-                            "sheetId": sheet_id,
-                            "dimension": "ROWS",
-                            "startIndex": at,
-                            "endIndex": at + 1,
-                        }
-                    }
-                }
-            ]
+            requests = [delete_rows(sheet_id, at, at + 1)]
         # only this editor changes the structure, so its own read-then-delete cannot miss
-        service.spreadsheets().batchUpdate(spreadsheetId=sid, body={"requests": requests}).execute()
+        batch_update(service, sid, *requests)
 
 
 @pytest.mark.parametrize("mode", ["threads", "processes"])
@@ -268,7 +219,8 @@ def test_exactly_once_while_the_editor_inserts_and_deletes_rows(
     finally:
         stop.set()
         editor.join(timeout=60)
-    claims += _drain(_queue(sheets_emulator, sid, 99))  # articles the editor added at the very end
+    # articles the editor added at the very end
+    claims += _records(drain(_queue(sheets_emulator, sid, 99), LIMIT))
     _assert_exactly_once(sheets_emulator, sid, claims, _urls() | set(inserted))
     snapshot = Snapshot.from_values(sheets_emulator.values(sid, "queue"))
     fillers = [r for r in snapshot.rows if r.url.startswith("https://filler.")]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.sheets.model import Snapshot, Status
 from onceflow.sheets.protocol import SheetQueue
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+from onceflow.testing.sheet_edits import batch_update, delete_rows, insert_rows, set_row
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,34 +41,6 @@ def _setup(emulator: SheetsEmulator, rows: list[list[str]]) -> tuple[SheetQueue,
     return queue, transport, anonymous_service(emulator.endpoint), sid
 
 
-def _insert_row(editor: Any, sid: str, sheet_id: int, at: int, cells: list[str]) -> None:
-    values = [{"userEnteredValue": {"stringValue": v}} for v in cells]
-    editor.spreadsheets().batchUpdate(
-        spreadsheetId=sid,
-        body={
-            "requests": [
-                {
-                    "insertDimension": {
-                        "range": {
-                            "sheetId": sheet_id,
-                            "dimension": "ROWS",
-                            "startIndex": at,
-                            "endIndex": at + 1,
-                        }
-                    }
-                },
-                {
-                    "updateCells": {
-                        "start": {"sheetId": sheet_id, "rowIndex": at, "columnIndex": 0},
-                        "rows": [{"values": values}],
-                        "fields": "userEnteredValue",
-                    }
-                },
-            ]
-        },
-    ).execute()
-
-
 def _rows(emulator: SheetsEmulator, sid: str) -> Snapshot:
     return Snapshot.from_values(emulator.values(sid, "queue"))
 
@@ -79,7 +52,9 @@ def test_a_claim_that_lands_on_another_new_row_is_bound_to_the_row_it_took(
         sheets_emulator, [["https://a.example/A", "NEW"], ["https://a.example/B", "NEW"]]
     )
     sheet_id = queue.sheet_id()
-    transport.before_write = lambda: _insert_row(editor, sid, sheet_id, 1, ["https://a.example/X", "NEW"])
+    transport.before_write = lambda: batch_update(
+        editor, sid, insert_rows(sheet_id, 1), set_row(sheet_id, 1, ["https://a.example/X", "NEW"])
+    )
     result = queue.claim(1)  # aims at row 2 (A); X is now row 2
     assert [c.url for c in result.claims] == ["https://a.example/X"], (
         "work is created for the row carrying the token"
@@ -95,7 +70,9 @@ def test_a_claim_aimed_at_a_row_that_moved_under_a_non_new_row_takes_nothing(
 ) -> None:
     queue, transport, editor, sid = _setup(sheets_emulator, [["https://a.example/A", "NEW"]])
     sheet_id = queue.sheet_id()
-    transport.before_write = lambda: _insert_row(editor, sid, sheet_id, 1, ["https://a.example/H", "HOLD"])
+    transport.before_write = lambda: batch_update(
+        editor, sid, insert_rows(sheet_id, 1), set_row(sheet_id, 1, ["https://a.example/H", "HOLD"])
+    )
     result = queue.claim(1)
     assert (result.claims, result.lost) == ([], 1)
     assert [r.status_cell.raw for r in _rows(sheets_emulator, sid).rows] == ["HOLD", "NEW"]
@@ -121,12 +98,7 @@ def test_later_writes_find_the_row_by_token_after_rows_above_are_deleted(
     queue, _, editor, sid = _setup(sheets_emulator, [[f"https://a.example/{i}", "NEW"] for i in range(5)])
     claim = next(c for c in queue.claim(5).claims if c.url.endswith("/4"))
     sheet_id = queue.sheet_id()
-    delete = {
-        "deleteDimension": {
-            "range": {"sheetId": sheet_id, "dimension": "ROWS", "startIndex": 1, "endIndex": 3}
-        }
-    }
-    editor.spreadsheets().batchUpdate(spreadsheetId=sid, body={"requests": [delete]}).execute()
+    batch_update(editor, sid, delete_rows(sheet_id, 1, 3))
     queue.write_fields(claim.token, {"score": "0.9", "published_url": "https://pub.example/4"})
     assert queue.transition(claim.token, Status.PROCESSING, Status.DONE)
     assert not queue.transition(claim.token, Status.PROCESSING, Status.DONE), "a fenced write applies once"

@@ -3,6 +3,7 @@ the repo's DAG folder is loaded, and stopping it leaves nothing running."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.testing.ports import free_port
-from onceflow.testing.processes import harness_pids
+from onceflow.testing.processes import harness_pids, start_ticks
 
 pytestmark = pytest.mark.real_airflow
 
@@ -31,9 +32,22 @@ def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen[str])
     pytest.fail(f"timed out waiting for {what}")
 
 
+def _sessions(pids: list[int]) -> dict[int, int]:
+    """Session id -> start time of its leader, for the sessions these processes belong to."""
+    found: dict[int, int] = {}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            sid = os.getsid(pid)
+            if (ticks := start_ticks(sid)) is not None:
+                found[sid] = ticks
+    return found
+
+
 def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
     """The README's own command, ``make run``, with only its home and port moved aside."""
     port = free_port()
+    home = str(tmp_path / "home" / "airflow")
+    sessions: dict[int, int] = {}
     # a nested make must not inherit the outer `make test`'s flags and variables
     drop = ("AIRFLOW", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
@@ -71,6 +85,10 @@ def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
             pools = {r[0] for r in conn.execute("SELECT pool FROM slot_pool")}
         assert {"onceflow_sheets", "onceflow_warehouse", "onceflow_heartbeat"} <= pools
         assert (tmp_path / "home" / "data" / "shop.db").exists()
+        # The sessions of the running components: the api-server and LocalExecutor workers
+        # overwrite their environment (setproctitle), so only their session gives them away.
+        sessions = _sessions(harness_pids("AIRFLOW_HOME", home))
+        assert sessions, "no process of the run found"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         # More SIGTERMs while onceflow up cleans up, as make's own forwarded one and an impatient
@@ -85,15 +103,13 @@ def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
             proc.wait(timeout=90)
         finally:
             log.close()
-    # Every Airflow process of the run carries its AIRFLOW_HOME in its environment or, like the
-    # LocalExecutor workers that overwrite theirs (setproctitle), belongs to the run's session;
-    # the emulator carries the state file on its command line.
-    home = str(tmp_path / "home" / "airflow")
-    # make exits at once on SIGTERM; onceflow up then gives its children 30 s before SIGKILL
+    # Every Airflow process of the run carries its AIRFLOW_HOME in its environment or belongs to
+    # one of the sessions seen while it ran; the emulator carries the state file on its command line.
+    # make exits at once on SIGTERM; onceflow up then gives its children 30 s before SIGKILL.
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and harness_pids("AIRFLOW_HOME", home, {proc.pid}):
+    while time.monotonic() < deadline and harness_pids("AIRFLOW_HOME", home, sessions):
         time.sleep(1)
-    assert harness_pids("AIRFLOW_HOME", home, {proc.pid}) == []
+    assert harness_pids("AIRFLOW_HOME", home, sessions) == []
     emulator = subprocess.run(
         ["pgrep", "-f", str(tmp_path / "home" / "data")], capture_output=True, text=True
     )

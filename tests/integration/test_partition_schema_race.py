@@ -16,6 +16,8 @@ import sqlalchemy as sa
 from onceflow.sales.engine import make_engine
 
 CREATORS = 6
+# Two sales tables in one warehouse: they share the rejects, audit, lease and fence tables.
+TABLES = ("daily_sales", "daily_sales_eu")
 
 CREATOR = textwrap.dedent(
     """
@@ -26,7 +28,7 @@ CREATOR = textwrap.dedent(
     engine = make_engine(sys.argv[1])
     with engine.connect():  # connected before the start, so the race is in the DDL alone
         pass
-    store = PartitionStore(engine, "daily_sales")
+    store = PartitionStore(engine, sys.argv[2])
     print("ready", flush=True)
     sys.stdin.readline()  # the start: every creator is ready
     store.create_schema()
@@ -38,13 +40,13 @@ CREATOR = textwrap.dedent(
 def test_concurrent_create_schema_all_succeed(sales_db_url: str) -> None:
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CREATOR, sales_db_url],
+            [sys.executable, "-c", CREATOR, sales_db_url, TABLES[i % len(TABLES)]],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(CREATORS)
+        for i in range(CREATORS)
     ]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.communicate()
@@ -57,4 +59,4 @@ def test_concurrent_create_schema_all_succeed(sales_db_url: str) -> None:
     assert not failures, failures[0]
     assert all(out.strip() == "created" for _, out, _ in outcomes)
     tables = set(sa.inspect(make_engine(sales_db_url)).get_table_names())
-    assert {"daily_sales", "rejects", "load_audit", "load_lease"} <= tables, tables
+    assert {*TABLES, "rejects", "load_audit", "load_lease"} <= tables, tables

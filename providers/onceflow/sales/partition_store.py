@@ -46,6 +46,10 @@ Checkpoint = Callable[[str], None]
 _EPOCH = dt.datetime(1970, 1, 1)
 
 
+#: Advisory lock serialising table creation in one warehouse (PostgreSQL).
+_SCHEMA_LOCK = "onceflow.warehouse.schema"
+
+
 class StaleAttemptError(RuntimeError):
     """This attempt no longer holds the partition's newest fence token; its write is refused."""
 
@@ -163,14 +167,13 @@ class PartitionStore:
         Safe to call from many tasks at once (a backfill's first wave all call it): creators are
         serialised, on PostgreSQL by an advisory lock held to commit (its DDL is transactional, so
         the next creator then finds the tables), on SQLite by ``BEGIN IMMEDIATE``. Without it,
-        concurrent ``CREATE TABLE``s of one name fail on PostgreSQL with a unique violation.
+        concurrent ``CREATE TABLE``s of one name fail on PostgreSQL with a unique violation. One
+        lock for the whole warehouse, not per sales table: the rejects, audit, lease and fence
+        tables are shared by every sales table in it.
         """
         with self.engine.begin() as conn:
             if self.dialect == "postgresql":
-                conn.execute(
-                    sa.text("SELECT pg_advisory_xact_lock(hashtext(:name))"),
-                    {"name": f"onceflow.warehouse.schema:{self.table_name}"},
-                )
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": _SCHEMA_LOCK})
             self.metadata.create_all(conn)
 
     # -- leases -------------------------------------------------------------------------------

@@ -154,25 +154,36 @@ def _demo_sheet(path: Path) -> Path:
 
 
 def _demo_orders(cfg: LocalRunConfig) -> None:
+    """Generate the demo shop database once.
+
+    Generation writes ``shop.db.partial`` and renames it to ``shop.db`` only when complete, so an
+    existing ``shop.db`` always holds the whole demo; a run killed half-way leaves only the
+    partial file, which the next run deletes and generates again.
+    """
     shop = cfg.data / "shop.db"
     if shop.exists():
         return
     from onceflow.cli import main as onceflow_main
 
+    partial = shop.with_name(shop.name + ".partial")
+    partial.unlink(missing_ok=True)
     end = dt.date.today()
     start = end - dt.timedelta(days=cfg.demo_days)
-    onceflow_main(
+    rc = onceflow_main(
         [
             "sales",
             "generate",
             "--url",
-            f"sqlite:///{shop}",
+            f"sqlite:///{partial}",
             "--start",
             start.isoformat(),
             "--end",
             end.isoformat(),
         ]
     )
+    if rc != 0:
+        raise RuntimeError(f"generating the demo orders into {partial} failed (exit code {rc})")
+    os.replace(partial, shop)
 
 
 def _wait_http(

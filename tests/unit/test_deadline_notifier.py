@@ -208,3 +208,40 @@ def test_a_dag_with_the_deadline_survives_serialization() -> None:
     serialized = DagSerialization.to_dict(dag)
     restored = DagSerialization.from_dict(serialized)
     assert restored.deadline is not None
+
+
+def _record(deadline_id: str) -> dict[str, Any]:
+    return build_alert_record(scheduler_context(deadline_id=deadline_id), alert_name="late")
+
+
+def test_a_half_written_last_line_does_not_stop_later_alerts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    alerts = tmp_path / "alerts.jsonl"
+    assert append_alert_record(alerts, _record("id-0")) is True
+    with open(alerts, "a", encoding="utf-8") as fh:
+        fh.write('{"alert": "late", "deadline_id": "id-t')  # torn: no closing brace, no newline
+
+    assert append_alert_record(alerts, _record("id-1")) is True
+    assert append_alert_record(alerts, _record("id-0")) is False  # dedupe still sees valid lines
+    assert append_alert_record(alerts, _record("id-1")) is False
+
+    lines = alerts.read_text().splitlines()
+    assert len(lines) == 3  # the new record went onto its own line after the torn one
+    assert [r["deadline_id"] for r in read_alert_records(alerts)] == ["id-0", "id-1"]
+    assert f"line 2 of alert file {alerts}" in caplog.text
+
+
+def test_garbage_in_the_middle_is_skipped_by_append_and_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    alerts = tmp_path / "alerts.jsonl"
+    assert append_alert_record(alerts, _record("id-0")) is True
+    with open(alerts, "ab") as fh:
+        fh.write(b"\x00\x00\xff\xfe not json\n[1, 2]\n")
+    assert append_alert_record(alerts, _record("id-1")) is True
+    assert append_alert_record(alerts, _record("id-0")) is False
+
+    assert [r["deadline_id"] for r in read_alert_records(alerts)] == ["id-0", "id-1"]
+    assert f"line 2 of alert file {alerts}" in caplog.text
+    assert f"line 3 of alert file {alerts}" in caplog.text

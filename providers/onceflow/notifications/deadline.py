@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
+import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import date, datetime, time, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,8 @@ from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.context import Context
+
+log = logging.getLogger(__name__)
 
 #: Where alerts go when no ``path`` is given, relative to ``$AIRFLOW_HOME``.
 DEFAULT_ALERTS_FILE = Path("onceflow") / "alerts" / "missed_deadlines.jsonl"
@@ -193,21 +196,25 @@ def append_alert_record(path: Path, record: Mapping[str, Any]) -> bool:
     """Append ``record`` as one JSON line unless a line with its ``deadline_id`` exists.
 
     The check and the append happen under one exclusive ``flock``; the line is written with a
-    single ``write`` and fsynced, so readers never see half a record.
+    single ``write`` and fsynced, so readers never see half a record. A line that does not parse
+    (torn by a crash or a full disk, or edited by hand) is skipped with a warning; if the file
+    does not end with a newline, one is written first so the new record starts its own line.
 
     :return: True if the line was written, False if it was already there.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, sort_keys=True, default=str) + "\n"
     deadline_id = record.get("deadline_id")
-    with open(path, "a+", encoding="utf-8") as fh:
+    with open(path, "a+", encoding="utf-8", errors="replace") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
+            size = os.fstat(fh.fileno()).st_size
+            ends_with_newline = size == 0 or os.pread(fh.fileno(), 1, size - 1) == b"\n"
             if deadline_id is not None:
                 fh.seek(0)
-                if any(r.get("deadline_id") == deadline_id for r in _parse_lines(fh)):
+                if any(r.get("deadline_id") == deadline_id for r in _parse_lines(fh, path)):
                     return False
-            fh.write(line)
+            fh.write(line if ends_with_newline else "\n" + line)
             fh.flush()
             os.fsync(fh.fileno())
             return True
@@ -216,19 +223,32 @@ def append_alert_record(path: Path, record: Mapping[str, Any]) -> bool:
 
 
 def read_alert_records(path: Path | None = None) -> list[dict[str, Any]]:
-    """All recorded alerts, oldest first; an absent file means no alert has fired."""
+    """All recorded alerts, oldest first; an absent file means no alert has fired.
+
+    Lines that do not parse as a JSON object are skipped with a warning.
+    """
     path = path or default_alerts_path()
     try:
-        with open(path, encoding="utf-8") as fh:
-            return list(_parse_lines(fh))
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return list(_parse_lines(fh, path))
     except FileNotFoundError:
         return []
 
 
-def _parse_lines(lines: Iterator[str] | Any) -> Iterator[dict[str, Any]]:
-    for line in lines:
-        if line.strip():
-            yield json.loads(line)
+def _parse_lines(lines: Iterable[str], path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of ``lines``; blank lines are ignored, unreadable ones logged and skipped."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            log.warning("Skipping unreadable line %d of alert file %s: %.80r", number, path, line)
+            continue
+        if not isinstance(record, dict):
+            log.warning("Skipping line %d of alert file %s: not a JSON object", number, path)
+            continue
+        yield record
 
 
 def _local_due(interval_end_local: datetime, due: time) -> datetime:

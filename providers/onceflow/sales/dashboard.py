@@ -16,14 +16,13 @@ import datetime as dt
 import hashlib
 import html
 import io
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from onceflow.files import atomic_write_bytes
 from onceflow.sales.partitions import partition_key, validate_partition
 from onceflow.sales.schema import sales_table, warehouse_tables
 
@@ -193,26 +192,13 @@ def write_dashboard(rendered: RenderedDashboard, out_dir: Path) -> Path:
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     if rendered.png is not None and rendered.chart_name is not None:
-        _atomic_write(out_dir / rendered.chart_name, rendered.png)
+        atomic_write_bytes(out_dir / rendered.chart_name, rendered.png)
     page = out_dir / HTML_NAME
-    _atomic_write(page, rendered.html.encode("utf-8"))
+    atomic_write_bytes(page, rendered.html.encode("utf-8"))
     for old in out_dir.glob(f"{CHART_PREFIX}*.png"):
         if old.name != rendered.chart_name:
             old.unlink(missing_ok=True)
     return page
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _money(cents: int, currency: str) -> str:

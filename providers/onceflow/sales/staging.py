@@ -3,8 +3,10 @@
 Layout: ``<base>/<dag_id>/<partition>/<run key>/`` with ``extract.parquet``, ``rows.parquet``,
 ``rejects.parquet`` and ``manifest.json``. The run key is the run id made filesystem-safe plus a
 short hash, so two runs of the same partition never share files, and a retry of a task rewrites
-its own files. Every file is written to a temporary name and renamed, so a killed task leaves
-either the previous file or the new one. The base defaults to ``$AIRFLOW_HOME/onceflow/staging``;
+its own files. Every file is written to a unique temporary name in the same folder, fsynced and renamed
+(:mod:`onceflow.files`), so a killed task or a host crash leaves either the previous file or the
+complete new one, and two live tries of one task (a zombie and its retry) never write into the
+same temporary file; the manifest is written last. The base defaults to ``$AIRFLOW_HOME/onceflow/staging``;
 set ``ONCEFLOW_SALES_STAGING_DIR`` to a shared filesystem when workers run on several hosts.
 """
 
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from onceflow.files import atomic_path, atomic_write_bytes
 from onceflow.sales.clean import empty_sales_frame, normalise_sales_frame
 from onceflow.sales.partitions import partition_key, validate_partition
 from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS
@@ -51,17 +54,12 @@ def run_dir(base: Path, dag_id: str, partition: dt.date, run_id: str) -> Path:
 
 
 def _atomic_parquet(df: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        df.to_parquet(tmp, index=False)
 
 
 def _atomic_text(text: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_extract(folder: Path, frame: pd.DataFrame) -> Path:

@@ -1,0 +1,86 @@
+"""Staging files: atomic writes through onceflow.files, also when two tries of a task overlap."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import pytest
+
+from onceflow.files import atomic_path, atomic_write_bytes
+from onceflow.sales import staging
+from onceflow.sales.generator import GeneratorConfig
+from onceflow.testing.sales_fixtures import clean_day
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+DAY = dt.date(2024, 10, 27)
+RESULT = clean_day(DAY, GeneratorConfig(seed=4, orders_per_day=200))
+
+
+def test_write_and_read_clean_round_trip(tmp_path: Path) -> None:
+    staging.write_clean(tmp_path, RESULT, partition=DAY, processing_version="v1")
+
+    staged = staging.read_clean(tmp_path)
+
+    assert staged.partition == DAY
+    assert len(staged.rows) == len(RESULT.rows)
+    assert len(staged.rejects) == len(RESULT.rejects)
+    assert staged.source_rows == RESULT.source_rows
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "rejects.parquet", "rows.parquet"]
+
+
+def test_two_live_tries_writing_one_run_folder_never_tear_a_file(tmp_path: Path) -> None:
+    """A zombie try and its retry write the same folder at once: no crash, no torn or stray file."""
+    folder = tmp_path / "run"
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def writer() -> None:
+        try:
+            start.wait()
+            for _ in range(15):
+                staging.write_clean(folder, RESULT, partition=DAY, processing_version="v1")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert errors == []
+    reference = tmp_path / "reference"
+    staging.write_clean(reference, RESULT, partition=DAY, processing_version="v1")
+    staged, expected = staging.read_clean(folder), staging.read_clean(reference)
+    pd.testing.assert_frame_equal(staged.rows, expected.rows)
+    pd.testing.assert_frame_equal(staged.rejects, expected.rejects)
+    assert (folder / "manifest.json").read_bytes() == (reference / "manifest.json").read_bytes()
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "rejects.parquet", "rows.parquet"]
+
+
+def test_concurrent_writers_use_distinct_temporary_names(tmp_path: Path) -> None:
+    target = tmp_path / "rows.parquet"
+    with atomic_path(target) as first, atomic_path(target) as second:
+        assert first != second
+        assert first.parent == second.parent == tmp_path
+        first.write_bytes(b"first")
+        second.write_bytes(b"second")
+    assert target.read_bytes() == b"first"  # the outer block renamed last
+    assert list(tmp_path.iterdir()) == [target]
+
+
+def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "manifest.json"
+    atomic_write_bytes(target, b"old")
+
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("killed")
+
+    assert target.read_bytes() == b"old"
+    assert list(tmp_path.iterdir()) == [target]

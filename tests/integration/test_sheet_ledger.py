@@ -14,20 +14,26 @@ the item and reports that outcome itself, as such a step would.
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from onceflow.ledger import Ledger, create_ledger_engine
-from onceflow.sheets import ledger_link
+from onceflow.ledger.reconcile import expire_stale_leases
+from onceflow.sheets import ledger_link, reconcile
 from onceflow.sheets.keys import normalise_url, row_key
 from onceflow.sheets.model import Snapshot, Status
 from onceflow.sheets.protocol import SheetQueue
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+from onceflow.testing.clock import FakeClock
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
+
+    from sqlalchemy.engine import Engine
 
     from onceflow.testing.sheets_fixtures import SheetsEmulator
 
@@ -219,3 +225,97 @@ def test_reconcile_registers_abandons_and_records_from_the_sheet_as_reconciler_t
     second = run_dag("sheet_reconcile", conf=RECONCILE)
     assert second.state == "success" and second.xcom("reconcile") == [], "repairs are idempotent"
     assert {k: history(article_ledger, k) for k in before} == before
+
+
+class RacingLedger(Ledger):
+    """The ledger as ``sheet_reconcile`` sees it, with another process acting right after a read.
+
+    ``races[key]`` runs once, just after the first read of ``key``: the reader holds what it read
+    while the other process moves the item on, as ``ledger_reconcile`` (same schedule) or a worker
+    may between the sheet reconciler's read of an item and its transition.
+    """
+
+    def __init__(self, engine: Engine, races: dict[str, Callable[[], object]]) -> None:
+        super().__init__(engine, migrate=False)
+        self.races = races
+
+    def item(self, work_key: str) -> Any:
+        seen = super().item(work_key)
+        race = self.races.pop(work_key, None)
+        if race is not None:
+            race()
+        return seen
+
+
+def test_reconcile_takes_a_ledger_item_moved_on_meanwhile_as_repaired_and_audits_what_it_did(
+    sheet: Any, article_ledger: Ledger
+) -> None:
+    redriven, expired_meanwhile, taken_meanwhile = urls(3)
+    _, queue = sheet([[u, "NEW"] for u in (redriven, expired_meanwhile, taken_meanwhile)])
+    claims = {c.url: c for c in queue.claim(3).claims}
+    article_ledger.add("article", key_of(redriven), reason="registered by the claimer")
+    an_hour_ago = Ledger(article_ledger.engine, clock=FakeClock(start=time.time() - 3600), migrate=False)
+    for url in (expired_meanwhile, taken_meanwhile):  # a worker leased them and died: lease expired
+        an_hour_ago.lease_key("article", key_of(url), "dead-worker", 60, "v1", reopen_reason="-")
+        queue.transition(claims[normalise_url(url)].token, Status.PROCESSING, Status.FAILED)
+    now = datetime.now(timezone.utc)
+    run_of = {c.token: c.run_id for c in claims.values()}
+    plan = reconcile.plan(
+        queue.snapshot(),
+        now=now,
+        lease=timedelta(0),
+        version="v1",
+        run_state={run_of[claims[normalise_url(redriven)].token]: "failed"}.get,
+        audit=queue.read_audit(),
+        ledger=lambda row_key: ledger_link.ledger_view(article_ledger, row_key),
+    )
+    assert [(a.kind, a.row.url) for a in plan.actions] == [
+        ("reset_run", normalise_url(redriven)),
+        ("ledger_abandon", normalise_url(expired_meanwhile)),
+        ("ledger_abandon", normalise_url(taken_meanwhile)),
+    ]
+
+    # between the sheet reconciler's read of each item and its transition: ledger_reconcile
+    # expires both leases (its own pass), then a worker leases the second item again
+    def worker_takes_it() -> None:
+        article_ledger.lease_key("article", key_of(taken_meanwhile), "worker-2", 600, "v1", reopen_reason="-")
+
+    racing = RacingLedger(
+        article_ledger.engine,
+        {
+            key_of(expired_meanwhile): lambda: expire_stale_leases(article_ledger),
+            key_of(taken_meanwhile): worker_takes_it,
+        },
+    )
+    created: list[tuple[str, bool]] = []
+
+    def create_run(run_id: str, conf: dict[str, str], reset: bool) -> str:
+        created.append((run_id, reset))
+        return "created"
+
+    entries = reconcile.apply(
+        plan.actions,
+        queue,
+        now=now,
+        create_run=create_run,
+        ledger_repair=lambda action, conf: ledger_link.repair(
+            racing, action.kind, conf=conf, row_number=action.row.number, reason=action.reason
+        ),
+    )
+    assert not racing.races, "both races ran"
+    assert created == [(run_of[claims[normalise_url(redriven)].token], True)]
+    assert [(e["action"], e["url"]) for e in entries] == [
+        ("reset_run", normalise_url(redriven)),
+        ("ledger_abandon", normalise_url(expired_meanwhile)),
+    ]
+    # the expiry ledger_reconcile made stands for ours (once); the abandon is the reconciler's
+    assert article_ledger.item(key_of(expired_meanwhile)).state == "failed"
+    assert history(article_ledger, key_of(expired_meanwhile))[-2:] == [
+        ("expire", "reconciler"),
+        ("abandon", "reconciler"),
+    ]
+    assert [e for e, _ in history(article_ledger, key_of(expired_meanwhile))].count("expire") == 1
+    # the item a worker took over is the worker's: not abandoned, not audited
+    taken = article_ledger.item(key_of(taken_meanwhile))
+    assert (taken.state, taken.lease_owner) == ("leased", "worker-2")
+    assert queue.read_audit() == entries

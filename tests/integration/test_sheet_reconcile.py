@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -21,7 +22,8 @@ from onceflow.hooks.ledger import LedgerHook
 from onceflow.sheets import ledger_link, reconcile
 from onceflow.sheets.keys import normalise_url, pipeline_run_id, row_key
 from onceflow.sheets.model import Snapshot, Status
-from onceflow.sheets.protocol import SheetQueue
+from onceflow.sheets.protocol import AUDIT_HEADER, SheetQueue
+from onceflow.sheets.retry import Backoff, RetriesExhausted, ServerError
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 
 if TYPE_CHECKING:
@@ -231,3 +233,88 @@ def test_reconcile_flags_done_without_link_and_link_without_done_once(
     rows = queue.snapshot().rows
     assert rows[1].status_cell.raw == "HOLD", "flags change nothing in the row"
     assert rows[3].get("reason") == "URL must start with http:// or https://: 'ftp://x.example/4'"
+
+
+def test_reconcile_audits_the_repairs_it_made_before_a_later_one_failed(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    urls = _urls(uuid.uuid4().hex[:8], 3)
+    sid = sheets_emulator.create_spreadsheet(
+        "articles", sheets={"queue": [HEADER, *[[u, "NEW"] for u in urls]], "audit": [AUDIT_HEADER]}
+    )
+    transport = GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid)
+    queue = SheetQueue(transport, spread=1, backoff=Backoff(attempts=2, base=0.01))
+    claims = queue.claim(3).claims
+    rows = {r.token: r for r in queue.snapshot().rows}
+    redriven, flagged, rewritten = (rows[c.token] for c in claims)
+    actions = [
+        reconcile.Action("reset_run", reconcile.REDRIVE_FAILED, redriven, claims[0].run_id),
+        reconcile.Action("flag", reconcile.SUCCESS_NOT_DONE, flagged, claims[1].run_id),
+        reconcile.Action(
+            "rewrite", reconcile.RUN_ID_WRONG_ROW, rewritten, claims[2].run_id, fields=(("run_id", "x"),)
+        ),
+    ]
+    created: list[str] = []
+
+    def create_run(run_id: str, conf: dict[str, str], reset: bool) -> str:
+        created.append(run_id)
+        return "created"
+
+    # the Sheets API fails the third repair's read with 5xx (after its retries); appends still work
+    sheets_emulator.faults.add("500", methods=["values.batchGetByDataFilter"])
+    with pytest.raises((ServerError, RetriesExhausted)):
+        reconcile.apply(actions, queue, now=datetime.now(timezone.utc), create_run=create_run)
+    sheets_emulator.faults.clear()
+
+    assert created == [claims[0].run_id]
+    audit = queue.read_audit()
+    assert [(e["action"], e["claim_token"]) for e in audit] == [
+        ("reset_run", redriven.token),
+        ("flag", flagged.token),
+    ], "the actions done before the failure are audited; the failed one is not"
+    still = queue.find(rewritten.token or "")
+    assert still is not None and still.get("run_id") != "x"
+    # the re-drive counts: with max_redrives=1 the next pass gives the row up instead of re-driving
+    again = reconcile.plan(
+        queue.snapshot(),
+        now=datetime.now(timezone.utc),
+        lease=timedelta(0),
+        version="v1",
+        run_state={claims[0].run_id: "failed"}.get,
+        audit=audit,
+        max_redrives=1,
+    )
+    assert [a.row.token for a in again.of("transition")] == [redriven.token]
+    assert not again.of("reset_run")
+
+
+def _entry(i: int) -> list[str]:
+    return [
+        f"2026-01-0{i}T00:00:00+00:00",
+        "reset_run",
+        reconcile.REDRIVE_FAILED,
+        "k",
+        "https://x.example/1",
+        "t1",
+        "r1",
+    ]
+
+
+@pytest.mark.parametrize(
+    "tab",
+    [
+        pytest.param([_entry(1), _entry(2), _entry(3)], id="header-missing"),
+        pytest.param([_entry(1), AUDIT_HEADER, _entry(2), [], _entry(3)], id="header-in-the-middle"),
+        pytest.param([AUDIT_HEADER, _entry(1), _entry(2), _entry(3)], id="header-first"),
+    ],
+)
+def test_read_audit_keys_columns_by_the_known_order_wherever_the_header_is(
+    sheets_emulator: SheetsEmulator, tab: list[list[str]]
+) -> None:
+    sid = sheets_emulator.create_spreadsheet("articles", sheets={"queue": [HEADER], "audit": tab})
+    queue = SheetQueue(GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid))
+    audit = queue.read_audit()
+    assert audit == [dict(zip(AUDIT_HEADER, _entry(i), strict=True)) for i in (1, 2, 3)]
+    # so re-drives are counted: three re-drives of the claim t1
+    row = Snapshot.from_values([HEADER, ["https://x.example/1", "PROCESSING #t1"]]).rows[0]
+    assert reconcile._already_logged(audit, reconcile.Action("reset_run", reconcile.REDRIVE_FAILED, row)) == 3

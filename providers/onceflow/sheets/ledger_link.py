@@ -11,16 +11,19 @@ Registration never re-opens a finished item: processing an article again is a re
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.ledger import states
-from onceflow.ledger.errors import UnknownWorkItem
+from onceflow.ledger.errors import IllegalTransition, UnknownWorkItem
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from onceflow.ledger.core import Ledger
+
+log = logging.getLogger(__name__)
 
 KIND = "article"
 #: The step ``article_pipeline`` commits for a claimed row (the chain's steps come later).
@@ -102,7 +105,11 @@ def repair(
     """Carry out one of the sheet reconciler's ledger actions; ``True`` when the ledger changed.
 
     Every change is a ledger transition with the reconciler as actor; a repair another pass (or
-    another reconciler) already made changes nothing and returns ``False``.
+    another reconciler) already made changes nothing and returns ``False``. The item is read
+    again here, but it can still move between that read and the transition (``ledger_reconcile``
+    expires the same lease on the same schedule, a worker leases the item): an expiry someone else
+    made is taken as done, and a transition the item's new state no longer allows
+    (``IllegalTransition``) leaves it to whoever moved it and returns ``False``.
 
     :param kind: ``ledger_register``, ``ledger_abandon`` or ``ledger_record_done``.
     :param conf: the row's run conf (claim token, row key, URL, ...).
@@ -116,16 +123,25 @@ def repair(
     if view is None:
         return False
     state = view.state
-    if state == states.LEASED:
-        if not view.lease_expired:
-            return False  # a live holder decides; the next pass looks again
-        expire = f"{reason} (lease had expired)"
-        state = ledger.transition(key, "expire", states.RECONCILER, reason=expire).state
-    if kind == "ledger_abandon":
-        if state != states.PENDING:
-            return False
-        ledger.transition(key, "abandon", states.RECONCILER, reason=reason)
-        return True
+    try:
+        if state == states.LEASED:
+            if not view.lease_expired:
+                return False  # a live holder decides; the next pass looks again
+            expire = f"{reason} (lease had expired)"
+            try:
+                state = ledger.transition(key, "expire", states.RECONCILER, reason=expire).state
+            except IllegalTransition:
+                # moved on since it was read: ledger_reconcile expired it first, or a worker took
+                # it over; go on from where it is now
+                state = ledger.item(key).state
+        if kind == "ledger_abandon":
+            if state != states.PENDING:
+                return False
+            ledger.transition(key, "abandon", states.RECONCILER, reason=reason)
+            return True
+    except IllegalTransition as err:  # moved on between the read and the repair: not ours to settle
+        log.info("ledger item %s moved on before the repair (%s); leaving it", key, err)
+        return False
     if kind == "ledger_record_done":
         return ledger.record_result(
             key,

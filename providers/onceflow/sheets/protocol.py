@@ -640,13 +640,23 @@ class SheetQueue:
         self.backoff.call(lambda: self.transport.append_values(a1_sheet(self.audit_sheet), [AUDIT_HEADER]))
 
     def read_audit(self) -> list[dict[str, str]]:
-        """The audit tab as dicts; empty if the tab does not exist yet."""
+        """The audit tab as dicts (keys from :data:`AUDIT_HEADER`); empty if the tab does not exist yet.
+
+        Columns are taken by position in :data:`AUDIT_HEADER`, the order :meth:`audit` writes, and
+        a row equal to the header is skipped wherever it is: the header can be missing (an
+        ``addSheet`` that failed ambiguously after being applied, a task killed before the header
+        append) or below entries (the loser of the ``addSheet`` race appended first), and reading
+        row 1 as the header would mis-key every entry (and count no re-drives).
+        """
         try:
             self.sheet_id(self.audit_sheet)
         except KeyError:
             return []
         values = self._read([a1_sheet(self.audit_sheet)])[0]
-        if not values:
-            return []
-        header = [str(h) for h in values[0]]
-        return [{h: (str(r[i]) if i < len(r) else "") for i, h in enumerate(header)} for r in values[1:]]
+        entries = []
+        for raw in values:
+            cells = [str(c) for c in raw]
+            if not any(c.strip() for c in cells) or cells[: len(AUDIT_HEADER)] == AUDIT_HEADER:
+                continue
+            entries.append({h: (cells[i] if i < len(cells) else "") for i, h in enumerate(AUDIT_HEADER)})
+        return entries

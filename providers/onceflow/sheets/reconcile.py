@@ -15,12 +15,12 @@ Invariants, each checked from one read of the queue tab and the run states Airfl
   transitions with the reconciler as actor; sheet repairs go to the audit tab.
 
 Planning is pure (this module); :func:`apply` executes a plan through the queue and callbacks, and
-every action is appended to the audit tab with its reason and time.
+every action done is appended to the audit tab with its reason and time (also when a later action
+fails: the entries of the earlier ones are appended before the error propagates).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -286,47 +286,75 @@ def apply(
 ) -> list[dict[str, str]]:
     """Carry out a plan; append every action to the audit tab; return the audit entries.
 
+    The entries are appended in one request at the end, and also when an action raises (a 5xx
+    after retries, the task being terminated): the actions done before it are audited, then the
+    error propagates. Re-drives are counted from the audit tab, so an unaudited ``reset_run``
+    would let a failing run be re-driven past ``max_redrives``.
+
     :param create_run: ``(run_id, conf, reset) -> "created" | "exists"``.
     :param ledger_repair: ``(action, run conf) -> changed``, carries out the ``ledger_*`` actions
         (an unchanged ledger, e.g. a repair another pass already made, writes no audit entry).
     """
-    entries = []
-    for action in actions:
-        row = action.row
-        token = row.token or ""
-        if action.kind in ("create_run", "reset_run"):
-            outcome = create_run(action.run_id, run_conf(row, queue), action.kind == "reset_run")
-            log.info("%s %s: %s", action.kind, action.run_id, outcome)
-        elif action.kind in LEDGER_ACTIONS:
-            if ledger_repair is None or not ledger_repair(action, run_conf(row, queue)):
-                continue
-        elif action.kind == "transition" and action.new_status is not None and action.fields:
-            if not queue.transition(token, Status.PROCESSING, action.new_status):
-                log.info("row %s already moved on; nothing to do", token)
-                continue
-            with contextlib.suppress(LookupError, RuntimeError):  # the status says it; reason is extra
-                queue.write_fields(token, dict(action.fields))
-        elif action.kind == "rewrite":
+    entries: list[dict[str, str]] = []
+    try:
+        for action in actions:
+            entry = _carry_out(action, queue, now=now, create_run=create_run, ledger_repair=ledger_repair)
+            if entry is not None:
+                entries.append(entry)
+    except BaseException:
+        if entries:
             try:
-                queue.write_fields(token, dict(action.fields))
-            except LookupError:
-                # the anchor went with the deleted row: the write had nowhere to land, and says so
-                log.info("row of %s is gone; %s not written", token, action.fields)
-                entries.append(Action("skipped", ROW_GONE, row, action.run_id).audit_entry(now))
-                continue
-            except RuntimeError as err:
-                log.info("could not rewrite %s for %s (%s); next pass will retry", action.fields, token, err)
-                continue
-        elif (
-            action.kind == "transition"
-            and action.new_status is not None
-            and not queue.transition(token, Status.PROCESSING, action.new_status)
-        ):
-            log.info("row %s already moved on; nothing to do", token)
-            continue
-        entries.append(action.audit_entry(now))
+                queue.audit(entries)
+            except Exception as err:  # the action's own error is the one to raise
+                log.error("could not audit %d completed repairs (%s): %s", len(entries), err, entries)
+        raise
     queue.audit(entries)
     return entries
+
+
+def _carry_out(
+    action: Action,
+    queue: SheetQueue,
+    *,
+    now: datetime,
+    create_run: Callable[[str, dict[str, str], bool], str],
+    ledger_repair: Callable[[Action, dict[str, str]], bool] | None,
+) -> dict[str, str] | None:
+    """Carry out one action; its audit entry, or ``None`` when nothing was done."""
+    row = action.row
+    token = row.token or ""
+    if action.kind in ("create_run", "reset_run"):
+        outcome = create_run(action.run_id, run_conf(row, queue), action.kind == "reset_run")
+        log.info("%s %s: %s", action.kind, action.run_id, outcome)
+    elif action.kind in LEDGER_ACTIONS:
+        if ledger_repair is None or not ledger_repair(action, run_conf(row, queue)):
+            return None
+    elif action.kind == "transition" and action.new_status is not None and action.fields:
+        if not queue.transition(token, Status.PROCESSING, action.new_status):
+            log.info("row %s already moved on; nothing to do", token)
+            return None
+        try:
+            queue.write_fields(token, dict(action.fields))
+        except Exception as err:  # the status is written and says it; the reason is extra
+            log.info("row %s is %s; its %s not written (%s)", token, action.new_status, action.fields, err)
+    elif action.kind == "rewrite":
+        try:
+            queue.write_fields(token, dict(action.fields))
+        except LookupError:
+            # the anchor went with the deleted row: the write had nowhere to land, and says so
+            log.info("row of %s is gone; %s not written", token, action.fields)
+            return Action("skipped", ROW_GONE, row, action.run_id).audit_entry(now)
+        except RuntimeError as err:
+            log.info("could not rewrite %s for %s (%s); next pass will retry", action.fields, token, err)
+            return None
+    elif (
+        action.kind == "transition"
+        and action.new_status is not None
+        and not queue.transition(token, Status.PROCESSING, action.new_status)
+    ):
+        log.info("row %s already moved on; nothing to do", token)
+        return None
+    return action.audit_entry(now)
 
 
 def run_conf(row: Row, queue: SheetQueue) -> dict[str, str]:

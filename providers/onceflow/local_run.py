@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from onceflow.pools import pools_import_json
 from onceflow.shutdown import GracefulShutdown
+from onceflow.testing.processes import exit_code_unreaped
 
 DEMO_SPREADSHEET_ID = "onceflow-demo"
 DEMO_URLS = (
@@ -190,7 +192,11 @@ def _wait_http(
     url: str, timeout: float, children: list[subprocess.Popen[bytes]], stop: GracefulShutdown
 ) -> bool:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not stop.requested and all(c.poll() is None for c in children):
+    while (
+        time.monotonic() < deadline
+        and not stop.requested
+        and all(exit_code_unreaped(c) is None for c in children)
+    ):
         try:
             with urllib.request.urlopen(url, timeout=3) as resp:
                 if resp.status == 200:
@@ -213,9 +219,25 @@ def run(cfg: LocalRunConfig) -> int:
     its process group already got, and a raising handler hit by that second one inside the
     ``finally`` left the whole of Airflow running.
     """
-    stop = GracefulShutdown()
-    with stop.installed((signal.SIGTERM, signal.SIGINT)):
-        return _run(cfg, stop)
+    cfg.home.mkdir(parents=True, exist_ok=True)
+    with (cfg.home / "up.lock").open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # A second scheduler on the same SQLite metadata DB would fight the first one.
+            lock.seek(0)
+            print(
+                f"onceflow: another `onceflow up` (pid {lock.read().strip() or '?'}) is running on "
+                f"{cfg.home}; stop it first, or pass another --home",
+                file=sys.stderr,
+            )
+            return 1
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        stop = GracefulShutdown()
+        with stop.installed((signal.SIGTERM, signal.SIGINT)):
+            return _run(cfg, stop)
 
 
 def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
@@ -238,6 +260,9 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
     if stop.requested:  # stopped while preparing: nothing runs in the background yet
         return 0
 
+    # Watched with exit_code_unreaped, never Popen.poll: a child that dies stays a zombie until
+    # _stop has swept its session, so the session id still names its orphaned processes (the
+    # scheduler and workers overwrite the marker in their environment).
     children: list[subprocess.Popen[bytes]] = []
     ui = f"http://localhost:{api_port}"
     logs = cfg.home / "logs"
@@ -281,7 +306,7 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
         print(_banner(cfg, ui, emulator_port), flush=True)
         if cfg.exit_when_ready:
             return 0
-        while not stop.requested and all(child.poll() is None for child in children):
+        while not stop.requested and all(exit_code_unreaped(c) is None for c in children):
             time.sleep(0.5)
         if stop.requested:
             return 0

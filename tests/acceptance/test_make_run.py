@@ -43,32 +43,78 @@ def _sessions(pids: list[int]) -> dict[int, int]:
     return found
 
 
-def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
+def _start_make_run(tmp_path: Path, port: int) -> subprocess.Popen[str]:
     """The README's own command, ``make run``, with only its home and port moved aside."""
-    port = free_port()
-    home = str(tmp_path / "home" / "airflow")
-    sessions: dict[int, int] = {}
     # a nested make must not inherit the outer `make test`'s flags and variables
     drop = ("AIRFLOW", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    log = (tmp_path / "up.log").open("w")
-    proc = subprocess.Popen(
-        [
-            "make",
-            "--no-print-directory",
-            "run",
-            f"ONCEFLOW_HOME={tmp_path / 'home'}",
-            f"RUN_ARGS=--port {port} --demo-days 3",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    with (tmp_path / "up.log").open("w") as log:
+        return subprocess.Popen(
+            [
+                "make",
+                "--no-print-directory",
+                "run",
+                f"ONCEFLOW_HOME={tmp_path / 'home'}",
+                f"RUN_ARGS=--port {port} --demo-days 3",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+
+def _wait_for_banner(tmp_path: Path, proc: subprocess.Popen[str]) -> None:
+    _wait_for(lambda: "onceflow is running" in (tmp_path / "up.log").read_text(), 420, "the banner", proc)
+
+
+def _airflow_home(tmp_path: Path) -> str:
+    return str(tmp_path / "home" / "airflow")
+
+
+def _running_sessions(tmp_path: Path) -> dict[int, int]:
+    """The sessions of the running components: the api-server and LocalExecutor workers
+    overwrite their environment (setproctitle), so only their session gives them away."""
+    sessions = _sessions(harness_pids("AIRFLOW_HOME", _airflow_home(tmp_path)))
+    assert sessions, "no process of the run found"
+    return sessions
+
+
+def _assert_nothing_left(tmp_path: Path, sessions: dict[int, int], wait: float) -> None:
+    """Every Airflow process of the run carries its AIRFLOW_HOME in its environment or belongs to
+    one of the sessions seen while it ran; the emulator carries the state file on its command line."""
+    home = _airflow_home(tmp_path)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and harness_pids("AIRFLOW_HOME", home, sessions):
+        time.sleep(1)
+    assert harness_pids("AIRFLOW_HOME", home, sessions) == []
+    emulator = subprocess.run(
+        ["pgrep", "-f", str(tmp_path / "home" / "data")], capture_output=True, text=True
     )
+    assert emulator.stdout.strip() == ""
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    # More SIGTERMs while onceflow up cleans up, as make's own forwarded one and an impatient
+    # user's do: they must not cut the clean-up short (once they did, and left Airflow running).
+    for _ in range(40):
+        time.sleep(0.05)
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            break
+    proc.wait(timeout=90)
+
+
+def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
+    port = free_port()
+    sessions: dict[int, int] = {}
+    proc = _start_make_run(tmp_path, port)
     try:
-        _wait_for(lambda: "onceflow is running" in (tmp_path / "up.log").read_text(), 420, "the banner", proc)
+        _wait_for_banner(tmp_path, proc)
         with urllib.request.urlopen(f"http://localhost:{port}/", timeout=10) as resp:
             assert resp.status == 200
             assert "<html" in resp.read().decode().lower()
@@ -85,32 +131,40 @@ def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
             pools = {r[0] for r in conn.execute("SELECT pool FROM slot_pool")}
         assert {"onceflow_sheets", "onceflow_warehouse", "onceflow_heartbeat"} <= pools
         assert (tmp_path / "home" / "data" / "shop.db").exists()
-        # The sessions of the running components: the api-server and LocalExecutor workers
-        # overwrite their environment (setproctitle), so only their session gives them away.
-        sessions = _sessions(harness_pids("AIRFLOW_HOME", home))
-        assert sessions, "no process of the run found"
+        sessions = _running_sessions(tmp_path)
+        # A second copy on the same home would put a second scheduler on the same SQLite DB.
+        second = subprocess.run(
+            [str(REPO / ".venv" / "bin" / "onceflow"), "up", "--home", str(tmp_path / "home")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode == 1
+        assert "another `onceflow up`" in second.stderr and "is running on" in second.stderr
+        assert _sessions(harness_pids("AIRFLOW_HOME", _airflow_home(tmp_path))) == sessions
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        # More SIGTERMs while onceflow up cleans up, as make's own forwarded one and an impatient
-        # user's do: they must not cut the clean-up short (once they did, and left Airflow running).
-        for _ in range(40):
-            time.sleep(0.05)
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                break
-        try:
-            proc.wait(timeout=90)
-        finally:
-            log.close()
-    # Every Airflow process of the run carries its AIRFLOW_HOME in its environment or belongs to
-    # one of the sessions seen while it ran; the emulator carries the state file on its command line.
+        _stop(proc)
     # make exits at once on SIGTERM; onceflow up then gives its children 30 s before SIGKILL.
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and harness_pids("AIRFLOW_HOME", home, sessions):
-        time.sleep(1)
-    assert harness_pids("AIRFLOW_HOME", home, sessions) == []
-    emulator = subprocess.run(
-        ["pgrep", "-f", str(tmp_path / "home" / "data")], capture_output=True, text=True
-    )
-    assert emulator.stdout.strip() == ""
+    _assert_nothing_left(tmp_path, sessions, wait=90)
+
+
+def test_make_run_stops_everything_when_a_component_dies(tmp_path: Path) -> None:
+    """``airflow standalone`` killed outright leaves its scheduler, api-server and workers
+    orphaned; onceflow up notices, says so, and sweeps them all."""
+    proc = _start_make_run(tmp_path, free_port())
+    try:
+        _wait_for_banner(tmp_path, proc)
+        sessions = _running_sessions(tmp_path)
+        standalone = [
+            pid
+            for pid in harness_pids("AIRFLOW_HOME", _airflow_home(tmp_path))
+            if b"standalone" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        assert len(standalone) == 1, standalone
+        os.kill(standalone[0], signal.SIGKILL)
+        assert proc.wait(timeout=120) != 0  # make reports the recipe's failure
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+    assert "a component stopped" in (tmp_path / "up.log").read_text()
+    _assert_nothing_left(tmp_path, sessions, wait=60)

@@ -33,7 +33,7 @@ from typing import IO, Any
 from sqlalchemy import create_engine, text
 
 from onceflow.testing.ports import free_port
-from onceflow.testing.processes import harness_pids, start_ticks, terminate_marked
+from onceflow.testing.processes import exit_code_unreaped, harness_pids, start_ticks, terminate_marked
 
 MARKER = "ONCEFLOW_HARNESS_RUN"
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -42,23 +42,6 @@ TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 
 class ClusterError(RuntimeError):
     """An Airflow component failed to start, died, or a wait timed out; the message has log tails."""
-
-
-def _exit_code(proc: subprocess.Popen[bytes]) -> int | None:
-    """The exit code of a finished child *without reaping it*; None while it runs.
-
-    An unreaped child keeps its PID allocated, so its session id cannot be handed to an unrelated
-    process before :meth:`AirflowCluster.stop` has swept the session (``Popen.poll`` would reap).
-    """
-    if proc.returncode is not None:
-        return proc.returncode
-    try:
-        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:  # reaped elsewhere (a waitpid(-1) in some library)
-        return proc.poll()
-    if info is None:
-        return None
-    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
 
 class AirflowCluster:
@@ -226,7 +209,7 @@ class AirflowCluster:
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():
-            code = _exit_code(proc)
+            code = exit_code_unreaped(proc)
             if code is not None:
                 raise ClusterError(f"{name} exited with {code}\n{self.log_tails()}")
 

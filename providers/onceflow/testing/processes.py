@@ -22,11 +22,12 @@ import argparse
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 #: Session ids, or session id -> start time of its leader (:func:`start_ticks`).
 Sessions = Collection[int] | Mapping[int, int]
@@ -54,6 +55,23 @@ def _trusted_sessions(sessions: Sessions | None) -> set[int]:
     # A live process with the leader's PID but another start time means the PID was reused: the
     # session with that id (if any) is someone else's.
     return {sid for sid, ticks in sessions.items() if start_ticks(sid) in (ticks, None)}
+
+
+def exit_code_unreaped(proc: subprocess.Popen[Any]) -> int | None:
+    """The exit code of a finished child *without reaping it*; None while it runs.
+
+    An unreaped child keeps its PID allocated, so its session id cannot be handed to an unrelated
+    process before the session has been swept (``Popen.poll`` would reap).
+    """
+    if proc.returncode is not None:
+        return int(proc.returncode)
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped elsewhere (a waitpid(-1) in some library)
+        return proc.poll()
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
 
 def harness_pids(name: str, value: str, sessions: Sessions | None = None) -> list[int]:

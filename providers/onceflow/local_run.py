@@ -188,15 +188,16 @@ def _demo_orders(cfg: LocalRunConfig) -> None:
     os.replace(partial, shop)
 
 
+def _all_running(children: list[subprocess.Popen[bytes]]) -> bool:
+    """Whether every child still runs, checked without reaping (see the note in :func:`_run`)."""
+    return all(exit_code_unreaped(c) is None for c in children)
+
+
 def _wait_http(
     url: str, timeout: float, children: list[subprocess.Popen[bytes]], stop: GracefulShutdown
 ) -> bool:
     deadline = time.monotonic() + timeout
-    while (
-        time.monotonic() < deadline
-        and not stop.requested
-        and all(exit_code_unreaped(c) is None for c in children)
-    ):
+    while time.monotonic() < deadline and not stop.requested and _all_running(children):
         try:
             with urllib.request.urlopen(url, timeout=3) as resp:
                 if resp.status == 200:
@@ -306,7 +307,7 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
         print(_banner(cfg, ui, emulator_port), flush=True)
         if cfg.exit_when_ready:
             return 0
-        while not stop.requested and all(exit_code_unreaped(c) is None for c in children):
+        while not stop.requested and _all_running(children):
             time.sleep(0.5)
         if stop.requested:
             return 0

@@ -329,14 +329,17 @@ def _carry_out(
     elif action.kind in LEDGER_ACTIONS:
         if ledger_repair is None or not ledger_repair(action, run_conf(row, queue)):
             return None
-    elif action.kind == "transition" and action.new_status is not None and action.fields:
+    elif action.kind == "transition" and action.new_status is not None:
         if not queue.transition(token, Status.PROCESSING, action.new_status):
             log.info("row %s already moved on; nothing to do", token)
             return None
-        try:
-            queue.write_fields(token, dict(action.fields))
-        except Exception as err:  # the status is written and says it; the reason is extra
-            log.info("row %s is %s; its %s not written (%s)", token, action.new_status, action.fields, err)
+        if action.fields:
+            try:
+                queue.write_fields(token, dict(action.fields))
+            except Exception as err:  # the status is written and says it; the reason is extra
+                log.info(
+                    "row %s is %s; its %s not written (%s)", token, action.new_status, action.fields, err
+                )
     elif action.kind == "rewrite":
         try:
             queue.write_fields(token, dict(action.fields))
@@ -347,13 +350,6 @@ def _carry_out(
         except RuntimeError as err:
             log.info("could not rewrite %s for %s (%s); next pass will retry", action.fields, token, err)
             return None
-    elif (
-        action.kind == "transition"
-        and action.new_status is not None
-        and not queue.transition(token, Status.PROCESSING, action.new_status)
-    ):
-        log.info("row %s already moved on; nothing to do", token)
-        return None
     return action.audit_entry(now)
 
 

@@ -95,6 +95,11 @@ class SheetsEmulator:
     def clear_quota(self) -> None:
         self.server.quota = None
 
+    def set_metadata_limit(self, characters: int | None) -> None:
+        """Developer metadata cap per spreadsheet and per sheet (Google's 30,000 by default; ``None``
+        turns it off)."""
+        self.server.store.metadata_limit = characters
+
     def create_spreadsheet(
         self,
         title: str = "Untitled spreadsheet",
@@ -139,9 +144,9 @@ class SheetsEmulator:
 
     def restart(self) -> None:
         """Stop, then start a new server on the same port from the same state file."""
-        port = self.server.port
+        port, limit = self.server.port, self.server.store.metadata_limit
         self.server.stop()
-        self.server = SheetsEmulatorServer(port=port, state=self.state).start()
+        self.server = SheetsEmulatorServer(port=port, state=self.state, metadata_limit=limit).start()
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import sys
 import threading
 from typing import Any
 
+from onceflow.testing.sheets_emulator.limits import METADATA_LIMIT
 from onceflow.testing.sheets_emulator.quota import Quota
 from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
 
@@ -39,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="enforce Google-like per-minute quotas, e.g. --quota 60 60 (default: no quota)",
     )
+    parser.add_argument(
+        "--metadata-limit",
+        type=int,
+        default=METADATA_LIMIT,
+        metavar="CHARS",
+        help="developer metadata cap per spreadsheet and per sheet, in characters (default Google's "
+        f"{METADATA_LIMIT}; 0 or less turns it off)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return parser
 
@@ -50,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     :return: process exit code.
     """
     args = build_parser().parse_args(argv)
-    server = SheetsEmulatorServer(args.host, args.port, args.state, verbose=args.verbose)
+    limit = args.metadata_limit if args.metadata_limit > 0 else None
+    server = SheetsEmulatorServer(
+        args.host, args.port, args.state, verbose=args.verbose, metadata_limit=limit
+    )
     if args.quota:
         server.quota = Quota(reads_per_minute=args.quota[0], writes_per_minute=args.quota[1])
     for path in args.seed:

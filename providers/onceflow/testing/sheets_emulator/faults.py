@@ -1,4 +1,4 @@
-"""Fault injection: 429 with Retry-After, 500, added latency, and "apply then fail".
+"""Fault injection: 429 with Retry-After, 500, added latency, "apply then fail" and "apply then drop".
 
 A fault rule fires for the next ``count`` matching requests, or with ``probability`` drawn from its
 own ``random.Random(seed)`` (reproducible), or, with neither, for every matching request until it
@@ -13,15 +13,18 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("429", "500", "latency", "apply_then_fail")
+KINDS = ("429", "500", "latency", "apply_then_fail", "apply_then_drop")
+#: kinds whose request is applied (and persisted) before the client is failed
+APPLYING = ("apply_then_fail", "apply_then_drop")
 
 
 @dataclass
 class Fault:
     """One fault rule.
 
-    :param kind: ``429``, ``500``, ``latency`` or ``apply_then_fail`` (the write lands, the client
-        sees a 500).
+    :param kind: ``429``, ``500``, ``latency``, ``apply_then_fail`` (the write lands, the client
+        sees a 500) or ``apply_then_drop`` (the write lands, then the connection is closed without
+        any response: what a client's transport may answer by sending the request again).
     :param count: fire for the next ``count`` matching requests, then expire.
     :param probability: fire with this probability per matching request.
     :param seed: seed of this rule's random generator (with ``probability``).

@@ -203,18 +203,32 @@ def spreadsheets_get(store: Store, req: ApiRequest) -> dict[str, Any]:
 
 
 def spreadsheets_create(store: Store, req: ApiRequest) -> dict[str, Any]:
+    """Exactly the ``sheets`` asked for (ids counting from 0 where none is given); without
+    ``sheets``, one ``Sheet1`` with id 0, as Google makes."""
     props = req.body.get("properties") or {}
-    sheets = req.body.get("sheets") or []
-    book = store.create(props.get("title", "Untitled spreadsheet"), [])
-    for i, spec in enumerate(sheets):
-        sp = spec.get("properties") or {}
-        sheet = book.add_sheet(sp.get("title", f"Sheet{i + 1}"), sp.get("sheetId"))
+    specs = [spec.get("properties") or {} for spec in req.body.get("sheets") or []]
+    titles = [str(sp.get("title") or f"Sheet{i + 1}") for i, sp in enumerate(specs)]
+    ids = [sp.get("sheetId") for sp in specs]
+    for i, title in enumerate(titles):  # validate first: a refused create leaves nothing behind
+        if any(t.lower() == title.lower() for t in titles[:i]):
+            raise invalid_argument(f'Invalid sheets[{i}]: A sheet with the name "{title}" already exists.')
+        if ids[i] is not None and (int(ids[i]) < 0 or ids[i] in ids[:i]):
+            raise invalid_argument(f"Invalid sheets[{i}]: sheetId {ids[i]} is negative or used twice.")
+    book = store.create(props.get("title", "Untitled spreadsheet"), [] if specs else None)
+    for sp, title in zip(specs, titles, strict=True):
+        given = sp.get("sheetId")
+        sheet_id = int(given) if given is not None else _free_sheet_id(book, ids)
+        sheet = book.add_sheet(title, sheet_id)
         grid = sp.get("gridProperties") or {}
-        sheet.row_count = grid.get("rowCount", sheet.row_count)
-        sheet.column_count = grid.get("columnCount", sheet.column_count)
-    if not book.sheets:
-        book.add_sheet("Sheet1")
+        sheet.row_count = int(grid.get("rowCount", sheet.row_count))
+        sheet.column_count = int(grid.get("columnCount", sheet.column_count))
     return book.resource()
+
+
+def _free_sheet_id(book: Spreadsheet, reserved: list[Any]) -> int:
+    """The smallest id not taken by a sheet made so far nor asked for by a later one."""
+    taken = {s.sheet_id for s in book.sheets} | {int(i) for i in reserved if i is not None}
+    return next(i for i in range(len(taken) + 1) if i not in taken)
 
 
 # -- values ---------------------------------------------------------------------------------------

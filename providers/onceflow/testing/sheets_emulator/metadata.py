@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any
 
+from onceflow.testing.sheets_emulator import limits
 from onceflow.testing.sheets_emulator.errors import ApiError, invalid_argument, not_found
 from onceflow.testing.sheets_emulator.model import Bounds, DevMeta, Sheet, Spreadsheet
 
@@ -206,6 +207,9 @@ def create_developer_metadata(book: Spreadsheet, spec: dict[str, Any]) -> dict[s
     else:
         metadata_id = _new_id(book)
     meta = DevMeta(metadata_id, str(key), dm.get("metadataValue"), visibility, kind, sheet_id, index)
+    over = limits.excess(book, [(None if kind == "SPREADSHEET" else sheet_id, limits.size(meta))])
+    if over is not None:
+        raise MetaFail(over)
     if kind == "SPREADSHEET":
         book.metadata.append(meta)
     else:
@@ -263,6 +267,11 @@ def update_developer_metadata(book: Spreadsheet, spec: dict[str, Any]) -> dict[s
         raise MetaFail("Developer metadata must always have a key specified.")
     if "visibility" in fields and new.get("visibility") not in VISIBILITIES:
         raise MetaFail("Developer metadata must always have a visibility specified.")
+    over = limits.excess(
+        book, [_updated_size(m, new, fields, location) for m in matched.values()], list(matched.values())
+    )
+    if over is not None:
+        raise MetaFail(over)
     for m in matched.values():
         if "metadataKey" in fields:
             m.key = str(new["metadataKey"])
@@ -282,6 +291,18 @@ def update_developer_metadata(book: Spreadsheet, spec: dict[str, Any]) -> dict[s
     if matched:
         reply["developerMetadata"] = [m.resource() for m in matched.values()]
     return {"updateDeveloperMetadata": reply}
+
+
+def _updated_size(
+    meta: DevMeta, new: dict[str, Any], fields: list[str], location: tuple[str, int | None, int | None] | None
+) -> tuple[int | None, int]:
+    """(sheet id charged, characters) of ``meta`` once the update is applied."""
+    key = str(new["metadataKey"]) if "metadataKey" in fields else meta.key
+    value = new.get("metadataValue") if "metadataValue" in fields else meta.value
+    kind, sheet_id = (
+        (location[0], location[1]) if location is not None else (meta.location_type, meta.sheet_id)
+    )
+    return (None if kind == "SPREADSHEET" else sheet_id), len(key) + len(value or "")
 
 
 # -- developerMetadata.get / .search -----------------------------------------------------------------

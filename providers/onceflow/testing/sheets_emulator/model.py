@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.testing.sheets_emulator.a1 import A1Error, A1Range, format_a1, parse_a1, quote_title
 from onceflow.testing.sheets_emulator.cells import Cell, Formula, from_json, to_json
 from onceflow.testing.sheets_emulator.errors import ApiError, invalid_argument, not_found
+from onceflow.testing.sheets_emulator.limits import METADATA_LIMIT
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -223,6 +224,9 @@ class Spreadsheet:
     time_zone: str = "Etc/GMT"
     #: spreadsheet-level developer metadata (row, column and sheet metadata live on their Sheet)
     metadata: list[DevMeta] = field(default_factory=list)
+    #: developer metadata cap in characters, per spreadsheet and per sheet (``None``: no cap);
+    #: set by the :class:`Store` from its setting, not persisted
+    metadata_limit: int | None = METADATA_LIMIT
 
     def all_metadata(self) -> list[DevMeta]:
         """Every developer metadata entry of the spreadsheet, spreadsheet-level first."""
@@ -325,10 +329,13 @@ class Store:
     """All spreadsheets of one emulator, the lock that serialises requests, and the state file.
 
     :param path: JSON state file; ``None`` keeps state in memory only.
+    :param metadata_limit: developer metadata cap in characters per spreadsheet and per sheet
+        (Google's 30,000 by default); ``None`` turns it off.
     """
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, metadata_limit: int | None = METADATA_LIMIT) -> None:
         self.path = None if path is None else os.fspath(path)
+        self.metadata_limit = metadata_limit
         self.lock = threading.RLock()
         self.spreadsheets: dict[str, Spreadsheet] = {}
         self._encoded: dict[str, str] = {}  # spreadsheet id -> its JSON as last saved
@@ -339,18 +346,20 @@ class Store:
         found = self.spreadsheets.get(spreadsheet_id)
         if found is None:
             raise not_found()
+        found.metadata_limit = self.metadata_limit
         return found
 
     def create(
         self, title: str, sheet_titles: list[str] | None = None, spreadsheet_id: str | None = None
     ) -> Spreadsheet:
-        """Create a spreadsheet; like Google, it always has at least one sheet (``Sheet1``)."""
+        """Create a spreadsheet with exactly ``sheet_titles``; ``None`` gives one ``Sheet1`` (id 0),
+        as Google does for a create without ``sheets``."""
         if spreadsheet_id is None:
             spreadsheet_id = secrets.token_urlsafe(33)[:44]
         elif spreadsheet_id in self.spreadsheets:
             raise ApiError(409, "ALREADY_EXISTS", f"Spreadsheet {spreadsheet_id} already exists.")
-        book = Spreadsheet(spreadsheet_id=spreadsheet_id, title=title)
-        for sheet_title in sheet_titles or ["Sheet1"]:
+        book = Spreadsheet(spreadsheet_id=spreadsheet_id, title=title, metadata_limit=self.metadata_limit)
+        for sheet_title in ["Sheet1"] if sheet_titles is None else sheet_titles:
             book.add_sheet(sheet_title)
         self.spreadsheets[spreadsheet_id] = book
         return book

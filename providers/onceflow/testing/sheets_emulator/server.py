@@ -22,6 +22,7 @@ from onceflow.testing.sheets_emulator import batch, byfilter, handlers, metadata
 from onceflow.testing.sheets_emulator.cells import Skip, parse_input, render
 from onceflow.testing.sheets_emulator.errors import ApiError, invalid_argument, not_found
 from onceflow.testing.sheets_emulator.faults import Fault, FaultInjector
+from onceflow.testing.sheets_emulator.limits import METADATA_LIMIT
 from onceflow.testing.sheets_emulator.model import Store
 from onceflow.testing.sheets_emulator.quota import Quota
 from onceflow.testing.sheets_emulator.requestlog import RequestEvent, RequestLog
@@ -102,12 +103,19 @@ class SheetsEmulatorServer:
     :param port: TCP port, 0 for any free port.
     :param state: JSON state file; state is loaded from it and written after every write request.
     :param verbose: log every request to stderr.
+    :param metadata_limit: developer metadata cap in characters per spreadsheet and per sheet,
+        Google's 30,000 by default; ``None`` turns it off.
     """
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, state: str | Path | None = None, verbose: bool = False
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        state: str | Path | None = None,
+        verbose: bool = False,
+        metadata_limit: int | None = METADATA_LIMIT,
     ) -> None:
-        self.store = Store(state)
+        self.store = Store(state, metadata_limit=metadata_limit)
         self.faults = FaultInjector()
         self.request_log = RequestLog()
         self.quota: Quota | None = None
@@ -183,6 +191,9 @@ class SheetsEmulatorServer:
         except ApiError as exc:
             status, headers = exc.code, exc.headers
             raise
+        except DropConnection:
+            status = 0  # no response at all
+            raise
         finally:
             self.request_log.record_reply(
                 RequestEvent(arrived, request.method, status, headers.get("Retry-After"))
@@ -211,8 +222,10 @@ class SheetsEmulatorServer:
             reply = handler(self.store, request)
             if writes:
                 self.store.save(request.spreadsheet_id or reply.get("spreadsheetId"))
-        if failure is not None:  # apply_then_fail: the write has landed and been persisted
-            self.request_log.record_fault("apply_then_fail")
+        if failure is not None:  # the write has landed and been persisted
+            self.request_log.record_fault(failure.kind)
+            if failure.kind == "apply_then_drop":
+                raise DropConnection(request.method)
             return 500, _internal_error(), {}
         return 200, reply, {}
 
@@ -239,6 +252,14 @@ class SheetsEmulatorServer:
         if key == ("DELETE", "/_emulator/faults"):
             self.faults.clear()
             return {"faults": []}
+        if key == ("GET", "/_emulator/limits"):
+            return {"metadata_characters": self.store.metadata_limit}
+        if key == ("POST", "/_emulator/limits"):
+            value = (body or {}).get("metadata_characters", METADATA_LIMIT)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise invalid_argument("metadata_characters must be a non-negative integer or null")
+            self.store.metadata_limit = value
+            return {"metadata_characters": value}
         if key == ("GET", "/_emulator/quota"):
             return {"quota": self.quota.to_json() if self.quota else None}
         if key == ("POST", "/_emulator/quota"):
@@ -286,6 +307,10 @@ class SheetsEmulatorServer:
         with self.store.lock:
             bounds = self.store.get(spreadsheet_id).resolve(range_, for_write=True)
             return [[render(c, "FORMULA") for c in row] for row in bounds.sheet.block(bounds)]
+
+
+class DropConnection(Exception):
+    """Close the client's connection without any response (fault ``apply_then_drop``)."""
 
 
 def _quota_error(writes: bool) -> dict[str, Any]:
@@ -375,6 +400,11 @@ def _make_handler(emulator: SheetsEmulatorServer) -> type[BaseHTTPRequestHandler
                 request = handlers.ApiRequest(method, sid, rng, query, body)
                 status, reply, headers = emulator.handle_api(request)
                 self._send(status, reply, headers)
+            except DropConnection:
+                # no status line at all: the client sees the connection close under its request
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
             except ApiError as exc:
                 self._send(exc.code, exc.body(), exc.headers)
             except Exception:

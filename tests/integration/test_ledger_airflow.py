@@ -82,11 +82,11 @@ def test_the_metadata_db_sink_creates_each_run_once_and_records_asset_events(cha
     sink = MetadataDbSink()
     report = OutboxRelay(ledger, sink).relay_once()
     assert report.relayed == 2 and report.errors == []
-    run_id = stable_run_id("a:1", "publish", "v1")
+    run_id = stable_run_id("a:1", "publish", "v1", "t1")
     assert dag_run_ids(TARGET_DAG)[run_id] == {"x": 1, "onceflow_work_key": "a:1", "onceflow_step": "publish"}
     # (the chain DAG's own run emitted one event without our key)
     assert [e["onceflow_dedup_key"] for e in asset_events(TARGET_ASSET) if "onceflow_dedup_key" in e] == [
-        f"asset_event:{TARGET_ASSET}:a:1:publish:v1"
+        f"asset_event:{TARGET_ASSET}:a:1:publish:v1:t1"
     ]
     # A crash between delivery and marking repeats the delivery: Airflow refuses the duplicate run.
     assert sink.trigger_dag_run(TARGET_DAG, run_id, {}) is False
@@ -163,7 +163,7 @@ def test_the_reconcile_dag_expires_dead_leases_and_relays_a_stalled_outbox(run_d
     expire = ledger.history("dead:1")[-1]
     assert (expire.event, expire.actor) == ("expire", "reconciler")
     runs = dag_run_ids(TARGET_DAG)
-    assert stable_run_id("done:1", "publish", "v1") in runs
+    assert stable_run_id("done:1", "publish", "v1", "t1") in runs
     assert "onceflow__ghost" in runs
     assert [t.event for t in ledger.history("ghost:1")][-2:] == ["repair_follow_up", "repair_follow_up"]
     assert pending_rows(ledger) == []

@@ -7,6 +7,7 @@ import sqlalchemy as sa
 
 from onceflow.ledger import FollowUp
 from onceflow.ledger.outbox import OutboxRelay, pending_rows
+from onceflow.ledger.recheck import RecheckRequest, start_recheck
 from onceflow.ledger.reconcile import reconcile
 
 
@@ -124,3 +125,25 @@ def test_reconcile_requeues_a_relayed_run_that_airflow_does_not_have(ledger, fak
     assert OutboxRelay(ledger, sink).relay_once().relayed == 1 and run_key in sink.runs
     fake_clock.advance(301)
     assert reconcile(ledger, run_exists=run_exists).findings == []
+
+
+def test_a_recheck_at_the_same_version_relays_its_own_follow_ups_once(ledger, fake_clock):
+    """Issue 11 defect 5: follow-ups are keyed by the attempt (fencing token), not key + step +
+    version, so a recheck's result brings its own run and event; a retried commit adds nothing."""
+    follow_ups = [FollowUp.dag_run("article_pipeline", {"x": 1}), FollowUp.asset_event("file:///a")]
+    commit_one(ledger, "a:1", follow_ups)
+    sink = RecordingSink()
+    assert OutboxRelay(ledger, sink).relay_once().relayed == 2
+
+    fake_clock.advance(60)
+    start_recheck(ledger, RecheckRequest("stale", "source page changed", "fetch", stale_after_seconds=30))
+    lease = ledger.claim("fetch", "w2", 30, "v1", lane="recheck")  # same version, a new lease
+    ledger.commit_result(lease, "fetch", {"again": True}, follow_ups=follow_ups)
+    ledger.commit_result(lease, "fetch", {"again": True}, follow_ups=follow_ups)  # a retry of that commit
+    assert len(pending_rows(ledger)) == 2
+
+    assert OutboxRelay(ledger, sink).relay_once().relayed == 2
+    assert len(sink.runs) == 2 and len({extra["onceflow_dedup_key"] for _, extra in sink.events}) == 2
+    assert {run_id.rsplit("__", 1)[1] for _, run_id in sink.runs} == {"t1", f"t{lease.token}"}
+    assert reconcile(ledger).findings == []
+    assert OutboxRelay(ledger, sink).relay_once().relayed == 0

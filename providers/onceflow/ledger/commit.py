@@ -113,7 +113,7 @@ def commit_result(
     :raises StaleFenceError: a newer lease exists (the refusal is recorded).
     """
     version = lease.worker_version
-    specs = [f.resolved(lease.work_key, step, version) for f in follow_ups]
+    specs = [f.resolved(lease.work_key, step, version, lease.token) for f in follow_ups]
     with engine.begin() as conn:
         item = items.lock_item(conn, lease.work_key)
         current = item is not None and item["state"] == states.LEASED and item["fencing_token"] == lease.token

@@ -170,14 +170,20 @@ class FollowUp:
         """Create the next ledger work item (e.g. the ``translate`` step after ``fetch``)."""
         return cls(WORK_ITEM, kind, payload or {}, work_key, priority, required_version)
 
-    def resolved(self, work_key: str, step: str, version: str) -> dict[str, Any]:
-        """The stored form, with its deduplication key fixed."""
+    def resolved(self, work_key: str, step: str, version: str, token: int) -> dict[str, Any]:
+        """The stored form, with its deduplication key fixed.
+
+        Outbox follow-ups are keyed by the attempt that committed them (``token``, the lease's
+        fencing token): a retry of one commit repeats the key and changes nothing, while a
+        recheck at the same version is a new lease, so its result brings its own run or event.
+        An explicit ``key`` (a run id the caller chose) is used as given.
+        """
         if self.target_type == DAG_RUN:
-            run_id = self.key or stable_run_id(work_key, step, version)
+            run_id = self.key or stable_run_id(work_key, step, version, f"t{token}")
             dedup = f"dag_run:{self.target}:{run_id}"
             key = run_id
         elif self.target_type == ASSET_EVENT:
-            key = self.key or f"{work_key}:{step}:{version}"
+            key = self.key or f"{work_key}:{step}:{version}:t{token}"
             dedup = f"asset_event:{self.target}:{key}"
         elif self.target_type == WORK_ITEM:
             assert self.key, "work_item follow-ups need a work key"

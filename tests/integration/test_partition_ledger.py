@@ -59,7 +59,7 @@ def test_a_load_leaves_a_done_item_whose_result_is_the_audit(ledger: Ledger, sto
     assert result.payload["checksum"] == audit.checksum == store.partition_checksum(DAY)
     assert result.payload["row_count"] == audit.row_count == len(COMPLETE.rows)
     assert result.processing_version == audit.processing_version
-    assert audit.fence_token == result.fencing_token == 1
+    assert audit.ledger_token == result.fencing_token == 1
 
 
 def test_a_zombie_with_an_older_ledger_token_is_refused_in_the_overwrite_and_recorded(
@@ -71,7 +71,7 @@ def test_a_zombie_with_an_older_ledger_token_is_refused_in_the_overwrite_and_rec
     )
     fake_clock.advance(61)  # its heartbeat stopped; the lease lapsed
     newer = attempt(ledger, store, "r", 2, NIGHTLY)  # takes the item (reclaim_expired), commits
-    with pytest.raises(StaleAttemptError, match="holds ledger token 1, the newest is 2"):
+    with pytest.raises(StaleAttemptError, match="ledger token 1, the newest is 2"):
         store.overwrite(zombie_lease, COMPLETE.rows, None, processing_version=PROCESSING_VERSION)
     assert ledger.record_refusal(zombie, "warehouse refused the overwrite")
     assert store.partition_checksum(DAY) == newer.checksum

@@ -59,4 +59,4 @@ def test_concurrent_create_schema_all_succeed(sales_db_url: str) -> None:
     assert not failures, failures[0]
     assert all(out.strip() == "created" for _, out, _ in outcomes)
     tables = set(sa.inspect(make_engine(sales_db_url)).get_table_names())
-    assert {*TABLES, "rejects", "load_audit", "load_lease"} <= tables, tables
+    assert {*TABLES, "rejects", "load_audit", "load_fence"} <= tables, tables

@@ -29,14 +29,15 @@ def record_missing_results(ledger: Ledger, store: PartitionStore) -> list[Findin
             for r in ledger.results(work_key)
             if r.step == STEP and r.processing_version == audit.processing_version
         ]
-        if results and max(r.fencing_token for r in results) >= audit.fence_token:
+        assert audit.ledger_token is not None  # ledger_commits() returns ledger-fenced loads only
+        if results and max(r.fencing_token for r in results) >= audit.ledger_token:
             continue
         reason = (
-            f"warehouse committed {audit.table_name} {audit.partition_key} under token {audit.fence_token} "
+            f"warehouse committed {audit.table_name} {audit.partition_key} under ledger token {audit.ledger_token} "
             f"(run {audit.run_id} try {audit.try_number}) but the ledger had no result; recorded from load_audit"
         )
         written = ledger.record_result(
-            work_key, STEP, audit.processing_version, audit.fence_token, result_payload(audit), reason=reason
+            work_key, STEP, audit.processing_version, audit.ledger_token, result_payload(audit), reason=reason
         )
         if written:
             found.append(Finding("partition_result_missing", work_key, reason, repaired=True))

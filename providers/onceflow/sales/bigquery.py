@@ -14,7 +14,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-from onceflow.sales.partition_store import frame_records
+from onceflow.sales.bulk_load import frame_records
 from onceflow.sales.partitions import InvalidNameError, bigquery_decorator
 from onceflow.sales.schema import SALES_COLUMNS
 

@@ -2,13 +2,17 @@
 
 Shop database: ``orders`` (one row per sale or refund event, as the shop records it, including the
 duplicates and malformed values that real shops produce). Warehouse: the sales table (name
-configurable, default ``daily_sales``), ``rejects``, ``load_audit`` and ``load_lease``.
+configurable, default ``daily_sales``), ``rejects``, ``load_audit`` and ``load_fence`` (the one
+fence per partition). Columns added after a warehouse was first created carry a server default or
+are nullable, so :mod:`onceflow.sales.schema_upgrade` can add them in place from these definitions.
 
 Timestamps are stored as naive UTC (``*_utc`` columns): SQLite has no timezone type and a single
 convention keeps the two backends byte-identical. Money is stored as integer cents.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import sqlalchemy as sa
 
@@ -74,10 +78,20 @@ def sales_table(name: str, metadata: sa.MetaData) -> sa.Table:
     )
 
 
-def warehouse_tables(metadata: sa.MetaData) -> tuple[sa.Table, sa.Table, sa.Table]:
-    """``rejects``, ``load_audit`` and ``load_lease``, created once per metadata."""
+class WarehouseTables(NamedTuple):
+    """The tables every sales table of one warehouse shares."""
+
+    rejects: sa.Table
+    audit: sa.Table
+    fence: sa.Table
+
+
+def warehouse_tables(metadata: sa.MetaData) -> WarehouseTables:
+    """``rejects``, ``load_audit`` and ``load_fence``, created once per metadata."""
     if "rejects" in metadata.tables:
-        return metadata.tables["rejects"], metadata.tables["load_audit"], metadata.tables["load_lease"]
+        return WarehouseTables(
+            metadata.tables["rejects"], metadata.tables["load_audit"], metadata.tables["load_fence"]
+        )
     rejects = sa.Table(
         "rejects",
         metadata,
@@ -99,19 +113,35 @@ def warehouse_tables(metadata: sa.MetaData) -> tuple[sa.Table, sa.Table, sa.Tabl
         sa.Column("checksum", sa.String(64), nullable=False),
         sa.Column("run_id", sa.String(250), nullable=False),
         sa.Column("try_number", sa.Integer, nullable=False),
+        # The partition's fence token (load_fence) the load committed under.
         sa.Column("fence_token", sa.BigInteger, nullable=False),
         sa.Column("processing_version", sa.String(64), nullable=False),
         sa.Column("loaded_at_utc", sa.DateTime, nullable=False),
+        # Added in place (schema_upgrade): the work ledger's token of a ledger-fenced load (NULL
+        # for warehouse-lease loads), and when the loaded extract read the shop (NULL: unknown).
+        sa.Column("ledger_token", sa.BigInteger, nullable=True),
+        sa.Column("source_watermark_utc", sa.DateTime, nullable=True),
     )
-    load_lease = sa.Table(
-        "load_lease",
+    load_fence = sa.Table(
+        "load_fence",
         metadata,
         sa.Column("table_name", sa.String(128), primary_key=True),
         sa.Column("partition_key", sa.String(10), primary_key=True),
-        # Monotonic per partition: every acquisition takes the next token; commits must hold the newest.
+        sa.Column("work_key", sa.String(200), nullable=False),
+        # One sequence per partition: every attempt of either mode takes the next token; only the
+        # holder of the newest may overwrite.
         sa.Column("fence_token", sa.BigInteger, nullable=False),
+        sa.Column("committed_token", sa.BigInteger, nullable=False),
         sa.Column("run_id", sa.String(250), nullable=False),
         sa.Column("try_number", sa.Integer, nullable=False),
-        sa.Column("expires_at_utc", sa.DateTime, nullable=False),
+        sa.Column("updated_at_utc", sa.DateTime, nullable=False),
+        # Added in place (schema_upgrade): the newest work-ledger token registered (an older ledger
+        # lease is refused even if it registers last), the holder's mode (``ledger`` or
+        # ``warehouse``) and, for warehouse leases, until when other runs are kept out.
+        sa.Column("ledger_token", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("fenced_by", sa.String(16), nullable=False, server_default="ledger"),
+        sa.Column(
+            "expires_at_utc", sa.DateTime, nullable=False, server_default=sa.text("'1970-01-01 00:00:00'")
+        ),
     )
-    return rejects, load_audit, load_lease
+    return WarehouseTables(rejects, load_audit, load_fence)

@@ -169,6 +169,7 @@ def prepare_ledger(url: str, items: int) -> Any:
             "rechecks",
             "relay_status",
             "schema_version",
+            "onceflow_ledger_alembic_version",
         ):
             cur.execute(f"DROP TABLE IF EXISTS {table}")
     conn.commit()

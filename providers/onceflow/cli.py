@@ -45,6 +45,12 @@ def _cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ledger_url(conn_id: str) -> str:
+    from onceflow.hooks.ledger import LedgerHook
+
+    return LedgerHook(conn_id).get_url()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onceflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,8 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
 
+    from onceflow.ledger.cli import add_parser as add_ledger
     from onceflow.sales.cli import add_parser as add_sales
 
+    add_ledger(sub, _ledger_url)
     add_sales(sub)
     return parser
 

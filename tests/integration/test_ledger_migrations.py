@@ -1,62 +1,292 @@
-"""Migrations: a v1 ledger database upgrades in place and keeps its data."""
+"""Alembic migrations: ledgers made by the released hand-written migrations upgrade in place and
+end up exactly like a new ledger; the database itself refuses states outside the model and a
+fencing token going down; concurrent starters (real processes) upgrade once.
+
+``legacy_ledger_migrations`` is a verbatim copy of the hand-written ``migrations.py`` that
+shipped before Alembic, so the old ledgers here are built by the old code itself.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+import legacy_ledger_migrations as handwritten
+import pytest
 import sqlalchemy as sa
 
-from onceflow.ledger import Ledger, create_ledger_engine, migrations, schema
+from onceflow.ledger import Ledger, create_ledger_engine, migrations
+from onceflow.ledger.errors import LedgerSchemaError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from sqlalchemy.engine import Engine
+
+RACERS = 6
 
 
-def test_a_v1_database_upgrades_to_the_latest_schema_and_keeps_its_rows(ledger_url, fake_clock):
+def _shape(engine: Engine) -> dict[str, Any]:
+    """Everything about the schema a migration could get wrong, comparable across two databases."""
+    inspector = sa.inspect(engine)
+    shape: dict[str, Any] = {}
+    for table in sorted(inspector.get_table_names()):
+        shape[table] = {
+            "columns": [
+                (c["name"], str(c["type"]), c["nullable"], str(c.get("default")))
+                for c in inspector.get_columns(table)
+            ],
+            "pk": inspector.get_pk_constraint(table)["constrained_columns"],
+            "indexes": sorted(
+                (
+                    i["name"],
+                    tuple(map(str, i.get("column_names") or ())),
+                    tuple(map(str, i.get("expressions") or ())),
+                    i["unique"],
+                    sorted((k, str(v)) for k, v in (i.get("dialect_options") or {}).items()),
+                )
+                for i in inspector.get_indexes(table)
+            ),
+            "unique": sorted(tuple(u["column_names"]) for u in inspector.get_unique_constraints(table)),
+            "checks": sorted((c["name"], c["sqltext"]) for c in inspector.get_check_constraints(table)),
+        }
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            triggers = conn.exec_driver_sql(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' ORDER BY name"
+            ).all()
+        else:
+            triggers = conn.exec_driver_sql(
+                "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal ORDER BY tgname"
+            ).all()
+    shape["triggers"] = [tuple(t) for t in triggers]
+    return shape
+
+
+def _fresh_shape(url: str, suffix: str) -> dict[str, Any]:
+    """The shape of a new ledger made from schema.py, in a sibling database of ``url``."""
+    if url.startswith("sqlite"):
+        other = url.replace(".db", f"-{suffix}.db")
+    else:
+        admin = create_ledger_engine(url, isolation_level="AUTOCOMMIT")
+        name = f"{sa.engine.make_url(url).database}_{suffix}"
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}"')
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        admin.dispose()
+        other = sa.engine.make_url(url).set(database=name).render_as_string(hide_password=False)
+    engine = create_ledger_engine(other)
+    try:
+        assert migrations.migrate(engine).created
+        return _shape(engine)
+    finally:
+        engine.dispose()
+        if not url.startswith("sqlite"):
+            admin = create_ledger_engine(url, isolation_level="AUTOCOMMIT")
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}"')
+            admin.dispose()
+
+
+def _insert_item(conn: sa.Connection, key: str, state: str = "pending", token: int = 0) -> None:
+    conn.execute(
+        sa.text(
+            "INSERT INTO work_items (work_key, kind, state, priority, available_at, fencing_token,"
+            " attempts, max_attempts, created_at, updated_at)"
+            " VALUES (:key, 'fetch', :state, 0, 0, :token, 0, 5, 0, 0)"
+        ),
+        {"key": key, "state": state, "token": token},
+    )
+
+
+def _assert_refused(engine: Engine, statement: str) -> str:
+    with pytest.raises(sa.exc.IntegrityError) as refused, engine.begin() as conn:
+        conn.exec_driver_sql(statement)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("old_version", [1, 2, 3])
+def test_a_handwritten_ledger_upgrades_in_place_to_exactly_the_new_schema(
+    ledger_url, fake_clock, old_version
+):
     engine = create_ledger_engine(ledger_url)
     try:
-        assert migrations.migrate(engine, target=1) == [1]
-        assert migrations.current_version(engine) == 1
+        assert handwritten.migrate(engine, target=old_version) == list(range(1, old_version + 1))
         with engine.begin() as conn:
-            conn.execute(
-                sa.text(
-                    "INSERT INTO work_items (work_key, kind, state, priority, available_at, fencing_token,"
-                    " attempts, max_attempts, created_at, updated_at)"
-                    " VALUES ('old:1', 'fetch', 'pending', 0, 0, 0, 0, 5, 0, 0)"
-                )
-            )
+            _insert_item(conn, "old:1")
+            _insert_item(conn, "old:done", state="done", token=4)
             conn.execute(
                 sa.text(
                     "INSERT INTO results (work_key, step, processing_version, fencing_token, committed_at)"
-                    " VALUES ('old:0', 'fetch', 'v1', 1, 0)"
+                    " VALUES ('old:done', 'fetch', 'v1', 4, 0)"
                 )
             )
+        assert migrations.current_revision(engine) == f"legacy:{old_version}"
 
-        assert migrations.migrate(engine) == [2, 3]
-        assert migrations.current_version(engine) == migrations.LATEST_VERSION
-        assert migrations.migrate(engine) == []
+        done = migrations.migrate(engine)
 
-        inspector = sa.inspect(engine)
-        for table in schema.metadata.sorted_tables:
-            actual = {c["name"] for c in inspector.get_columns(table.name)}
-            assert actual == {c.name for c in table.columns}, table.name
+        assert (done.before, done.after, done.created) == (f"legacy:{old_version}", migrations.head(), False)
+        assert migrations.current_revision(engine) == migrations.head()
+        assert not migrations.migrate(engine).changed
+        assert _shape(engine) == _fresh_shape(ledger_url, "fresh")
+        assert "schema_version" not in sa.inspect(engine).get_table_names()
 
+        # The old rows still work, and the database now enforces the state model on them.
         ledger = Ledger(engine, clock=fake_clock)
-        old = ledger.item("old:1")
-        assert old.lane == "new" and old.required_version is None
+        assert ledger.item("old:1").lane == "new"
         lease = ledger.claim("fetch", "w", 30, "v1")
-        assert lease.work_key == "old:1"
+        assert lease is not None and lease.work_key == "old:1"
         ledger.commit_result(lease, "fetch", {"upgraded": True})
         assert ledger.item("old:1").state == "done"
-        assert [r.follow_ups for r in ledger.results("old:0")] == [[]]
+        assert [r.follow_ups for r in ledger.results("old:done")] == [[]]
+        _assert_refused(engine, "UPDATE work_items SET state = 'bogus' WHERE work_key = 'old:done'")
+        assert "fencing token may not go down" in _assert_refused(
+            engine, "UPDATE work_items SET fencing_token = 3 WHERE work_key = 'old:done'"
+        )
     finally:
         engine.dispose()
 
 
-def test_migrating_an_empty_database_twice_is_a_no_op(ledger_url):
+def test_the_database_refuses_a_state_outside_the_model(ledger):
+    ledger.add("fetch", "a:1")
+    assert "ck_work_items_state" in _assert_refused(ledger.engine, "UPDATE work_items SET state = 'bogus'")
+    with pytest.raises(sa.exc.IntegrityError), ledger.engine.begin() as conn:
+        _insert_item(conn, "a:2", state="Done")
+    assert "ck_transitions_to_state" in _assert_refused(
+        ledger.engine,
+        "INSERT INTO transitions (work_key, event, from_state, to_state, actor, at)"
+        " VALUES ('a:1', 'claim', 'pending', 'bogus', 'worker', 0)",
+    )
+    assert ledger.item("a:1").state == "pending"
+
+
+def test_the_database_refuses_a_fencing_token_going_down(ledger):
+    ledger.add("fetch", "a:1")
+    for _ in range(3):
+        lease = ledger.claim("fetch", "w", 30, "v1")
+        assert lease is not None
+        lease.release("again")
+    assert ledger.item("a:1").fencing_token == 3
+    assert "fencing token may not go down" in _assert_refused(
+        ledger.engine, "UPDATE work_items SET fencing_token = 2 WHERE work_key = 'a:1'"
+    )
+    _assert_refused(ledger.engine, "UPDATE work_items SET state = 'bogus', fencing_token = -3")
+    with (
+        pytest.raises(sa.exc.IntegrityError, match="ck_work_items_fencing_token"),
+        ledger.engine.begin() as conn,
+    ):
+        _insert_item(conn, "a:2", token=-1)
+    with ledger.engine.begin() as conn:  # going up, or staying, is what claims do
+        conn.exec_driver_sql("UPDATE work_items SET fencing_token = fencing_token + 1")
+        conn.exec_driver_sql("UPDATE work_items SET reason = 'same token'")
+    assert ledger.item("a:1").fencing_token == 4
+
+
+def test_rows_that_break_a_new_constraint_stop_the_upgrade_and_name_their_keys(ledger_url):
     engine = create_ledger_engine(ledger_url)
     try:
-        assert migrations.migrate(engine) == [1, 2, 3]
-        assert migrations.migrate(engine) == []
+        handwritten.migrate(engine)
+        with engine.begin() as conn:
+            _insert_item(conn, "ok:1")
+            _insert_item(conn, "broken:1", state="bogus")
+        with pytest.raises(LedgerSchemaError, match=r"ck_work_items_state.*broken:1"):
+            migrations.migrate(engine)
+        # Nothing changed: one transaction for the whole upgrade.
+        assert migrations.current_revision(engine) == "legacy:3"
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE work_items SET state = 'cancelled' WHERE work_key = 'broken:1'")
+        assert migrations.migrate(engine).after == migrations.head()
+    finally:
+        engine.dispose()
+
+
+def test_a_database_with_ledger_tables_but_no_version_is_not_guessed_at(ledger_url):
+    engine = create_ledger_engine(ledger_url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE work_items (id INTEGER PRIMARY KEY)")
+        with pytest.raises(LedgerSchemaError, match="no version record"):
+            migrations.migrate(engine)
+    finally:
+        engine.dispose()
+
+
+def _race(url: str, barrier: Any, results: Any) -> None:
+    engine = create_ledger_engine(url)
+    try:
+        barrier.wait(timeout=120)
+        done = migrations.migrate(engine)
+        results.put((os.getpid(), done.before, done.after, done.created))
+    except BaseException as exc:
+        results.put((os.getpid(), "error", repr(exc), False))
+        raise
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("start", ["empty", "handwritten_v1"])
+def test_concurrent_starters_in_real_processes_upgrade_exactly_once(ledger_url, start):
+    engine = create_ledger_engine(ledger_url)
+    try:
+        if start == "handwritten_v1":
+            handwritten.migrate(engine, target=1)
+            with engine.begin() as conn:
+                _insert_item(conn, "old:1")
+        ctx = multiprocessing.get_context("spawn")
+        barrier, results = ctx.Barrier(RACERS), ctx.Queue()
+        racers = [ctx.Process(target=_race, args=(ledger_url, barrier, results)) for _ in range(RACERS)]
+        for racer in racers:
+            racer.start()
+        outcomes = [results.get(timeout=300) for _ in racers]
+        for racer in racers:
+            racer.join(timeout=60)
+        assert [r.exitcode for r in racers] == [0] * RACERS, outcomes
+        head = migrations.head()
+        assert {after for _, _, after, _ in outcomes} == {head}
+        # Exactly one racer did the work; everyone else found it done.
+        did_it = [o for o in outcomes if o[3] or o[1] != head]
+        assert len(did_it) == 1, outcomes
+        assert did_it[0][1] == (None if start == "empty" else "legacy:1")
         with engine.connect() as conn:
-            versions = list(
-                conn.execute(sa.text("SELECT version FROM schema_version ORDER BY version")).scalars()
+            versions = (
+                conn.exec_driver_sql(f"SELECT version_num FROM {migrations.VERSION_TABLE}").scalars().all()
             )
-        assert versions == [1, 2, 3]
+        assert versions == [head]
+        assert _shape(engine) == _fresh_shape(ledger_url, "race")
+        if start == "handwritten_v1":
+            with engine.connect() as conn:
+                assert conn.exec_driver_sql("SELECT state FROM work_items").scalars().all() == ["pending"]
+    finally:
+        engine.dispose()
+
+
+def test_onceflow_ledger_upgrade_runs_the_migrations_of_the_named_connection(tmp_path: Path, airflow_env):
+    path = tmp_path / "ledger.db"
+    engine = create_ledger_engine(f"sqlite:///{path}")
+    handwritten.migrate(engine, target=3)
+    engine.dispose()
+    env = {
+        **airflow_env.variables,
+        "AIRFLOW_CONN_MY_LEDGER": f'{{"conn_type": "sqlite", "host": "{path}"}}',
+    }
+    onceflow = [sys.executable, "-m", "onceflow.cli", "ledger"]
+
+    def run(*args: str) -> str:
+        done = subprocess.run([*onceflow, *args], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "ledger: legacy:3" in run("current", "--conn-id", "my_ledger")
+    # Airflow's own log lines (the connection lookup, Alembic's progress) come first.
+    assert run("upgrade", "--conn-id", "my_ledger").splitlines()[-1] == (
+        f"upgraded the ledger from legacy:3 to {migrations.head()}"
+    )
+    assert "nothing to do" in run("upgrade", "--url", f"sqlite:///{path}")
+    engine = create_ledger_engine(f"sqlite:///{path}")
+    try:
+        assert migrations.current_revision(engine) == migrations.head()
     finally:
         engine.dispose()

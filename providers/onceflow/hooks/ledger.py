@@ -87,11 +87,11 @@ class LedgerHook(BaseHook):
         return Ledger(self.engine)
 
     def test_connection(self) -> tuple[bool, str]:
-        """Airflow UI "Test" button: connect and report the schema version."""
-        from onceflow.ledger.migrations import current_version
+        """Airflow UI "Test" button: connect and report the schema revision."""
+        from onceflow.ledger.migrations import current_revision, head
 
         try:
-            return True, f"ledger schema version {current_version(self.engine)}"
+            return True, f"ledger schema revision {current_revision(self.engine)} (this code: {head()})"
         except Exception as exc:
             return False, str(exc)
 

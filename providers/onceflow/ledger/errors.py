@@ -54,3 +54,7 @@ class LeaseHeld(LedgerError):
             f"{work_key!r} is leased to {owner!r} (token {token}) until {expires_at}; retry after it "
             "commits or its lease expires"
         )
+
+
+class LedgerSchemaError(LedgerError):
+    """The ledger database cannot be brought to the code's schema as it is (the message says why)."""

@@ -1,17 +1,50 @@
-"""The ledger's tables as they are after the newest migration (used by the Core queries).
+"""The ledger's tables: the one definition of the schema (columns, keys, indexes, guards).
 
-``migrations.py`` builds and upgrades real databases; ``tests/unit/test_ledger_migrations.py``
-checks that a migrated database has exactly these columns. Times are float seconds since the
-epoch (UTC); JSON values are stored as text.
+A new ledger is created from this module (``metadata.create_all`` plus the guards below) and
+stamped with the newest Alembic revision; an existing one is brought here by the revisions in
+``migrations/versions/``, which are deltas only. ``tests/integration/test_ledger_migrations.py``
+checks that both roads end in the same database. Times are float seconds since the epoch
+(UTC); JSON values are stored as text.
+
+The database enforces the state model's shape, not only the Python code: ``state`` columns
+accept only the states of :mod:`onceflow.ledger.states` (CHECK constraints), a fencing token is
+never negative, and a trigger (``sql/guards.sql``) refuses an UPDATE that lowers one, because a
+token that goes down would let a fenced-out holder commit again.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
+
+from onceflow.ledger import states
+from onceflow.ledger.queries import query
 
 metadata = sa.MetaData()
 
 Time = sa.Double
+
+
+def _one_of(column: str, values: frozenset[str], *, nullable: bool = False) -> str:
+    listed = ", ".join(f"'{v}'" for v in sorted(values))
+    check = f"{column} IN ({listed})"
+    return f"{column} IS NULL OR {check}" if nullable else check
+
+
+# (constraint name, table, SQL): Alembic revisions add these by name, so they are written once.
+CHECKS: dict[str, tuple[str, str]] = {
+    "ck_work_items_state": ("work_items", _one_of("state", states.STATES)),
+    "ck_work_items_fencing_token": ("work_items", "fencing_token >= 0"),
+    "ck_work_items_attempts": ("work_items", "attempts >= 0 AND max_attempts >= 0"),
+    "ck_transitions_from_state": ("transitions", _one_of("from_state", states.STATES, nullable=True)),
+    "ck_transitions_to_state": ("transitions", _one_of("to_state", states.STATES, nullable=True)),
+}
+
+
+def _checks(table: str) -> list[sa.CheckConstraint]:
+    return [sa.CheckConstraint(sql, name=name) for name, (t, sql) in CHECKS.items() if t == table]
+
 
 work_items = sa.Table(
     "work_items",
@@ -33,11 +66,26 @@ work_items = sa.Table(
     sa.Column("payload", sa.Text),
     sa.Column("created_at", Time, nullable=False),
     sa.Column("updated_at", Time, nullable=False),
-    # v3: versions and rechecks
     sa.Column("required_version", sa.String(64)),
     sa.Column("lane", sa.String(32), nullable=False, server_default="new"),
     sa.Column("recheck_id", sa.Integer),
+    *_checks("work_items"),
 )
+
+# Partial and in claim order: a claim walks only live items, best first, and stops at the first
+# one it can lock, instead of sorting every finished item of the kind.
+_LIVE = sa.text("state IN ('pending', 'leased')")
+claim_index = sa.Index(
+    "ix_work_items_claim",
+    work_items.c.kind,
+    work_items.c.lane,
+    work_items.c.priority.desc(),
+    work_items.c.available_at,
+    work_items.c.id,
+    postgresql_where=_LIVE,
+    sqlite_where=_LIVE,
+)
+sa.Index("ix_work_items_recheck", work_items.c.recheck_id)
 
 transitions = sa.Table(
     "transitions",
@@ -52,6 +100,7 @@ transitions = sa.Table(
     sa.Column("fencing_token", sa.Integer),
     sa.Column("at", Time, nullable=False),
     sa.Column("reason", sa.Text),
+    *_checks("transitions"),
 )
 
 results = sa.Table(
@@ -65,12 +114,11 @@ results = sa.Table(
     sa.Column("payload", sa.Text),
     sa.Column("committed_by", sa.String(256)),
     sa.Column("committed_at", Time, nullable=False),
-    # v2: the follow-ups this result promised (JSON list of outbox dedup keys / work keys)
+    # The follow-ups this result promised (JSON list of outbox dedup keys / work keys).
     sa.Column("follow_ups", sa.Text),
     sa.UniqueConstraint("work_key", "step", "processing_version", name="uq_results_key_step_version"),
 )
 
-# v2
 outbox = sa.Table(
     "outbox",
     metadata,
@@ -86,6 +134,7 @@ outbox = sa.Table(
     sa.Column("last_error", sa.Text),
     sa.Column("created_at", Time, nullable=False),
     sa.Column("relayed_at", Time),
+    sa.Index("ix_outbox_pending", "state", "created_at"),
 )
 
 relay_status = sa.Table(
@@ -96,7 +145,6 @@ relay_status = sa.Table(
     sa.Column("last_relayed", sa.Integer, nullable=False),
 )
 
-# v3
 rechecks = sa.Table(
     "rechecks",
     metadata,
@@ -112,10 +160,25 @@ rechecks = sa.Table(
     sa.Column("created_at", Time, nullable=False),
 )
 
-schema_version = sa.Table(
-    "schema_version",
-    metadata,
-    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("description", sa.String(256), nullable=False),
-    sa.Column("applied_at", Time, nullable=False),
-)
+# Named DDL in sql/guards.sql, per dialect, run in this order after the tables exist.
+GUARDS: dict[str, tuple[str, ...]] = {
+    "postgresql": ("guard_fencing_token_function_postgresql", "guard_fencing_token_trigger_postgresql"),
+    "sqlite": ("guard_fencing_token_trigger_sqlite",),
+}
+
+
+def create_guards(conn: sa.Connection) -> None:
+    """Create the triggers of :data:`GUARDS` for ``conn``'s dialect."""
+    for name in GUARDS.get(conn.dialect.name, ()):
+        conn.execute(query(name))
+
+
+def drop_guards(conn: sa.Connection) -> None:
+    """Drop them again (the downgrade of the revision that added them)."""
+    for name in reversed(GUARDS.get(conn.dialect.name, ())):
+        conn.execute(query(name.replace("guard_", "drop_guard_", 1)))
+
+
+@sa.event.listens_for(work_items, "after_create")
+def _guards_after_create(_target: sa.Table, connection: sa.Connection, **_kw: Any) -> None:
+    create_guards(connection)

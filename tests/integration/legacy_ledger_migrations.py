@@ -1,3 +1,7 @@
+# Verbatim copy of providers/onceflow/ledger/migrations.py at commit f3cd951, the last hand-written
+# migrations before Alembic. Test data: it builds ledgers exactly as released code did, so the
+# Alembic upgrade path is tested against real old databases. Never edit it.
+# ruff: noqa
 """Versioned migrations: an existing ledger database upgrades in place.
 
 Each migration is frozen once released: never edit one, append a new one. ``schema_version`` has

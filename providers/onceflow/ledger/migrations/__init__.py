@@ -1,0 +1,173 @@
+"""Alembic migrations of the ledger database, and :func:`migrate`, which every starter calls.
+
+Laid out like the Alembic trees of Airflow's own providers with tables (FAB, Edge): ``env.py``,
+``script.py.mako`` and ``versions/`` next to this module, and a version table of our own
+(:data:`VERSION_TABLE`) so a ledger that shares a database with something else that uses
+Alembic (Airflow's metadata database, say) keeps its own history.
+
+:func:`migrate` decides from what it finds:
+
+* an empty database: ``schema.metadata.create_all`` (the one schema definition) and a stamp of
+  the newest revision, as Airflow does for a new metadata database;
+* a ledger of the hand-written migrations (table ``schema_version``, versions 1 to 3): stamped
+  ``ledger_v<N>`` and upgraded in place (``ledger_v4`` drops ``schema_version``);
+* an Alembic-managed ledger: the missing revisions.
+
+Everything happens in ONE transaction on the caller's engine. Concurrent starters are kept
+apart by a PostgreSQL transaction-level advisory lock, or by SQLite's write lock (the ledger's
+engines begin every transaction with ``BEGIN IMMEDIATE``); the loser of the race finds the
+work done. A starter that finds the ledger current takes no lock at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from onceflow.ledger.db import is_sqlite, prepare_engine
+from onceflow.ledger.errors import LedgerSchemaError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+VERSION_TABLE = "onceflow_ledger_alembic_version"
+LEGACY_VERSION_TABLE = "schema_version"
+# Any constant; identifies the ledger's migration lock among other advisory locks.
+_ADVISORY_LOCK_ID = 0x0CEF10
+_HERE = Path(__file__).resolve().parent
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """What :func:`migrate` did.
+
+    :param before: the revision found (``None``: empty database; ``legacy:N`` for hand-written N).
+    :param after: the revision now.
+    :param created: the tables were created from the schema (an empty database).
+    """
+
+    before: str | None
+    after: str
+    created: bool
+
+    @property
+    def changed(self) -> bool:
+        return self.created or self.before != self.after
+
+
+@cache
+def script_directory() -> ScriptDirectory:
+    return ScriptDirectory(str(_HERE))
+
+
+def head() -> str:
+    """The newest revision of this code."""
+    revision = script_directory().get_current_head()
+    assert revision is not None
+    return revision
+
+
+def _config(conn: Connection) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(_HERE))
+    config.attributes["connection"] = conn
+    return config
+
+
+def _revision(conn: Connection) -> str | None:
+    inspector = sa.inspect(conn)
+    if inspector.has_table(VERSION_TABLE):
+        found = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        if found is not None:
+            return found
+    if inspector.has_table(LEGACY_VERSION_TABLE):
+        legacy = conn.exec_driver_sql(f"SELECT MAX(version) FROM {LEGACY_VERSION_TABLE}").scalar()
+        if legacy is not None:
+            return f"legacy:{int(legacy)}"
+    return None
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The ledger's revision: an Alembic revision id, ``legacy:N`` or ``None`` (empty)."""
+    with prepare_engine(engine).connect() as conn:
+        return _revision(conn)
+
+
+def migrate(engine: Engine, target: str = "head") -> Upgrade:
+    """Bring the ledger on ``engine`` to ``target`` (default: the newest revision).
+
+    Idempotent and safe from many processes at once (see the module docstring).
+
+    :param engine: the ledger's engine.
+    :param target: an Alembic revision id, or ``head``.
+    :raises LedgerSchemaError: the database holds ledger tables without any version record, a
+        hand-written version this code does not know, or rows a new constraint refuses.
+    """
+    prepare_engine(engine)
+    wanted = head() if target == "head" else target
+    found = current_revision(engine)
+    if found == wanted:
+        return Upgrade(found, found, created=False)
+    if target == "head" and found is not None and _is_newer(found):
+        # A newer deployment upgraded first (rolling deployment): revisions only ever add, so
+        # this code keeps working on the newer schema and must not try to "upgrade" it.
+        log.warning("ledger is at revision %s, newer than this code's %s; leaving it as it is", found, wanted)
+        return Upgrade(found, found, created=False)
+    with engine.begin() as conn:
+        if not is_sqlite(conn):
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _ADVISORY_LOCK_ID})
+        before = _revision(conn)  # again, under the lock: another starter may have done it
+        config = _config(conn)
+        if before is None:
+            _create_fresh(conn, wanted)
+            command.stamp(config, wanted)
+            return Upgrade(None, wanted, created=True)
+        if before.startswith("legacy:"):
+            command.stamp(config, _adopt_legacy(int(before.split(":", 1)[1])))
+        command.upgrade(config, wanted)
+        return Upgrade(before, wanted, created=False)
+
+
+def _create_fresh(conn: Connection, wanted: str) -> None:
+    from onceflow.ledger.schema import metadata
+
+    if wanted != head():
+        raise LedgerSchemaError(f"an empty ledger is created at the newest revision {head()}, not {wanted}")
+    present = set(sa.inspect(conn).get_table_names()) & set(metadata.tables)
+    if present:
+        raise LedgerSchemaError(
+            f"the database has ledger tables {sorted(present)} but no version record "
+            f"({VERSION_TABLE} or {LEGACY_VERSION_TABLE}); it was not made by onceflow's migrations, "
+            "so they will not guess its shape"
+        )
+    metadata.create_all(conn)
+
+
+def _is_newer(revision: str) -> bool:
+    if revision.startswith("legacy:"):
+        return False
+    try:
+        return script_directory().get_revision(revision) is None
+    except Exception:
+        return True
+
+
+def _adopt_legacy(version: int) -> str:
+    revision = f"ledger_v{version}"
+    try:
+        script_directory().get_revision(revision)
+    except Exception:
+        raise LedgerSchemaError(
+            f"{LEGACY_VERSION_TABLE} says hand-written version {version}, which this code does not know"
+        ) from None
+    return revision

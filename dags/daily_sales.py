@@ -13,7 +13,7 @@ from airflow.sdk import CronDataIntervalTimetable, dag, task
 
 from onceflow.notifications.deadline import daily_load_deadline
 from onceflow.operators.partition import PartitionOverwriteOperator
-from onceflow.priority import NightlyFirstWeightStrategy
+from onceflow.priority import RecentFirstWeightStrategy
 from onceflow.sales.config import SalesConfig
 
 CONFIG = SalesConfig.from_env()
@@ -51,8 +51,8 @@ Backfill: `airflow backfill create --dag-id daily_sales --from-date 2024-01-01 -
         "retries": CONFIG.retries,
         "retry_delay": dt.timedelta(minutes=5),
         "pool": POOL,
-        # Tonight's run outranks backfill days when they wait for the same pool slots.
-        "weight_rule": NightlyFirstWeightStrategy(),
+        # Newest data first when waiting for pool slots: tonight, then the newest backfill days.
+        "weight_rule": RecentFirstWeightStrategy(),
     },
     tags=["onceflow", "sales", "warehouse"],
     doc_md=DOC,
@@ -69,9 +69,10 @@ def daily_sales() -> None:
 
         start, end = context["data_interval_start"], context["data_interval_end"]
         day = partition_for_interval(start, end, CONFIG.timezone)
-        frame = ShopDbHook().read_interval(start, end)
+        # The rows and the shop's clock from one snapshot: the load refuses an older extract.
+        frame, watermark = ShopDbHook().read_interval_snapshot(start, end)
         folder = staging.run_dir(staging.base_dir(), context["dag"].dag_id, day, context["run_id"])
-        staging.write_extract(folder, frame)
+        staging.write_extract(folder, frame, source_watermark_utc=watermark)
         return {"partition": day.isoformat(), "staging_dir": str(folder), "source_rows": len(frame)}
 
     @task

@@ -4,6 +4,10 @@ The probe DAG carries the same ``deadline=`` as ``daily_sales`` (:func:`daily_lo
 A run whose logical date is years old is due long ago, so the scheduler marks its deadline
 missed and the triggerer runs :class:`MissedDeadlineNotifier`; a run for today is due tomorrow
 at 07:00 and finishes first, so Airflow prunes its deadline and nothing is recorded.
+
+A second probe has daily_sales' timetable too (local midnights in Europe/Amsterdam): backfills
+of the days around both 2024 DST changes get deadlines at 07:00 local on the next day, as
+Airflow itself computed and stored them (the custom reference, found through the plugin).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import datetime as dt
 import textwrap
 import time
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -54,6 +59,47 @@ probe()
 """
 
 
+DST_DAG_ID = "deadline_dst_probe"
+
+DST_PROBE_DAG = """
+import pendulum
+from airflow.sdk import CronDataIntervalTimetable, dag, task
+
+from onceflow.notifications.deadline import daily_load_deadline
+
+
+@dag(
+    dag_id="{dag_id}",
+    schedule=CronDataIntervalTimetable("0 0 * * *", timezone="Europe/Amsterdam"),
+    start_date=pendulum.datetime(2024, 1, 1, tz="Europe/Amsterdam"),
+    catchup=False,
+    max_active_runs=8,
+    tags=["test"],
+    doc_md="daily_sales' timetable and deadline; its task finishes at once.",
+    default_args={{"owner": "onceflow", "retries": 0}},
+    deadline=daily_load_deadline(business_timezone="Europe/Amsterdam", path={alerts!r}),
+)
+def probe():
+    @task
+    def load() -> None:
+        pass
+
+    load()
+
+
+probe()
+"""
+
+# Data day -> its deadline in UTC (07:00 local on the next day). 31 March and 27 October 2024 have
+# 23 and 25 hours; "logical date + 31 h" would give 06:00 and 05:00 UTC for the days marked *.
+DST_DEADLINES = {
+    "2024-03-30": "2024-03-31T05:00:00+00:00",  # * 07:00 CEST (the offset changed overnight)
+    "2024-03-31": "2024-04-01T05:00:00+00:00",  # * 23 hours
+    "2024-10-26": "2024-10-27T06:00:00+00:00",  # * 07:00 CET
+    "2024-10-27": "2024-10-28T06:00:00+00:00",  # * 25 hours
+}
+
+
 def wait_for_alerts(path: Path, count: int, timeout: float) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,6 +117,10 @@ def test_a_late_day_fires_the_notifier_and_an_on_time_day_does_not(
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / f"{DAG_ID}.py").write_text(textwrap.dedent(PROBE_DAG.format(dag_id=DAG_ID, alerts=str(alerts))))
+    dst_alerts = tmp_path / "alerts" / "dst.jsonl"
+    (dags / f"{DST_DAG_ID}.py").write_text(
+        textwrap.dedent(DST_PROBE_DAG.format(dag_id=DST_DAG_ID, alerts=str(dst_alerts)))
+    )
     cluster = airflow_cluster_factory(dags_folder=dags)
 
     today = dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -97,6 +147,45 @@ def test_a_late_day_fires_the_notifier_and_an_on_time_day_does_not(
     # The on-time run's deadline was pruned when the run finished before it.
     assert [(d["run_id"], bool(d["missed"])) for d in deadlines] == [(late, True)]
     assert wait_for_callback_state(cluster, late) == "success"
+
+    # The DST days, backfilled: Airflow stores each run's deadline when it creates the run.
+    from onceflow.testing.sales_backfill import create_backfill, local_days, wait_for_backfill
+
+    cluster.wait_for_dag(DST_DAG_ID)
+    deadlines: dict[str, str] = {}
+    for first, last in (
+        (dt.date(2024, 3, 30), dt.date(2024, 3, 31)),
+        (dt.date(2024, 10, 26), dt.date(2024, 10, 27)),
+    ):
+        backfill = create_backfill(
+            cluster, DST_DAG_ID, first, last, timezone="Europe/Amsterdam", max_active_runs=2
+        )
+        runs = wait_for_backfill(cluster, backfill, timeout=300)
+        assert [r["state"] for r in runs] == ["success"] * len(local_days(first, last)), cluster.log_tails()
+    for row in cluster.query(
+        "SELECT r.logical_date, r.run_type, d.deadline_time FROM deadline d "
+        "JOIN dag_run r ON r.id = d.dagrun_id WHERE r.dag_id = :dag_id",
+        dag_id=DST_DAG_ID,
+    ):
+        day = _aware(row["logical_date"]).astimezone(ZoneInfo("Europe/Amsterdam")).date()
+        deadlines[(str(row["run_type"]), day.isoformat())] = _aware(row["deadline_time"]).isoformat()
+    assert {day: due for (kind, day), due in deadlines.items() if kind == "backfill"} == DST_DEADLINES
+    # The scheduler's own run (catchup=False creates the newest day) gets 07:00 local too.
+    scheduled = {day: due for (kind, day), due in deadlines.items() if kind == "scheduled"}
+    assert scheduled == {day: _seven_next_day(day) for day in scheduled}
+
+
+def _seven_next_day(day: str) -> str:
+    tz = ZoneInfo("Europe/Amsterdam")
+    local = dt.datetime.combine(dt.date.fromisoformat(day) + dt.timedelta(days=1), dt.time(7), tzinfo=tz)
+    return local.astimezone(dt.timezone.utc).isoformat()
+
+
+def _aware(value: Any) -> dt.datetime:
+    """A timestamp from the metadata DB (naive UTC on SQLite) as an aware UTC datetime."""
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
 def wait_for_callback_state(cluster: Any, run_id: str, timeout: float = 60.0) -> str | None:

@@ -1,18 +1,22 @@
-"""Priority weight only matters when runs compete for the same pool's slots (real scheduler).
+"""Newest data first under pool contention, with a reprocessing backfill in flight (real scheduler).
 
-A ``slot_holder`` task occupies one slot of ``onceflow_warehouse`` until the test releases it.
-Meanwhile the probe DAG gets its nightly (scheduled) run and a three-day backfill, all in the same
-pool, with :class:`~onceflow.priority.NightlyFirstWeightStrategy` as ``weight_rule``.
+The probe DAG runs one short task a day (data-interval timetable, UTC) in ``onceflow_warehouse``
+with :class:`~onceflow.priority.RecentFirstWeightStrategy` as ``weight_rule``. The pool has one
+slot. The scenario of issue 12:
 
-* One slot: all four task instances wait behind the holder; when it lets go the scheduler starts
-  the nightly run first, although every backfill day has an older logical date (which is what
-  wins among equal weights), then the backfill days oldest first, one at a time.
-* Eight slots: nothing waits. Every probe task starts and finishes while the holder still holds
-  its slot, so there was nothing for the weights to decide, although they are the same weights.
+1. Three old days ran as ordinary *scheduled* runs (run ids ``scheduled__...``).
+2. A ``slot_holder`` task takes the only slot.
+3. ``airflow backfill create --reprocess-behavior completed`` re-runs those three days: Airflow
+   clears them under their old ``scheduled__`` run ids (and recomputes their weights then).
+4. Tonight's scheduled run appears (the DAG's end date is lifted).
+5. The holder lets go. The metadata DB must show the tasks starting one at a time, tonight's
+   first, then the reprocessed days newest first. A strategy that boosts ``scheduled__`` run ids
+   gives all four the same weight, and the scheduler then starts the *oldest* day first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import textwrap
@@ -23,11 +27,15 @@ import pytest
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
-pytestmark = pytest.mark.real_airflow
+from pathlib import Path
+
+# The metadata DB is PostgreSQL: on SQLite, the reprocessing backfill's clear and the scheduler
+# lock each other out ("database is locked" halfway through ``airflow backfill create``).
+pytestmark = [pytest.mark.real_airflow, pytest.mark.postgres]
 
 POOL = "onceflow_warehouse"
+HOLDER_ID, PROBE_ID = "slot_holder", "priority_probe"
 
 HOLDER_DAG = """
 import time
@@ -56,18 +64,19 @@ PROBE_DAG = """
 import pendulum
 from airflow.sdk import CronDataIntervalTimetable, dag, task
 
-from onceflow.priority import NightlyFirstWeightStrategy
+from onceflow.priority import RecentFirstWeightStrategy
 
 
 @dag(
     schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
-    start_date=pendulum.datetime(2020, 1, 1, tz="UTC"),
-    catchup=False,
+    start_date=pendulum.parse({start!r}),
+    end_date={end},
+    catchup=True,
     max_active_runs=8,
     tags=["test"],
     doc_md="One short load per day in the warehouse pool.",
     default_args={{"owner": "onceflow", "retries": 0, "pool": "{pool}",
-                   "weight_rule": NightlyFirstWeightStrategy()}},
+                   "weight_rule": RecentFirstWeightStrategy()}},
 )
 def {probe}():
     @task
@@ -78,10 +87,6 @@ def {probe}():
 
 
 {probe}()
-"""
-
-PLUGIN = """
-from onceflow.priority import OnceflowPriorityPlugin  # noqa: F401  (the plugins folder registers it)
 """
 
 
@@ -95,88 +100,91 @@ def poll(predicate: Callable[[], Any], *, timeout: float, what: str, cluster: An
     raise AssertionError(f"timed out waiting for {what}\n{cluster.log_tails()}")
 
 
-def run_competition(cluster: Any, dags: Path, release: Path, slots: int) -> dict[str, Any]:
-    """Hold a slot, create the nightly run and a 3-day backfill, release, return what Airflow recorded."""
-    from onceflow.testing.airflow_cluster import set_pools
+def write_probe(dags: Path, today: dt.date, *, end: dt.date | None) -> None:
+    start = dt.datetime.combine(today - dt.timedelta(days=4), dt.time(0), tzinfo=dt.timezone.utc)
+    end_expr = "None" if end is None else f"pendulum.parse({end.isoformat()!r})"
+    source = PROBE_DAG.format(start=start.isoformat(), end=end_expr, pool=POOL, probe=PROBE_ID)
+    (dags / f"{PROBE_ID}.py").write_text(textwrap.dedent(source))
 
-    set_pools({POOL: slots})  # the scheduler reads pool sizes from the metadata DB every loop
-    # DAG ids per experiment: runs of the other experiment must not satisfy this one's waits.
-    holder_id, probe_id = f"slot_holder_{slots}", f"priority_probe_{slots}"
-    (dags / f"{holder_id}.py").write_text(
-        textwrap.dedent(HOLDER_DAG.format(pool=POOL, release=str(release), holder=holder_id))
+
+def test_tonight_then_the_newest_reprocessed_days_get_the_only_slot(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    from onceflow.testing.sales_backfill import standalone_cluster
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    with contextlib.ExitStack() as stack:
+        if request.getfixturevalue("airflow_env").is_postgres:
+            cluster = request.getfixturevalue("airflow_cluster_factory")(dags_folder=dags, pools={POOL: 1})
+        else:
+            cluster = stack.enter_context(standalone_cluster(tmp_path / "airflow", dags, pools={POOL: 1}))
+        compete(cluster, dags, tmp_path)
+
+
+def compete(cluster: Any, dags: Path, tmp_path: Path) -> None:
+    """Steps 1 to 5 of the module docstring, then what the metadata DB recorded."""
+    from onceflow.testing.sales_backfill import create_backfill
+
+    today = dt.datetime.now(dt.timezone.utc).date()
+    old_days = [today - dt.timedelta(days=n) for n in (4, 3, 2)]
+
+    def probe_tis(states: set[str], count: int) -> list[dict[str, Any]] | None:
+        tis = cluster.task_instances(PROBE_ID)
+        return tis if len(tis) == count and all(t["state"] in states for t in tis) else None
+
+    # 1. Three old days run as scheduled runs (the end date stops the catch-up before tonight).
+    write_probe(dags, today, end=old_days[-1])
+    poll(lambda: probe_tis({"success"}, 3), timeout=240, what="3 scheduled days", cluster=cluster)
+    assert {r["run_type"] for r in cluster.dag_runs(PROBE_ID)} == {"scheduled"}
+
+    # 2. The holder takes the only slot.
+    release = tmp_path / "release"
+    (dags / f"{HOLDER_ID}.py").write_text(
+        textwrap.dedent(HOLDER_DAG.format(pool=POOL, release=str(release), holder=HOLDER_ID))
     )
-    holder_run = cluster.trigger(holder_id)
+    cluster.wait_for_dag(HOLDER_ID)
+    holder_run = cluster.trigger(HOLDER_ID)
     poll(
-        lambda: [t for t in cluster.task_instances(holder_id, holder_run) if t["state"] == "running"],
+        lambda: [t for t in cluster.task_instances(HOLDER_ID, holder_run) if t["state"] == "running"],
         timeout=120,
         what="the holder to take its slot",
         cluster=cluster,
     )
 
-    (dags / f"{probe_id}.py").write_text(textwrap.dedent(PROBE_DAG.format(pool=POOL, probe=probe_id)))
-    cluster.wait_for_dag(probe_id)
-    today = dt.datetime.now(dt.timezone.utc).date()
-    cluster.cli(
-        "backfill",
-        "create",
-        "--dag-id",
-        probe_id,
-        "--from-date",
-        (today - dt.timedelta(days=6)).isoformat(),
-        "--to-date",
-        (today - dt.timedelta(days=4)).isoformat(),
+    # 3. Reprocess the old days while the slot is taken; 4. tonight's run appears.
+    create_backfill(
+        cluster,
+        PROBE_ID,
+        old_days[0],
+        old_days[-1],
+        timezone="UTC",
+        max_active_runs=8,
+        reprocess_behavior="completed",
     )
+    poll(lambda: probe_tis({"scheduled"}, 3), timeout=120, what="3 reprocessed days waiting", cluster=cluster)
+    write_probe(dags, today, end=None)
+    poll(lambda: probe_tis({"scheduled"}, 4), timeout=180, what="tonight's run waiting too", cluster=cluster)
 
-    def probe_tis(states: set[str]) -> list[dict[str, Any]] | None:
-        tis = cluster.task_instances(probe_id)
-        return tis if len(tis) == 4 and all(t["state"] in states for t in tis) else None
-
-    # One slot: all four compete (scheduled, none started). Many: all done without the holder's slot.
-    waiting_for = {"scheduled"} if slots == 1 else {"success"}
-    poll(lambda: probe_tis(waiting_for), timeout=180, what=f"probe tasks {waiting_for}", cluster=cluster)
+    # 5. Release the slot: who gets it, in which order?
     release.touch()
-    assert cluster.wait_for_run(holder_id, holder_run, timeout=120) == "success"
-    tis = poll(lambda: probe_tis({"success"}), timeout=180, what="probe tasks to succeed", cluster=cluster)
-    [holder] = cluster.task_instances(holder_id, holder_run)
-    runs = {r["run_id"]: r for r in cluster.dag_runs(probe_id)}
-    return {"holder": holder, "tis": sorted(tis, key=lambda t: t["start_date"]), "runs": runs}
+    assert cluster.wait_for_run(HOLDER_ID, holder_run, timeout=120) == "success"
+    tis = poll(lambda: probe_tis({"success"}, 4), timeout=240, what="probe tasks to succeed", cluster=cluster)
+    tis.sort(key=lambda t: t["start_date"])
+    [holder] = cluster.task_instances(HOLDER_ID, holder_run)
+    runs = {r["run_id"]: r for r in cluster.dag_runs(PROBE_ID)}
 
-
-def test_priority_weights_decide_only_when_the_pool_is_short_of_slots(
-    airflow_cluster_factory: Callable[..., Any], tmp_path: Path
-) -> None:
-    """Both experiments on one cluster (starting one is the costly part): one slot, then eight."""
-    dags, plugins = tmp_path / "dags", tmp_path / "plugins"
-    dags.mkdir()
-    plugins.mkdir()
-    (plugins / "onceflow_priority_plugin.py").write_text(PLUGIN)
-    cluster = airflow_cluster_factory(
-        dags_folder=dags, pools={POOL: 1}, env={"AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins)}
-    )
-
-    # One slot: the nightly run goes before older backfill days.
-    seen = run_competition(cluster, dags, tmp_path / "release_1", slots=1)
-    tis, holder, runs = seen["tis"], seen["holder"], seen["runs"]
-    order = [runs[t["run_id"]]["run_type"] for t in tis]
-    assert order == ["scheduled", "backfill", "backfill", "backfill"]
-    backfill_days = [runs[t["run_id"]]["logical_date"] for t in tis[1:]]
-    assert backfill_days == sorted(backfill_days)
-    assert runs[tis[0]["run_id"]]["logical_date"] > max(backfill_days)  # newest day, yet first
-    assert [t["priority_weight"] for t in tis] == [1001, 1, 1, 1]
+    started = [runs[t["run_id"]] for t in tis]
+    # The reprocessed days kept their scheduled__ ids; Airflow made them backfill runs.
+    assert all(r["run_id"].startswith("scheduled__") for r in started)
+    assert [r["run_type"] for r in started] == ["scheduled", "backfill", "backfill", "backfill"]
+    # Newest data interval first: tonight, then the reprocessed days from newest to oldest.
+    ends = [r["data_interval_end"] for r in started]
+    assert ends == sorted(ends, reverse=True), started
+    assert [t["priority_weight"] for t in tis] == sorted((t["priority_weight"] for t in tis), reverse=True)
+    # One day of recency outweighs anything within a run (100 per hour).
+    assert all(a["priority_weight"] - b["priority_weight"] == 2400 for a, b in itertools.pairwise(tis))
     # They really competed: nobody started before the holder let go, then one at a time.
     assert tis[0]["start_date"] >= holder["end_date"]
     for earlier, later in itertools.pairwise(tis):
         assert later["start_date"] >= earlier["end_date"]
-
-    # Eight slots: the same weights order nothing.
-    seen = run_competition(cluster, dags, tmp_path / "release_8", slots=8)
-    tis, holder, runs = seen["tis"], seen["holder"], seen["runs"]
-    assert sorted(runs[t["run_id"]]["run_type"] for t in tis) == [
-        "backfill",
-        "backfill",
-        "backfill",
-        "scheduled",
-    ]
-    assert sorted(t["priority_weight"] for t in tis) == [1, 1, 1, 1001]
-    # Every probe task ran to the end while the holder still held its slot: none waited for one.
-    assert all(holder["start_date"] <= t["start_date"] and t["end_date"] <= holder["end_date"] for t in tis)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk import AsyncCallback, DeadlineReference
+from airflow.sdk import AsyncCallback
 
 from onceflow.notifications.deadline import (
     MissedDeadlineNotifier,
@@ -17,6 +17,7 @@ from onceflow.notifications.deadline import (
     daily_load_deadline,
     read_alert_records,
 )
+from onceflow.notifications.deadline_reference import BusinessTimeDeadline
 
 NOTIFIER_PATH = "onceflow.notifications.deadline.MissedDeadlineNotifier"
 
@@ -172,11 +173,11 @@ def test_an_absent_alerts_file_means_no_alerts(tmp_path: Path) -> None:
     assert read_alert_records(tmp_path / "never-written.jsonl") == []
 
 
-def test_daily_load_deadline_is_due_one_day_and_seven_hours_after_the_logical_date() -> None:
+def test_daily_load_deadline_is_due_at_seven_business_time_on_the_next_day() -> None:
     alert = daily_load_deadline(business_timezone="Europe/Berlin", path="/tmp/x.jsonl")
 
-    assert alert.reference == DeadlineReference.DAGRUN_LOGICAL_DATE
-    assert alert.interval == timedelta(hours=31)
+    assert alert.reference == BusinessTimeDeadline(timezone="Europe/Berlin", due="07:00")
+    assert alert.interval == timedelta(0)
     assert isinstance(alert.callback, AsyncCallback)
     assert alert.callback.path == NOTIFIER_PATH
     assert alert.callback.kwargs["business_timezone"] == "Europe/Berlin"
@@ -185,7 +186,7 @@ def test_daily_load_deadline_is_due_one_day_and_seven_hours_after_the_logical_da
 def test_daily_load_deadline_honours_a_custom_due_time() -> None:
     alert = daily_load_deadline(business_timezone="UTC", due=time(6, 30))
 
-    assert alert.interval == timedelta(hours=30, minutes=30)
+    assert alert.reference == BusinessTimeDeadline(timezone="UTC", due="06:30")
     assert alert.callback.kwargs["due"] == "06:30"
 
 

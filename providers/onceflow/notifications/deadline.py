@@ -28,7 +28,9 @@ from airflow.sdk.bases.notifier import BaseNotifier
 # The same classes as ``airflow.sdk.AsyncCallback`` etc.; imported from their modules because
 # ``airflow/sdk/__init__.pyi`` does not list them for type checkers.
 from airflow.sdk.definitions.callback import AsyncCallback
-from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
+from airflow.sdk.definitions.deadline import DeadlineAlert
+
+from onceflow.notifications.deadline_reference import BusinessTimeDeadline, business_due
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.context import Context
@@ -58,29 +60,29 @@ def daily_load_deadline(
 ) -> DeadlineAlert:
     """The ``deadline=`` of a daily DAG whose run for day D must finish by ``due`` on D+1, local time.
 
-    The reference is the run's logical date, which for ``CronDataIntervalTimetable`` is the data
-    interval start (D 00:00 local); the interval is one day plus ``due``. Airflow adds a fixed
-    ``timedelta`` in UTC, so on the data days next to a DST change the alert fires an hour early
-    or late (see docs/dashboard-and-deadlines.md); the record still names the exact local due time.
-    Runs without a logical date (manual runs of Airflow 3) get no deadline.
+    The reference is :class:`~onceflow.notifications.deadline_reference.BusinessTimeDeadline`:
+    the scheduler computes ``due`` on the day after the run's data day *in the business timezone*
+    when it creates the run, so the deadline stays at 07:00 local on the 23- and 25-hour days
+    (a fixed ``timedelta`` in UTC would be an hour off there). Needs ``OnceflowPriorityPlugin``
+    loaded in the scheduler (the provider's ``airflow.plugins`` entry point does that). Runs without
+    a logical date (manual runs of Airflow 3) get no deadline.
 
     :param business_timezone: IANA name of the business timezone, e.g. ``Europe/Berlin``.
     :param due: local time on the day after the data day by which the load must be finished.
     :param alert_name: a stable name that says what was expected.
     :param path: JSON-lines file for the alert records; default :func:`default_alerts_path`.
     """
-    ZoneInfo(business_timezone)  # fail at parse time on a typo, not at 07:00
-    interval = timedelta(days=1, hours=due.hour, minutes=due.minute)
+    reference = BusinessTimeDeadline(timezone=business_timezone, due=due.strftime("%H:%M"))
     kwargs: dict[str, Any] = {
         "alert_name": alert_name,
         "business_timezone": business_timezone,
-        "due": due.strftime("%H:%M"),
+        "due": reference.due,
     }
     if path is not None:
         kwargs["path"] = path
     return DeadlineAlert(
-        reference=DeadlineReference.DAGRUN_LOGICAL_DATE,
-        interval=interval,
+        reference=reference,
+        interval=timedelta(0),
         callback=AsyncCallback(MissedDeadlineNotifier, kwargs=kwargs),
         name=alert_name,
     )
@@ -166,13 +168,17 @@ def build_alert_record(
     run_type = _str_or_none(dag_run.get("run_type"))
     interval_start = _parse_dt(dag_run.get("data_interval_start"))
     interval_end = _parse_dt(dag_run.get("data_interval_end"))
+    logical_date = _parse_dt(dag_run.get("logical_date"))
+    # The day the deadline was computed from (BusinessTimeDeadline): the logical date, which is
+    # the interval start of a scheduled or backfill run; a manual run's interval is its trigger time.
+    day_from = logical_date or interval_start
     data_day: date | None = None
     due_local: datetime | None = None
-    if business_timezone and interval_start is not None:
+    if business_timezone and day_from is not None:
         tz = ZoneInfo(business_timezone)
-        data_day = interval_start.astimezone(tz).date()
-        if due and interval_end is not None:
-            due_local = _local_due(interval_end.astimezone(tz), time.fromisoformat(due))
+        data_day = day_from.astimezone(tz).date()
+        if due:
+            due_local = business_due(data_day, business_timezone, time.fromisoformat(due)).astimezone(tz)
     deadline_time = _parse_dt(deadline.get("deadline_time"))
     return {
         "alert": alert_name,
@@ -182,7 +188,7 @@ def build_alert_record(
         "run_id": dag_run.get("dag_run_id") or dag_run.get("run_id"),
         "run_type": run_type,
         "run_state_at_alert": _str_or_none(dag_run.get("state")),
-        "logical_date": _iso(_parse_dt(dag_run.get("logical_date"))),
+        "logical_date": _iso(logical_date),
         "data_interval_start": _iso(interval_start),
         "data_interval_end": _iso(interval_end),
         "data_day": data_day.isoformat() if data_day else None,
@@ -249,15 +255,6 @@ def _parse_lines(lines: Iterable[str], path: Path) -> Iterator[dict[str, Any]]:
             log.warning("Skipping line %d of alert file %s: not a JSON object", number, path)
             continue
         yield record
-
-
-def _local_due(interval_end_local: datetime, due: time) -> datetime:
-    """The first ``due`` wall-clock time at or after the end of the data interval, in its zone."""
-    tz = interval_end_local.tzinfo
-    candidate = datetime.combine(interval_end_local.date(), due, tzinfo=tz)
-    if candidate < interval_end_local:
-        candidate = datetime.combine(interval_end_local.date() + timedelta(days=1), due, tzinfo=tz)
-    return candidate
 
 
 def _as_mapping(value: Any) -> Mapping[str, Any]:

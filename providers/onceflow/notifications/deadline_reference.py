@@ -1,0 +1,103 @@
+"""A deadline at a wall-clock time in the business timezone: "day D by 07:00 local on D+1".
+
+Airflow's built-in references add a fixed ``timedelta`` in UTC to an instant, so
+``DAGRUN_LOGICAL_DATE + 31h`` is 08:00 local after the spring DST change and 06:00 after the
+autumn one. :class:`BusinessTimeDeadline` computes the local due time itself, when the scheduler
+creates the run: the data day D is the business-local date of the run's logical date (for
+``CronDataIntervalTimetable`` the start of its data interval, D 00:00 local), the deadline is
+``due`` on D+``days_after`` in that zone.
+Use it with ``interval=timedelta(0)``.
+
+Airflow 3.3 evaluates a custom reference only when a plugin lists it in ``deadline_references``
+(``OnceflowPriorityPlugin`` does); the scheduler calls :meth:`_evaluate_with` with its own session
+and the run's ``dag_id`` and ``run_id`` (``required_kwargs``). Keep this module light: it is
+imported wherever plugins load.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+from zoneinfo import ZoneInfo
+
+from airflow.sdk.definitions.deadline import REFERENCE_TYPE_FIELD, BaseDeadlineReference
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+
+def business_due(data_day: dt.date, timezone: str, due: dt.time, days_after: int = 1) -> dt.datetime:
+    """``due`` local time on ``data_day + days_after`` in ``timezone``, as an aware UTC datetime."""
+    local = dt.datetime.combine(data_day + dt.timedelta(days=days_after), due, tzinfo=ZoneInfo(timezone))
+    return local.astimezone(dt.timezone.utc)
+
+
+def data_day(logical_date: dt.datetime, timezone: str) -> dt.date:
+    """The business day a run loads: the local date of its logical date (its interval start)."""
+    if logical_date.tzinfo is None:
+        logical_date = logical_date.replace(tzinfo=dt.timezone.utc)  # the metadata DB is UTC
+    return logical_date.astimezone(ZoneInfo(timezone)).date()
+
+
+@dataclass(frozen=True)
+class BusinessTimeDeadline(BaseDeadlineReference):
+    """The due time ``due`` (``HH:MM``) on the day after the run's data day, in ``timezone``.
+
+    Every field has a default because Airflow constructs registered references without arguments.
+
+    :param timezone: IANA name of the business timezone.
+    :param due: local wall-clock time ``HH:MM``.
+    :param days_after: days between the data day and the due day.
+    """
+
+    timezone: str = "UTC"
+    due: str = "07:00"
+    days_after: int = 1
+
+    #: What the 3.3 scheduler passes to :meth:`_evaluate_with` (it filters its kwargs by this).
+    required_kwargs: ClassVar[set[str]] = {"dag_id", "run_id"}
+
+    def __post_init__(self) -> None:
+        ZoneInfo(self.timezone)  # a typo fails when the DAG file is parsed, not at 07:00
+        dt.time.fromisoformat(self.due)
+
+    def serialize_reference(self) -> dict[str, Any]:
+        return {
+            REFERENCE_TYPE_FIELD: self.reference_name,
+            "timezone": self.timezone,
+            "due": self.due,
+            "days_after": self.days_after,
+        }
+
+    @classmethod
+    def deserialize_reference(cls, reference_data: dict[str, Any]) -> BusinessTimeDeadline:
+        return cls(
+            timezone=reference_data["timezone"],
+            due=reference_data["due"],
+            days_after=int(reference_data.get("days_after", 1)),
+        )
+
+    def due_for(self, logical_date: dt.datetime) -> dt.datetime:
+        """The deadline of a run with this logical date."""
+        day = data_day(logical_date, self.timezone)
+        return business_due(day, self.timezone, dt.time.fromisoformat(self.due), self.days_after)
+
+    def _evaluate_with(self, *, session: Session, **kwargs: Any) -> dt.datetime | None:
+        """Called by the scheduler (core imports stay inside: the SDK side must not need them)."""
+        run = kwargs.get("dag_run")  # later Airflow versions hand over the run itself
+        if run is not None:
+            logical_date = run.logical_date
+        else:
+            from airflow.models.dagrun import DagRun
+            from sqlalchemy import select
+
+            logical_date = session.scalar(
+                select(DagRun.logical_date).where(
+                    DagRun.dag_id == kwargs["dag_id"], DagRun.run_id == kwargs["run_id"]
+                )
+            )
+        # Not the data interval: a manual run of an unscheduled DAG has the trigger time there.
+        # A manual run without a logical date has no data day, hence no deadline (as Airflow's
+        # DAGRUN_LOGICAL_DATE reference).
+        return self.due_for(logical_date) if logical_date is not None else None

@@ -3,10 +3,12 @@ tested against the real metadata DB in test_ledger_airflow.py)."""
 
 from __future__ import annotations
 
+import threading
+
 import sqlalchemy as sa
 
 from onceflow.ledger import FollowUp
-from onceflow.ledger.outbox import OutboxRelay, pending_rows
+from onceflow.ledger.outbox import OutboxRelay, confirm_relayed, pending_rows, unique_events
 from onceflow.ledger.recheck import RecheckRequest, start_recheck
 from onceflow.ledger.reconcile import reconcile
 
@@ -14,10 +16,11 @@ from onceflow.ledger.reconcile import reconcile
 class RecordingSink:
     """An AirflowSink that remembers what it was asked; run ids are unique like Airflow's."""
 
-    def __init__(self, fail: bool = False):
+    def __init__(self, fail: bool = False, durable_events: bool = True):
         self.runs: dict[tuple[str, str], dict] = {}
         self.events: list[tuple[str, dict]] = []
         self.fail = fail
+        self.durable_events = durable_events
 
     def trigger_dag_run(self, dag_id, run_id, conf):
         if self.fail:
@@ -31,6 +34,7 @@ class RecordingSink:
         if self.fail:
             raise ConnectionError("api-server down")
         self.events.append((uri, extra))
+        return self.durable_events
 
 
 def commit_one(ledger, key, follow_ups):
@@ -147,3 +151,44 @@ def test_a_recheck_at_the_same_version_relays_its_own_follow_ups_once(ledger, fa
     assert {run_id.rsplit("__", 1)[1] for _, run_id in sink.runs} == {"t1", f"t{lease.token}"}
     assert reconcile(ledger).findings == []
     assert OutboxRelay(ledger, sink).relay_once().relayed == 0
+
+
+def test_an_event_handed_to_a_task_outlet_stays_pending_until_the_task_confirms_it(ledger):
+    """Issue 11 defect 6: an Asset event a running task will record on success is not marked
+    relayed by the pass; a second pass delivers it again with the same event id, and consumers
+    keep one per id; the task's confirmation marks it."""
+    commit_one(ledger, "a:1", [FollowUp.dag_run("d"), FollowUp.asset_event("file:///a")])
+    sink = RecordingSink(durable_events=False)
+    first = OutboxRelay(ledger, sink).relay_once()
+    assert first.relayed == 2 and len(first.awaiting) == 1
+    assert [r.target for r in pending_rows(ledger)] == ["file:///a"]  # the run is durable already
+
+    second = OutboxRelay(ledger, sink).relay_once()  # the task died before Airflow recorded it
+    assert second.awaiting == first.awaiting and len(sink.events) == 2
+    assert len(unique_events(sink.events, lambda e: e[1])) == 1
+    assert confirm_relayed(ledger, second.awaiting) == 1
+    assert pending_rows(ledger) == [] and confirm_relayed(ledger, second.awaiting) == 0
+
+
+def test_a_slow_sink_does_not_hold_the_ledger_while_it_delivers(ledger):
+    """Issue 11 defect 6: the relay calls the sink outside its SQLite write transaction (a 3 s
+    sink used to block a claim for 2.75 s). The sink below claims an item from another thread
+    and waits for that claim before returning; it only finishes if nothing holds the lock."""
+    commit_one(ledger, "a:1", [FollowUp.dag_run("d")])
+    ledger.add("fetch", "b:1")
+    claimed = []
+
+    class ClaimingSink(RecordingSink):
+        claim_done_during_delivery = False
+
+        def trigger_dag_run(self, dag_id, run_id, conf):
+            worker = threading.Thread(target=lambda: claimed.append(ledger.claim("fetch", "w2", 30, "v1")))
+            worker.start()
+            worker.join(timeout=30)  # generous: a blocked claim waits for the busy timeout (60 s)
+            self.claim_done_during_delivery = not worker.is_alive()
+            return super().trigger_dag_run(dag_id, run_id, conf)
+
+    sink = ClaimingSink()
+    assert OutboxRelay(ledger, sink).relay_once().relayed == 1
+    assert sink.claim_done_during_delivery, "the claim waited for the relay's transaction"
+    assert [lease.work_key for lease in claimed] == ["b:1"] and pending_rows(ledger) == []

@@ -12,7 +12,8 @@ Sinks (``onceflow.ledger.outbox.AirflowSink``):
 
 * :class:`TaskSdkSink` works inside a running task (real workers and ``dag.test``): DAG runs go
   through the Task SDK's supervisor channel to the Execution API; Asset events are added to the
-  task's ``AssetAlias`` outlet and recorded when the task succeeds.
+  task's ``AssetAlias`` outlet and recorded when the task succeeds (the relay operators confirm
+  those outbox rows in their success callback, after Airflow recorded them).
 * :class:`MetadataDbSink` writes Airflow's metadata database through its ORM, for code that may
   (the scheduler side, plugins, tests, maintenance scripts); Airflow 3 workers may not.
 """
@@ -118,12 +119,14 @@ class TaskSdkSink:
             raise RuntimeError(f"triggering {dag_id}/{run_id} failed: {response.error} {response.detail}")
         return True
 
-    def emit_asset_event(self, uri: str, extra: dict[str, Any]) -> None:
+    def emit_asset_event(self, uri: str, extra: dict[str, Any]) -> bool:
+        """Add the event to the task's outlet: recorded when the task succeeds, so not yet (``False``)."""
         from airflow.sdk import Asset, AssetAlias
 
         if self.outlet_events is None:
             raise RuntimeError("TaskSdkSink needs the task's outlet_events to emit Asset events")
         self.outlet_events[AssetAlias(OUTBOX_ASSET_ALIAS)].add(Asset(uri=uri), extra=extra)
+        return False
 
 
 class MetadataDbSink:
@@ -151,7 +154,8 @@ class MetadataDbSink:
                 return False
         return True
 
-    def emit_asset_event(self, uri: str, extra: dict[str, Any]) -> None:
+    def emit_asset_event(self, uri: str, extra: dict[str, Any]) -> bool:
+        """Record the event in the metadata DB now (``True``: durable when this returns)."""
         from airflow.assets.manager import AssetManager
         from airflow.models.asset import AssetModel
         from airflow.utils.session import create_session
@@ -162,3 +166,4 @@ class MetadataDbSink:
             if asset is None:
                 raise LookupError(f"no active Airflow asset with uri {uri!r}")
             AssetManager.register_asset_change(asset=asset, extra=extra, session=session)
+        return True

@@ -49,6 +49,7 @@ class ReconcileReport:
     findings: list[Finding] = field(default_factory=list)
     relay_stalled: bool = False
     oldest_pending_outbox_age: float | None = None
+    awaiting: list[int] = field(default_factory=list)  # outbox rows to confirm when the task succeeds
 
     def count(self, check: str, *, repaired: bool | None = None) -> int:
         return sum(
@@ -59,6 +60,7 @@ class ReconcileReport:
         return {
             "relay_stalled": self.relay_stalled,
             "oldest_pending_outbox_age": self.oldest_pending_outbox_age,
+            "awaiting": self.awaiting,
             "findings": [f.__dict__ for f in self.findings],
         }
 
@@ -149,19 +151,21 @@ def check_relay(
     o = schema.outbox
     with ledger.engine.connect() as conn:
         stuck = conn.execute(
-            sa.select(o.c.work_key, o.c.dedup_key).where(
+            sa.select(o.c.id, o.c.work_key, o.c.dedup_key).where(
                 o.c.state == "pending", o.c.created_at <= now - relay_stall_seconds
             )
         ).all()
     if sink is None:
-        for work_key, dedup in stuck:
+        for _, work_key, dedup in stuck:
             report.findings.append(Finding("stalled_relay", work_key, f"{dedup} not relayed", repaired=False))
         return
-    OutboxRelay(ledger, sink, name="reconciler").relay_once()
+    relayed = OutboxRelay(ledger, sink, name="reconciler").relay_once()
+    report.awaiting += relayed.awaiting
     with ledger.engine.connect() as conn:
-        still = set(conn.execute(sa.select(o.c.dedup_key).where(o.c.state == "pending")).scalars())
-    for work_key, dedup in stuck:
-        repaired = dedup not in still
+        still = set(conn.execute(sa.select(o.c.id).where(o.c.state == "pending")).scalars())
+    for row_id, work_key, dedup in stuck:
+        # handed to this task's outlet: durable when the task succeeds (it confirms the row then)
+        repaired = row_id not in still or row_id in relayed.awaiting
         if repaired:
             with ledger.engine.begin() as conn:
                 item = items.lock_item(conn, work_key)

@@ -3,7 +3,8 @@
 * :class:`RecheckOperator` starts a recheck (scope, reason, target version, priority, cap).
 * :class:`RecheckDispatchOperator` claims recheck-lane items and hands each to the chain DAG
   through the outbox (run it in pool ``onceflow_recheck``); SIGTERM stops it gracefully.
-* :class:`OutboxRelayOperator` delivers pending outbox rows as DAG runs and Asset events.
+* :class:`OutboxRelayOperator` delivers pending outbox rows as DAG runs and Asset events; the
+  Asset events' rows are marked relayed by its success callback, once Airflow recorded them.
 * :class:`LedgerReconcileOperator` runs the reconciler and reports what it found and repaired.
 """
 
@@ -24,6 +25,30 @@ if TYPE_CHECKING:
     from onceflow.shutdown import GracefulShutdown
 
 DAY = 86400.0
+
+
+def confirm_outbox_deliveries(context: Context) -> None:
+    """Success callback of the relaying operators: Airflow has now recorded the Asset events this
+    task handed to its outlet, so their outbox rows are marked relayed. It runs after the task's
+    other success callbacks; if the worker dies before it, the rows stay pending and the next
+    pass delivers them again (same event id, ``extra["onceflow_dedup_key"]``)."""
+    from onceflow.hooks.ledger import LedgerHook
+    from onceflow.ledger.outbox import confirm_relayed
+
+    task = context["task"]
+    awaiting = list(getattr(task, "outbox_awaiting", ()))
+    if awaiting:
+        ledger = LedgerHook(getattr(task, "ledger_conn_id", LedgerHook.default_conn_name)).get_ledger()
+        confirmed = confirm_relayed(ledger, awaiting)
+        task.log.info("confirmed %d of %d outbox Asset event(s) as relayed", confirmed, len(awaiting))
+
+
+def _confirming(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with :func:`confirm_outbox_deliveries` after the user's success callbacks."""
+    given = kwargs.get("on_success_callback")
+    callbacks = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
+    kwargs["on_success_callback"] = [*callbacks, confirm_outbox_deliveries]
+    return kwargs
 
 
 def _to_epoch(value: Any) -> float | None:
@@ -230,13 +255,14 @@ class OutboxRelayOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("outlets", [AssetAlias(OUTBOX_ASSET_ALIAS)])
-        super().__init__(**kwargs)
+        super().__init__(**_confirming(kwargs))
         if sink not in ("task_sdk", "metadata_db"):
             raise ValueError(f"sink must be 'task_sdk' or 'metadata_db', not {sink!r}")
         self.sink = sink
         self.max_rows = max_rows
         self.relay_name = relay_name
         self.ledger_conn_id = ledger_conn_id
+        self.outbox_awaiting: list[int] = []
 
     def execute(self, context: Context) -> dict[str, Any]:
         from onceflow.hooks.ledger import LedgerHook
@@ -245,10 +271,19 @@ class OutboxRelayOperator(BaseOperator):
         ledger = LedgerHook(self.ledger_conn_id).get_ledger()
         report = OutboxRelay(ledger, make_sink(self.sink, context), name=self.relay_name,
                              max_rows=int(self.max_rows)).relay_once()  # fmt: skip
-        self.log.info("relayed %d outbox row(s), %d already existed", report.relayed, report.already_existed)
+        self.outbox_awaiting = report.awaiting  # confirmed once Airflow recorded this task's success
+        self.log.info(
+            "relayed %d outbox row(s), %d already existed, %d Asset event(s) recorded when this task succeeds",
+            report.relayed, report.already_existed, len(report.awaiting),
+        )  # fmt: skip
         if report.errors:
             self.log.warning("undelivered rows stay pending: %s", report.errors)
-        return {"relayed": report.relayed, "already_existed": report.already_existed, "errors": report.errors}
+        return {
+            "relayed": report.relayed,
+            "already_existed": report.already_existed,
+            "errors": report.errors,
+            "awaiting": report.awaiting,
+        }
 
 
 def run_exists_in(context: Context) -> Any:
@@ -295,7 +330,8 @@ class LedgerReconcileOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("outlets", [AssetAlias(OUTBOX_ASSET_ALIAS)])
-        super().__init__(**kwargs)
+        super().__init__(**_confirming(kwargs))
+        self.outbox_awaiting: list[int] = []
         self.check_airflow_runs = check_airflow_runs
         self.grace_seconds = grace_seconds
         self.relay_stall_seconds = relay_stall_seconds
@@ -315,6 +351,7 @@ class LedgerReconcileOperator(BaseOperator):
             sink=make_sink("task_sdk", context) if self.relay_stalled_rows else None,
             run_exists=run_exists_in(context) if self.check_airflow_runs else None,
         )
+        self.outbox_awaiting = report.awaiting  # confirmed once Airflow recorded this task's success
         for finding in report.findings:
             self.log.warning("%s %s: %s (repaired=%s)", finding.check, finding.work_key, finding.detail,
                              finding.repaired)  # fmt: skip

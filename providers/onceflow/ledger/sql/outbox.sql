@@ -17,8 +17,19 @@ ORDER BY id
 LIMIT 1
 
 -- name: outbox_mark_relayed
+-- Only a pending row: one another relay (or the reconciler) marked meanwhile keeps its mark.
 UPDATE outbox SET state = 'relayed', relayed_at = :now, attempts = attempts + 1, last_error = NULL
-WHERE id = :id
+WHERE id = :id AND state = 'pending'
+
+-- name: outbox_mark_handed
+-- Handed to a running task's outlet: durable only when the task succeeds, so it stays pending.
+UPDATE outbox SET attempts = attempts + 1, last_error = NULL
+WHERE id = :id AND state = 'pending'
+
+-- name: outbox_confirm
+-- The relaying task succeeded: Airflow has recorded these rows' events.
+UPDATE outbox SET state = 'relayed', relayed_at = :now
+WHERE id IN :ids AND state = 'pending'
 
 -- name: outbox_mark_error
 UPDATE outbox SET attempts = attempts + 1, last_error = :error

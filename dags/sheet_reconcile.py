@@ -80,7 +80,7 @@ def sheet_reconcile() -> None:
             max_redrives=int(params["max_redrives"]),
             ledger=lambda row_key: ledger_link.ledger_view(ledger, row_key),
         )
-        return rec.apply(
+        entries = rec.apply(
             plan.actions,
             queue,
             now=now,
@@ -96,6 +96,10 @@ def sheet_reconcile() -> None:
                 published_url=action.row.get("published_url").strip(),
             ),
         )
+        # row anchors of rows finished without onceflow's final transition (by hand, or by an
+        # older onceflow that kept them): Google caps developer metadata, so they must not pile up
+        queue.sweep_anchors()
+        return entries
 
     reconcile()
 

@@ -27,11 +27,12 @@ from __future__ import annotations
 import logging
 import random
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from onceflow.sheets import anchors
+from onceflow.sheets import anchors, settle
 from onceflow.sheets.keys import article_run_conf, pipeline_run_id
 from onceflow.sheets.model import (
     ColumnMap,
@@ -47,7 +48,7 @@ from onceflow.sheets.retry import Backoff, Refused, RetryableError, ServerError
 from onceflow.sheets.validation import classify_claimed, classify_new_rows
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Sequence
 
     from onceflow.sheets.transport import SheetsTransport
 
@@ -101,6 +102,8 @@ class ClaimResult:
     redirected: int = 0
     #: claims confirmed only by the read-back, the write's reply having been lost (5xx after apply)
     recovered: int = 0
+    #: the requests this wake-up sent, per API method (429-refused attempts included)
+    requests: Counter[str] = field(default_factory=Counter)
 
 
 def a1_sheet(title: str) -> str:
@@ -263,10 +266,27 @@ class SheetQueue:
             so the claim starts again from a fresh read.
         :return: the rows won (create their runs now) and the rows rejected.
         """
+        before = Counter(self.transport.calls)
+        swept = False
         for attempt in range(attempts):
             try:
-                return self._claim_once(limit)
+                result = self._claim_once(limit)
+                result.requests = Counter(self.transport.calls) - before
+                return result
             except Refused as err:
+                if "developer metadata" in str(err).lower() and not swept:
+                    # Google's cap on developer metadata: drop the anchors of rows no longer in
+                    # flight (finished some other way), then try again
+                    swept = True
+                    removed = self.sweep_anchors()
+                    log.warning("claim refused (%s); removed %d stale row anchors", err, removed)
+                    if removed == 0:
+                        raise Refused(
+                            f"{err} (every row anchor belongs to a row in flight: each PROCESSING row "
+                            "holds one, and Google caps developer metadata at 30,000 characters per "
+                            "sheet; finish rows, or claim fewer at a time)"
+                        ) from err
+                    continue
                 if attempt + 1 == attempts:
                     raise
                 log.warning("claim batch refused (%s); nothing applied, reading again", err)
@@ -330,7 +350,12 @@ class SheetQueue:
                 next(position, {})  # the anchor's reply
                 if claimed and held:
                     confirmed[token] = issued[token]
-                elif claimed:  # our token landed on a row that no longer has the URL we read
+                else:
+                    # claim 1, guard 0: our token landed on a row that no longer has the URL we
+                    # read. Claim 0: lost, or won by a copy of this very batch that the transport
+                    # sent before (httplib2 resends a request whose connection dropped without a
+                    # reply, whatever num_retries says; the resend then finds our own token). Only
+                    # the sheet can tell, and the anchors of a claim taken for lost are deleted.
                     must_read = True
         if must_read:
             verified = self.snapshot()
@@ -364,11 +389,13 @@ class SheetQueue:
                 )
         if rejects:
             assert verified.columns is not None
-            self._write_anchored(verified.columns, [(t, {"reason": v.reason}) for t, v in rejects.items()])
-            self._transition_many(
+            self.write_anchored(verified.columns, [(t, {"reason": v.reason}) for t, v in rejects.items()])
+            # final rows need no anchor: each goes in the same batch as its row's transition
+            finals = [anchors.delete(anchors.lookup(t)) for t, v in rejects.items() if v.status]
+            self.transition_many(
                 verified.columns,
                 [(t, Status.PROCESSING, v.status) for t, v in rejects.items() if v.status],
-                extra=stray,
+                extra=stray + finals,
             )
             result.rejected = [
                 Rejection(t, v.status, v.reason, v.row.number, v.row.url)
@@ -376,7 +403,7 @@ class SheetQueue:
                 if v.status
             ]
         elif stray:
-            self._cleanup(stray)
+            self.cleanup(stray)
         result.lost = len(targets) - len(mine)
         return result
 
@@ -408,23 +435,32 @@ class SheetQueue:
 
     # -- later writes, by token --------------------------------------------------------------------
 
-    def _cleanup(self, requests: list[dict[str, Any]]) -> None:
+    def cleanup(self, requests: list[dict[str, Any]]) -> None:
         """Delete stray anchors (idempotent; a failure only leaves harmless metadata behind)."""
         try:
             self._idempotent(lambda: self.transport.batch_update(requests))
         except Exception as err:  # best effort: write_fields ignores and drops stray anchors
             log.warning("could not delete %d stray row anchors (%s)", len(requests), err)
 
-    def _transition_many(
+    def transition_many(
         self,
         columns: ColumnMap,
         moves: Iterable[tuple[str, Status, Status]],
         extra: list[dict[str, Any]] | None = None,
+        verify: bool = False,
     ) -> list[bool]:
+        """One ``batchUpdate`` of fenced status moves (plus ``extra`` requests); per move, whether
+        it applied. A 5xx is settled by reading the sheet back.
+
+        :param verify: also read back when a move replied 0, and count a row already in its new
+            status as moved: a 0 can be this very batch's resent copy (httplib2 resends a request
+            whose reply was lost) finding the row moved by the first copy. Without it, 0 means "not
+            moved by this call", which is what a caller that must act once needs.
+        """
         moves = list(moves)
         if not moves:
             if extra:
-                self._cleanup(extra)
+                self.cleanup(extra)
             return []
         requests = [
             self._find_replace(
@@ -435,10 +471,36 @@ class SheetQueue:
         requests.extend(extra or [])
         try:
             replies = self.backoff.call(lambda: self.transport.batch_update(requests))
-            return [_occurrences(r) == 1 for r in replies[: len(moves)]]
+            moved = [_occurrences(r) == 1 for r in replies[: len(moves)]]
+            if all(moved) or not verify:
+                return moved
         except ServerError:
-            after = self.snapshot()
-            return [any(r.status is new for r in after.rows_with_token(token)) for token, _old, new in moves]
+            moved = [False] * len(moves)
+        # unknown outcome, or a 0 that may be our own resent copy finding the row already moved
+        # (httplib2 resends a request whose reply was lost): the sheet decides
+        after = self.snapshot()
+        return [
+            done or any(r.status is new for r in after.rows_with_token(token))
+            for done, (token, _old, new) in zip(moved, moves, strict=True)
+        ]
+
+    def finish(self, token: str, new: Status, fields: dict[str, str] | None = None) -> bool:
+        """Settle the row of ``token``: write ``fields``, then PROCESSING -> ``new`` (final) with its
+        row anchor deleted in the same batch. See :func:`onceflow.sheets.settle.finish_many`."""
+        return settle.finish_many(self, [(token, new, fields)])[0]
+
+    def finish_many(self, items: Sequence[settle.Finish]) -> list[bool]:
+        """:meth:`finish` for many rows at the cost of one (1 read + 2 writes)."""
+        return settle.finish_many(self, items)
+
+    def sweep_anchors(self) -> int:
+        """Delete row anchors of rows no longer in flight (:func:`onceflow.sheets.settle.sweep_anchors`)."""
+        return settle.sweep_anchors(self)
+
+    def search_anchors(self) -> list[dict[str, Any]]:
+        """Every claim anchor of the spreadsheet (``developerMetadata.search`` by key)."""
+        lookup = {"developerMetadataLookup": {"metadataKey": anchors.CLAIM_KEY}}
+        return self._idempotent(lambda: self.transport.search_metadata([lookup]))
 
     def transition(self, token: str, old: Status, new: Status) -> bool:
         """Move the row carrying ``token`` from ``old`` to ``new``, wherever the row is now.
@@ -451,32 +513,47 @@ class SheetQueue:
         columns = cached or self.snapshot().columns
         if columns is None:
             return False
-        moved = self._transition_many(columns, [(token, old, new)])[0]
+        moved = self.transition_many(columns, [(token, old, new)])[0]
         if not moved and cached is not None:  # the editor may have moved the status column
             fresh = self.snapshot().columns
             if fresh is not None and fresh != cached:
-                moved = self._transition_many(fresh, [(token, old, new)])[0]
+                moved = self.transition_many(fresh, [(token, old, new)])[0]
         return moved
 
     def _anchored_rows(self, token: str) -> tuple[ColumnMap | None, list[Row]]:
         """The header and every row anchored to ``token``, in one ``values.batchGetByDataFilter``."""
+        columns, rows = self.anchored_rows([token])
+        return columns, rows.get(token, [])
+
+    def anchored_rows(self, tokens: Sequence[str]) -> tuple[ColumnMap | None, dict[str, list[Row]]]:
+        """The header and, per token, every row anchored to it: one ``values.batchGetByDataFilter``."""
         header = {"a1Range": f"{a1_sheet(self.sheet)}!1:1"}
-        matched = self._idempotent(lambda: self.transport.read_by_filter([header, anchors.lookup(token)]))
+        filters = [header, *(anchors.lookup(t) for t in tokens)]
+        matched = self._idempotent(lambda: self.transport.read_by_filter(filters))
         columns: ColumnMap | None = None
-        rows: list[tuple[int, list[Any]]] = []
+        found: list[tuple[list[str], int, list[Any]]] = []
         for item in matched:
             value_range = item.get("valueRange", {})
             values = value_range.get("values", [])
             if any("a1Range" in f for f in item.get("dataFilters", [])):
                 columns = Snapshot.from_values(values[:1]).columns if values else None
-            if any("developerMetadataLookup" in f for f in item.get("dataFilters", [])):
-                number = anchors.row_number(value_range.get("range", ""))
-                if number is not None:
-                    rows.append((number, values[0] if values else []))
+            owners = [
+                str(f["developerMetadataLookup"].get("metadataValue", ""))
+                for f in item.get("dataFilters", [])
+                if "developerMetadataLookup" in f
+            ]
+            number = anchors.row_number(value_range.get("range", ""))
+            if owners and number is not None:
+                found.append((owners, number, values[0] if values else []))
         if columns is None:
-            return None, []
+            return None, {}
         self._columns = columns
-        return columns, [make_row(columns, n, raw) for n, raw in rows]
+        rows: dict[str, list[Row]] = {}
+        for owners, number, raw in found:
+            row = make_row(columns, number, raw)
+            for token in owners:
+                rows.setdefault(token, []).append(row)
+        return columns, rows
 
     def locate(self, token: str) -> Row | None:
         """The row anchored to ``token`` that carries it, read in one small request; falls back
@@ -485,9 +562,7 @@ class SheetQueue:
         mine = [r for r in rows if r.token == token]
         return mine[0] if mine else self.find(token)
 
-    def _write_anchored(
-        self, columns: ColumnMap, updates: list[tuple[str, dict[str, str]]]
-    ) -> dict[str, Any]:
+    def write_anchored(self, columns: ColumnMap, updates: list[tuple[str, dict[str, str]]]) -> dict[str, Any]:
         """One ``values.batchUpdateByDataFilter``: each token's fields into the row its anchor is on.
 
         RAW, so ``=1+1`` stays text; idempotent, so it is safe to repeat.
@@ -529,7 +604,7 @@ class SheetQueue:
                     doomed.append(anchors.delete(anchors.by_id(int(metadata_id))))
         if doomed:
             log.warning("removing %d anchors of %s from rows that do not carry it", len(doomed), token)
-            self._cleanup(doomed)
+            self.cleanup(doomed)
 
     def _adopt(self, token: str) -> bool:
         """Anchor ``token`` to the row carrying it (a claim made before row anchors existed).
@@ -552,7 +627,7 @@ class SheetQueue:
             return True
         created = anchors.created_id(replies[1]) if len(replies) > 1 else None
         if created is not None:
-            self._cleanup([anchors.delete(anchors.by_id(created))])
+            self.cleanup([anchors.delete(anchors.by_id(created))])
         return False
 
     def write_fields(
@@ -591,7 +666,7 @@ class SheetQueue:
             wanted = {k: v for k, v in fields.items() if columns.has(k)}
             if all(mine[0].get(k) == v for k, v in wanted.items()):
                 return mine[0]
-            reply = self._write_anchored(columns, [(token, wanted)])
+            reply = self.write_anchored(columns, [(token, wanted)])
             written = []
             for response in reply.get("responses", []):
                 data = response.get("updatedData", {})
@@ -599,6 +674,10 @@ class SheetQueue:
                 values = data.get("values", [])
                 written.append(make_row(columns, number or 0, values[0] if values else []))
             if written and all(r.token == token for r in written):
+                if written[0].status in settle.FINAL_STATUSES:
+                    # a repair of a finished row (reconcile's reason or run_id): it needs no
+                    # anchor after this, and an adopted one would otherwise stay for good
+                    self.cleanup([anchors.delete(anchors.lookup(token))])
                 return written[0]
             log.warning("row of %s changed while writing %s; checking again", token, sorted(fields))
         raise RuntimeError(f"could not write {sorted(fields)} into the row of token {token!r}")

@@ -330,16 +330,11 @@ def _carry_out(
         if ledger_repair is None or not ledger_repair(action, run_conf(row, queue)):
             return None
     elif action.kind == "transition" and action.new_status is not None:
-        if not queue.transition(token, Status.PROCESSING, action.new_status):
+        # every transition reconcile makes is final: the reason goes first (through the row's
+        # anchor), then the status, with the anchor deleted in the same batch
+        if not queue.finish(token, action.new_status, dict(action.fields) or None):
             log.info("row %s already moved on; nothing to do", token)
             return None
-        if action.fields:
-            try:
-                queue.write_fields(token, dict(action.fields))
-            except Exception as err:  # the status is written and says it; the reason is extra
-                log.info(
-                    "row %s is %s; its %s not written (%s)", token, action.new_status, action.fields, err
-                )
     elif action.kind == "rewrite":
         try:
             queue.write_fields(token, dict(action.fields))

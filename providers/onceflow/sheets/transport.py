@@ -78,6 +78,9 @@ class GoogleSheetsTransport:
         self.service = service
         self.spreadsheet_id = spreadsheet_id
         self.calls: Counter[str] = Counter()
+        # building a resource from the discovery document takes milliseconds: do it once
+        self._sheets = service.spreadsheets()
+        self._values = self._sheets.values()
 
     def _execute(self, method: str, request: Any) -> Any:
         from googleapiclient.errors import HttpError
@@ -101,18 +104,14 @@ class GoogleSheetsTransport:
     def sheet_ids(self) -> dict[str, int]:
         response = self._execute(
             "spreadsheets.get",
-            self.service.spreadsheets().get(
-                spreadsheetId=self.spreadsheet_id, fields="sheets.properties(sheetId,title)"
-            ),
+            self._sheets.get(spreadsheetId=self.spreadsheet_id, fields="sheets.properties(sheetId,title)"),
         )
         return {s["properties"]["title"]: int(s["properties"]["sheetId"]) for s in response.get("sheets", [])}
 
     def read(self, ranges: list[str]) -> list[list[list[Any]]]:
         response = self._execute(
             "values.batchGet",
-            self.service.spreadsheets()
-            .values()
-            .batchGet(
+            self._values.batchGet(
                 spreadsheetId=self.spreadsheet_id,
                 ranges=ranges,
                 majorDimension="ROWS",
@@ -124,9 +123,7 @@ class GoogleSheetsTransport:
     def batch_update(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         response = self._execute(
             "spreadsheets.batchUpdate",
-            self.service.spreadsheets().batchUpdate(
-                spreadsheetId=self.spreadsheet_id, body={"requests": requests}
-            ),
+            self._sheets.batchUpdate(spreadsheetId=self.spreadsheet_id, body={"requests": requests}),
         )
         replies: list[dict[str, Any]] = response.get("replies", [])
         return replies
@@ -134,9 +131,7 @@ class GoogleSheetsTransport:
     def write_values(self, data: list[tuple[str, list[list[str]]]]) -> None:
         self._execute(
             "values.batchUpdate",
-            self.service.spreadsheets()
-            .values()
-            .batchUpdate(
+            self._values.batchUpdate(
                 spreadsheetId=self.spreadsheet_id,
                 body={
                     "valueInputOption": "RAW",
@@ -148,9 +143,7 @@ class GoogleSheetsTransport:
     def append_values(self, range_: str, rows: list[list[str]]) -> None:
         self._execute(
             "values.append",
-            self.service.spreadsheets()
-            .values()
-            .append(
+            self._values.append(
                 spreadsheetId=self.spreadsheet_id,
                 range=range_,
                 valueInputOption="RAW",
@@ -162,9 +155,7 @@ class GoogleSheetsTransport:
     def read_by_filter(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
         response = self._execute(
             "values.batchGetByDataFilter",
-            self.service.spreadsheets()
-            .values()
-            .batchGetByDataFilter(
+            self._values.batchGetByDataFilter(
                 spreadsheetId=self.spreadsheet_id,
                 body={"dataFilters": filters, "majorDimension": "ROWS", "valueRenderOption": "FORMULA"},
             ),
@@ -177,9 +168,7 @@ class GoogleSheetsTransport:
         # from column A touches only the cells we name
         response: dict[str, Any] = self._execute(
             "values.batchUpdateByDataFilter",
-            self.service.spreadsheets()
-            .values()
-            .batchUpdateByDataFilter(
+            self._values.batchUpdateByDataFilter(
                 spreadsheetId=self.spreadsheet_id,
                 body={
                     "valueInputOption": "RAW",
@@ -194,9 +183,9 @@ class GoogleSheetsTransport:
     def search_metadata(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
         response = self._execute(
             "developerMetadata.search",
-            self.service.spreadsheets()
-            .developerMetadata()
-            .search(spreadsheetId=self.spreadsheet_id, body={"dataFilters": filters}),
+            self._sheets.developerMetadata().search(
+                spreadsheetId=self.spreadsheet_id, body={"dataFilters": filters}
+            ),
         )
         return [m["developerMetadata"] for m in response.get("matchedDeveloperMetadata", [])]
 

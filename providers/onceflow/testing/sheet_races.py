@@ -25,20 +25,35 @@ if TYPE_CHECKING:
     from onceflow.sheets.protocol import ClaimResult, SheetQueue
 
 
-def drain(queue: SheetQueue, limit: int) -> list[ClaimResult]:
+def drain(queue: SheetQueue, limit: int, finish: bool = False) -> list[ClaimResult]:
     """Claim up to ``limit`` rows at a time until a read finds no NEW row to aim at.
 
     Stops on ``aimed == 0`` rather than on an empty claim list: a round can lose every row it
     aimed at to other claimers while NEW rows remain.
 
+    :param finish: after each round, do what ``article_pipeline`` does at its end for every row
+        won: write a ``published_url`` and move the row to DONE (with its row anchor removed), in
+        one :meth:`~onceflow.sheets.protocol.SheetQueue.finish_many`. Rows in flight then stay
+        few, as they do in production, which Google's developer metadata cap needs.
     :return: every ``ClaimResult``, in order (the last one aimed at nothing).
     """
+    from onceflow.sheets.model import Status
+
     results: list[ClaimResult] = []
     while True:
         result = queue.claim(limit)
         results.append(result)
+        if finish and result.claims:
+            queue.finish_many(
+                [(c.token, Status.DONE, {"published_url": published_url(c.url)}) for c in result.claims]
+            )
         if result.aimed == 0:
             return results
+
+
+def published_url(url: str) -> str:
+    """The link :func:`drain` writes for a finished row."""
+    return "https://published.example.org/" + url.split("://", 1)[-1]
 
 
 class ClaimerError(RuntimeError):
@@ -49,7 +64,9 @@ class ClaimerError(RuntimeError):
         self.errors = list(errors)
 
 
-def run_claimers(queues: Sequence[SheetQueue], limit: int, timeout: float = 300) -> list[list[ClaimResult]]:
+def run_claimers(
+    queues: Sequence[SheetQueue], limit: int, timeout: float = 300, finish: bool = False
+) -> list[list[ClaimResult]]:
     """:func:`drain` every queue in its own thread, all released at once by a barrier.
 
     Build the queues first (one client per queue: a google-api-python-client service is not
@@ -58,6 +75,7 @@ def run_claimers(queues: Sequence[SheetQueue], limit: int, timeout: float = 300)
     :param queues: one per claimer.
     :param limit: rows per ``claim`` call.
     :param timeout: seconds for the whole race; threads still running then make it fail.
+    :param finish: each claimer finishes the rows it won (see :func:`drain`).
     :return: per claimer, in the order of ``queues``, the ``ClaimResult`` s it got, in order.
     :raises ClaimerError: if any claimer raised (the first error is the cause) or timed out.
     """
@@ -68,7 +86,7 @@ def run_claimers(queues: Sequence[SheetQueue], limit: int, timeout: float = 300)
     def claimer(i: int) -> None:
         try:
             barrier.wait()
-            results[i] = drain(queues[i], limit)
+            results[i] = drain(queues[i], limit, finish=finish)
         except BaseException as err:  # reported by the caller's thread below
             errors.append(err)
 

@@ -91,6 +91,8 @@ def find_replace(book: Spreadsheet, spec: dict[str, Any]) -> dict[str, Any]:
     else:
         targets = [(s, 0, s.row_count, 0, s.column_count) for s in book.sheets]
 
+    # the claim protocol's whole-column findReplace on 50,000 rows: skip non-matching text cheaply
+    plain = whole and not spec.get("searchByRegex") and bool(spec.get("matchCase"))
     occurrences = values = formulas = 0
     rows: set[tuple[int, int]] = set()
     sheets: set[int] = set()
@@ -99,7 +101,7 @@ def find_replace(book: Spreadsheet, spec: dict[str, Any]) -> dict[str, Any]:
             cells = sheet.rows[r]
             for c in range(c0, min(c1, len(cells))):
                 cell = cells[c]
-                if cell is None:
+                if cell is None or (plain and type(cell) is str and cell != find):
                     continue
                 is_formula = isinstance(cell, Formula)
                 if is_formula and not include_formulas:

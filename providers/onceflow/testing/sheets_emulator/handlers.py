@@ -212,7 +212,8 @@ def spreadsheets_create(store: Store, req: ApiRequest) -> dict[str, Any]:
     for i, title in enumerate(titles):  # validate first: a refused create leaves nothing behind
         if any(t.lower() == title.lower() for t in titles[:i]):
             raise invalid_argument(f'Invalid sheets[{i}]: A sheet with the name "{title}" already exists.')
-        if ids[i] is not None and (int(ids[i]) < 0 or ids[i] in ids[:i]):
+        given = ids[i]
+        if given is not None and (int(given) < 0 or given in ids[:i]):
             raise invalid_argument(f"Invalid sheets[{i}]: sheetId {ids[i]} is negative or used twice.")
     book = store.create(props.get("title", "Untitled spreadsheet"), [] if specs else None)
     for sp, title in zip(specs, titles, strict=True):

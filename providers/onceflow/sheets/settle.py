@@ -1,0 +1,150 @@
+"""A row's last writes: its final fields and status, and the removal of its row anchor.
+
+Every claim anchors its row with developer metadata (:mod:`onceflow.sheets.anchors`), and Google caps
+the developer metadata a spreadsheet, and each of its sheets, may hold (30,000 characters each).
+An anchor is only needed while the row is in flight, so it goes **in the same ``batchUpdate`` as
+the row's final transition** (DONE, INVALID, DUPLICATE, FAILED): the metadata a queue holds is then
+bounded by the rows in flight, not by the rows it ever claimed. :func:`sweep_anchors` removes the
+anchors of rows that became final some other way (an editor's hand, a crash between the two
+writes of an older onceflow, the resent copy of a claim) and of rows that no longer carry their
+token.
+
+Cost of :func:`finish_many`, for any number of rows: 1 read (header and every anchored row, by
+their anchors) + 1 write of the fields (none when there are none or they are there already) + 1
+``batchUpdate`` with every transition and anchor deletion; 1 more read when some transition
+replied 0 (to tell "already moved" from "our resent copy moved it").
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from onceflow.sheets import anchors
+from onceflow.sheets.model import Status
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from onceflow.sheets.model import Row
+    from onceflow.sheets.protocol import SheetQueue
+
+log = logging.getLogger(__name__)
+
+#: statuses after which nothing writes to the row again, so its anchor can go
+FINAL_STATUSES = frozenset({Status.DONE, Status.INVALID, Status.DUPLICATE, Status.FAILED})
+
+#: one item to finish: (claim token, final status, fields to write first or ``None``)
+Finish = tuple[str, Status, "dict[str, str] | None"]
+
+
+def finish_many(queue: SheetQueue, items: Sequence[Finish], old: Status = Status.PROCESSING) -> list[bool]:
+    """Write each row's fields, then move it ``old`` -> its final status and drop its anchor.
+
+    Fields go first, through the anchor (it is gone after the transition), and only into a row
+    still carrying the token in ``old``: a row another writer already finished keeps its cells.
+    The transitions are the fenced ``findReplace``s of :meth:`SheetQueue.transition`, and each
+    anchor's ``deleteDeveloperMetadata`` rides in the same atomic batch.
+
+    :param items: (token, final status, fields) per row.
+    :param old: the status each row must still be in.
+    :return: per item, whether its row is now in its final status (also when an earlier,
+        ambiguous attempt had moved it).
+    :raises ValueError: a status that is not final.
+    """
+    if not items:
+        return []
+    for _, new, _ in items:
+        if new not in FINAL_STATUSES:
+            raise ValueError(f"{new.value} is not a final status; use SheetQueue.transition")
+    columns, anchored = queue.anchored_rows([token for token, _, _ in items])
+    if columns is None:
+        raise LookupError("the queue tab has no header row")
+    quick: list[tuple[str, dict[str, str]]] = []
+    for token, _new, fields in items:
+        wanted = {k: v for k, v in (fields or {}).items() if columns.has(k)}
+        if not wanted:
+            continue
+        rows = anchored.get(token, [])
+        if rows and all(r.token == token for r in rows):
+            if rows[0].status is old and any(rows[0].get(k) != v for k, v in wanted.items()):
+                quick.append((token, wanted))
+            continue
+        # no anchor, or one on a row that lost the token: the slow path settles the anchor first
+        try:
+            queue.write_fields(token, wanted, check=_checker(token, old))
+        except (LookupError, _MovedOn) as err:
+            log.info("fields of %s not written (%s)", token, err)
+    if quick:
+        reply = queue.write_anchored(columns, quick)
+        for token, row in _written(reply, columns):
+            if row.token != token:  # the anchor was on another row: write it the careful way
+                fields = dict(quick)[token]
+                log.warning("anchor of %s was on a row without it; writing %s again", token, sorted(fields))
+                try:
+                    queue.write_fields(token, fields, check=_checker(token, old))
+                except (LookupError, _MovedOn) as err:
+                    log.info("fields of %s not written (%s)", token, err)
+    moves = [(token, old, new) for token, new, _ in items]
+    deletions = [anchors.delete(anchors.lookup(token)) for token, _, _ in items]
+    return queue.transition_many(columns, moves, extra=deletions, verify=True)
+
+
+class _MovedOn(Exception):
+    """The row is no longer in the state the fields were meant for."""
+
+
+def _checker(token: str, old: Status) -> Callable[[Row], None]:
+    """A ``write_fields`` check: the row still carries ``token`` in ``old``."""
+
+    def check(row: Row) -> None:
+        if row.token != token or row.status is not old:
+            raise _MovedOn(f"row {row.number} is {row.status_cell.raw!r}, not {old.value} #{token}")
+
+    return check
+
+
+def _written(reply: dict[str, Any], columns: Any) -> list[tuple[str, Row]]:
+    """(token the filter named, row as written) for each range a ``batchUpdateByDataFilter`` wrote."""
+    from onceflow.sheets.model import make_row
+
+    out = []
+    for response in reply.get("responses", []):
+        token = response.get("dataFilter", {}).get("developerMetadataLookup", {}).get("metadataValue")
+        data = response.get("updatedData", {})
+        values = data.get("values", [])
+        number = anchors.row_number(data.get("range", response.get("updatedRange", ""))) or 0
+        if token:
+            out.append((str(token), make_row(columns, number, values[0] if values else [])))
+    return out
+
+
+def sweep_anchors(queue: SheetQueue) -> int:
+    """Delete this tab's claim anchors whose token is on no PROCESSING row; return how many.
+
+    The search comes **before** the read: an anchor is created in the same atomic batch as its
+    token's claim, so every anchor found had its token in the sheet before the read, and a token
+    the read does not show PROCESSING is final, gone or overwritten, never a claim in flight.
+    Deletion is by ``metadataId``, so it removes exactly the entries judged. Costs 2 reads, plus
+    1 write when there is something to delete.
+    """
+    found = queue.search_anchors()
+    if not found:
+        return 0
+    live = {
+        token
+        for token, rows in queue.snapshot().by_token().items()
+        if any(r.status is Status.PROCESSING for r in rows)
+    }
+    sheet_id = queue.sheet_id()
+    doomed = [
+        int(m["metadataId"])
+        for m in found
+        if "metadataId" in m
+        and m.get("metadataValue") not in live
+        and m.get("location", {}).get("dimensionRange", {}).get("sheetId", 0) == sheet_id
+    ]
+    if doomed:
+        log.info("removing %d row anchors of rows no longer in flight", len(doomed))
+        queue.cleanup([anchors.delete(anchors.by_id(i)) for i in doomed])
+    return len(doomed)

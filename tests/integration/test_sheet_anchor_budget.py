@@ -1,0 +1,145 @@
+"""Row anchors stay bounded by the rows in flight, under Google's developer metadata cap.
+
+Google caps developer metadata at 30,000 characters per spreadsheet and per sheet; the emulator
+enforces the same cap (its default) with Google's 400. Each claim anchors its row; the anchor goes
+in the batch of the row's final transition, so a queue can claim and finish any number of rows.
+Real google-api-python-client against the emulator over HTTP throughout.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+from onceflow.sheets.anchors import CLAIM_KEY
+from onceflow.sheets.model import Snapshot, Status
+from onceflow.sheets.protocol import SheetQueue
+from onceflow.sheets.retry import Backoff
+from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+from onceflow.testing.sheet_races import published_url
+from onceflow.testing.sheets_emulator.limits import METADATA_LIMIT
+
+if TYPE_CHECKING:
+    from onceflow.testing.sheets_fixtures import SheetsEmulator
+
+HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
+
+
+def _queue(emulator: SheetsEmulator, sid: str) -> SheetQueue:
+    transport = GoogleSheetsTransport(anonymous_service(emulator.endpoint), sid)
+    return SheetQueue(transport, backoff=Backoff(base=0.05, cap=1.0), rng=random.Random(3))
+
+
+def _anchors(emulator: SheetsEmulator, sid: str) -> list[Any]:
+    book = emulator.server.store.spreadsheets[sid]
+    return [m for m in book.all_metadata() if m.key == CLAIM_KEY]
+
+
+def _in_flight(emulator: SheetsEmulator, sid: str) -> set[str]:
+    snapshot = Snapshot.from_values(emulator.values(sid, "queue"))
+    return {r.token for r in snapshot.rows if r.status is Status.PROCESSING and r.token}
+
+
+def test_5000_rows_claimed_and_finished_under_the_metadata_cap(sheets_emulator_factory: Any) -> None:
+    emulator = sheets_emulator_factory(state=None)  # no state file: 5,000 rows rewritten per write
+    assert emulator.server.store.metadata_limit == METADATA_LIMIT == 30_000
+    rows = []
+    for i in range(5000):
+        if i % 100 == 7:
+            rows.append([f"ftp://bad.example.com/{i}", "NEW"])  # INVALID
+        elif i % 100 == 8:
+            rows.append([f"https://news.example.com/story/{i - 2}", "NEW"])  # DUPLICATE of a row above
+        else:
+            rows.append([f"https://news.example.com/story/{i}", "NEW"])
+    sid = emulator.create_spreadsheet(
+        "articles",
+        sheets={"queue": [HEADER, *rows]},
+    )
+    queue = _queue(emulator, sid)
+    held: list[str] = []  # the last rounds' claims stay in flight
+    claimed = rejected = 0
+    while True:
+        result = queue.claim(100)
+        if result.aimed == 0:
+            break
+        claimed += len(result.claims)
+        rejected += len(result.rejected)
+        finishing = [c for c in result.claims if claimed < 4800 or c.row_number % 2]
+        held += [c.token for c in result.claims if c not in finishing]
+        moved = queue.finish_many(
+            [(c.token, Status.DONE, {"published_url": published_url(c.url)}) for c in finishing]
+        )
+        assert all(moved)
+        # never more anchors than rows in flight, whatever has been claimed so far
+        assert len(_anchors(emulator, sid)) == len(held)
+    assert claimed + rejected == 5000 and rejected == 100
+    assert claimed > 731, "more rows than 30,000 characters of anchors could ever hold at once"
+    left = _anchors(emulator, sid)
+    assert {m.value for m in left} == set(held) == _in_flight(emulator, sid) and held
+    assert sum(len(m.key) + len(m.value) for m in left) <= len(held) * (len(CLAIM_KEY) + max(map(len, held)))
+    snapshot = Snapshot.from_values(emulator.values(sid, "queue"))
+    done = [r for r in snapshot.rows if r.status is Status.DONE]
+    assert len(done) == 5000 - 100 - len(held)
+    assert all(r.get("published_url") == published_url(r.url) for r in done)
+    assert {r.status for r in snapshot.rows if r.url.startswith("ftp:")} == {Status.INVALID}
+
+
+def test_a_final_transition_removes_the_anchor_and_keeps_other_rows_anchors(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    urls = [f"https://news.example.com/{i}" for i in range(4)]
+    sid = sheets_emulator.create_spreadsheet("q", sheets={"queue": [HEADER, *([u, "NEW"] for u in urls)]})
+    queue = _queue(sheets_emulator, sid)
+    claims = queue.claim(4).claims
+    assert len(_anchors(sheets_emulator, sid)) == 4
+    sheets_emulator.request_log.reset()
+    assert queue.finish(claims[0].token, Status.FAILED, {"reason": "gave up"})
+    # 1 read (header + row by anchor) + 1 write (reason) + 1 batchUpdate (status + anchor)
+    assert dict(sheets_emulator.request_log.counts) == {
+        "values.batchGetByDataFilter": 1,
+        "values.batchUpdateByDataFilter": 1,
+        "spreadsheets.batchUpdate": 1,
+    }
+    assert {m.value for m in _anchors(sheets_emulator, sid)} == {c.token for c in claims[1:]}
+    row = queue.find(claims[0].token)
+    assert row is not None and row.status is Status.FAILED and row.get("reason") == "gave up"
+    # fenced: a second finish changes nothing and writes no reason over the first
+    assert not queue.finish(claims[0].token, Status.DONE, {"reason": "other"})
+    row = queue.find(claims[0].token)
+    assert row is not None and row.status is Status.FAILED and row.get("reason") == "gave up"
+
+
+def test_the_sweep_removes_anchors_of_rows_finished_by_hand_only(sheets_emulator: SheetsEmulator) -> None:
+    urls = [f"https://news.example.com/{i}" for i in range(6)]
+    sid = sheets_emulator.create_spreadsheet("q", sheets={"queue": [HEADER, *([u, "NEW"] for u in urls)]})
+    queue = _queue(sheets_emulator, sid)
+    claims = queue.claim(6).claims
+    # an editor (or an older onceflow) finishes two rows without touching their anchors
+    assert queue.transition(claims[0].token, Status.PROCESSING, Status.DONE)
+    assert queue.transition(claims[1].token, Status.PROCESSING, Status.FAILED)
+    assert len(_anchors(sheets_emulator, sid)) == 6
+    assert queue.sweep_anchors() == 2
+    assert {m.value for m in _anchors(sheets_emulator, sid)} == {c.token for c in claims[2:]}
+    assert queue.sweep_anchors() == 0
+
+
+def test_a_claim_refused_for_the_metadata_cap_sweeps_and_claims(sheets_emulator: SheetsEmulator) -> None:
+    urls = [f"https://news.example.com/{i}" for i in range(40)]
+    sid = sheets_emulator.create_spreadsheet("q", sheets={"queue": [HEADER, *([u, "NEW"] for u in urls)]})
+    queue = _queue(sheets_emulator, sid)
+    first = queue.claim(10).claims
+    size = len(CLAIM_KEY) + len(first[0].token)
+    sheets_emulator.set_metadata_limit(size * 15)  # room for 15 anchors
+    for c in first:  # finished by hand: anchors stay until swept
+        assert queue.transition(c.token, Status.PROCESSING, Status.DONE)
+    won = queue.claim(10).claims  # 20 anchors would not fit: refused, swept, claimed
+    assert len(won) == 10
+    assert {m.value for m in _anchors(sheets_emulator, sid)} == {c.token for c in won}
+    # nothing to sweep: the 400 reaches the caller and says what to do
+    import pytest
+
+    from onceflow.sheets.retry import Refused
+
+    with pytest.raises(Refused, match="every row anchor belongs to a row in flight"):
+        queue.claim(10)
+    assert {m.value for m in _anchors(sheets_emulator, sid)} == {c.token for c in won}

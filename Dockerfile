@@ -1,4 +1,4 @@
-# An Airflow image with onceflow installed from this repository, pinned by uv.lock.
+# An Airflow image with onceflow and all its extras installed from this repository, pinned by uv.lock.
 ARG AIRFLOW_VERSION=3.3.2
 ARG PYTHON_VERSION=3.11
 FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
@@ -10,6 +10,6 @@ COPY --chown=airflow:root providers /opt/onceflow/providers
 COPY --chown=airflow:root docs /opt/onceflow/docs
 RUN pip install --no-cache-dir uv \
  && cd /opt/onceflow \
- && uv export --frozen --no-dev --no-emit-project --no-hashes -o /tmp/requirements.txt \
+ && uv export --frozen --no-dev --all-extras --no-emit-project --no-hashes -o /tmp/requirements.txt \
  && pip install --no-cache-dir -r /tmp/requirements.txt \
  && pip install --no-cache-dir --no-deps /opt/onceflow

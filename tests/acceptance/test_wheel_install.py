@@ -1,41 +1,117 @@
-"""`pip install` into an existing Airflow: the built wheel carries everything, and a fresh
-environment with Airflow from the lock file finds the provider, its CLI and its pytest plugin."""
+"""The built wheel installed into a plain Airflow: it adds nothing but itself, changes no package
+Airflow installed, registers as a provider, every operator imports, its CLI and its ledger
+migrations run, and its pytest plugin loads and serves fixtures.
+
+"Plain" means ``pip install apache-airflow==<the locked version>`` alone: none of the other
+packages of our lock, so nothing the provider needs can come in by accident.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import version as installed_version
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+PROVIDER = "airflow-provider-onceflow"
+
+# Prints {module: [operator class names]} for every module get_provider_info lists as an
+# operator or sensor module, imported in that environment.
+IMPORT_OPERATORS = """
+import importlib, inspect, json
+from airflow.sdk import BaseOperator
+from onceflow.get_provider_info import get_provider_info
+info = get_provider_info()
+found = {}
+for kind in ("operators", "sensors"):
+    for group in info[kind]:
+        for name in group["python-modules"]:
+            module = importlib.import_module(name)
+            found[name] = sorted(
+                n for n, obj in vars(module).items()
+                if inspect.isclass(obj) and issubclass(obj, BaseOperator) and obj.__module__ == name
+            )
+print(json.dumps(found))
+"""
+
+# A feature whose extra is missing says which extra to install, where the task log shows it.
+MISSING_EXTRAS = """
+import json
+from onceflow.extras import MissingExtra
+from onceflow.operators.dashboard import SalesDashboardOperator
+said = {}
+try:
+    import onceflow.hooks.sheets
+except MissingExtra as exc:
+    said["sheets"] = str(exc)
+try:
+    SalesDashboardOperator(task_id="dashboard").execute({})
+except MissingExtra as exc:
+    said["dashboard"] = str(exc)
+print(json.dumps(said))
+"""
+
+PLUGIN_TEST = """
+def test_the_plugin_serves_its_fixtures(fake_clock, free_port):
+    start = fake_clock.now()
+    fake_clock.advance(5)
+    assert fake_clock.now() == start + 5
+    assert 1024 < free_port < 65536
+"""
+
+
+def _uv() -> list[str]:
+    return [sys.executable, "-m", "uv"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "VIRTUAL_ENV", "UV_"))}
+    env["UV_PYTHON_DOWNLOADS"] = "never"
+    return env
+
+
+def _run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900, **kwargs)  # type: ignore[call-overload]
+    assert done.returncode == 0, f"{args}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def _installed(python: Path) -> dict[str, str]:
+    out = _run([*_uv(), "pip", "list", "--format", "json", "--python", str(python)], env=_env()).stdout
+    return {p["name"].lower(): p["version"] for p in json.loads(out)}
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [sys.executable, "-m", "uv", "build", "--wheel", "--out-dir", str(out), str(REPO)],
-        check=True,
-        capture_output=True,
-        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
-    )
+    _run([*_uv(), "build", "--wheel", "--out-dir", str(out), str(REPO)], env=_env())
     (built,) = out.glob("airflow_provider_onceflow-*.whl")
     return built
 
 
-def test_wheel_carries_code_sql_and_entry_points(wheel: Path) -> None:
+def test_wheel_carries_code_sql_migrations_and_entry_points(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "onceflow/get_provider_info.py" in names
     assert "onceflow/py.typed" in names
     assert "onceflow/testing/pytest_plugin.py" in names
-    sql_in_source = {
-        str(p.relative_to(REPO / "providers")) for p in (REPO / "providers" / "onceflow").rglob("*.sql")
+    package = REPO / "providers" / "onceflow"
+    data = {
+        str(p.relative_to(REPO / "providers")) for p in package.rglob("*") if p.suffix in (".sql", ".mako")
     }
-    assert sql_in_source <= names
+    revisions = {
+        str(p.relative_to(REPO / "providers"))
+        for p in (package / "ledger" / "migrations" / "versions").glob("*.py")
+    }
+    assert "onceflow/ledger/migrations/env.py" in names
+    assert "onceflow/ledger/migrations/script.py.mako" in data
+    assert len(revisions) >= 4
+    assert data | revisions <= names
     assert not any(n.startswith(("tests/", "dags/", "benchmarks/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -45,57 +121,62 @@ def test_wheel_carries_code_sql_and_entry_points(wheel: Path) -> None:
     assert "onceflow = onceflow.cli:main" in text
 
 
-def test_wheel_installs_into_a_fresh_airflow_environment(wheel: Path, tmp_path: Path) -> None:
-    uv = [sys.executable, "-m", "uv"]
-    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
-    env.pop("VIRTUAL_ENV", None)
+def test_wheel_installs_into_a_plain_airflow_adding_only_itself(wheel: Path, tmp_path: Path) -> None:
+    env = _env()
     venv = tmp_path / "venv"
-    subprocess.run(
-        [*uv, "venv", "--python", sys.executable, str(venv)], check=True, capture_output=True, env=env
-    )
-    reqs = tmp_path / "requirements.txt"
-    subprocess.run(
-        [*uv, "export", "--frozen", "--no-dev", "--no-emit-project", "--no-hashes", "-o", str(reqs)],
-        check=True,
-        capture_output=True,
-        cwd=REPO,
-        env=env,
-    )
     py = venv / "bin" / "python"
-    # First "the existing cluster": Airflow and its providers as pinned by the lock, then onceflow.
-    subprocess.run(
-        [*uv, "pip", "install", "--python", str(py), "-r", str(reqs)],
-        check=True,
-        capture_output=True,
-        env=env,
+    _run([*_uv(), "venv", "--python", sys.executable, str(venv)], env=env)
+    airflow = (
+        f"apache-airflow=={installed_version('apache-airflow')}"  # the locked one (make installs the lock)
     )
-    subprocess.run(
-        [*uv, "pip", "install", "--python", str(py), str(wheel)], check=True, capture_output=True, env=env
-    )
-    run_env = {k: v for k, v in env.items() if not k.startswith("AIRFLOW")}
-    run_env["AIRFLOW_HOME"] = str(tmp_path / "home")
-    get = subprocess.run(
-        [str(venv / "bin" / "airflow"), "providers", "get", "airflow-provider-onceflow"],
-        capture_output=True,
-        text=True,
-        env=run_env,
-    )
-    assert get.returncode == 0, get.stderr
-    assert "airflow-provider-onceflow" in get.stdout
-    version = subprocess.run(
-        [str(venv / "bin" / "onceflow"), "version"], capture_output=True, text=True, env=run_env
-    )
-    assert version.returncode == 0, version.stderr
+    _run([*_uv(), "pip", "install", "--python", str(py), airflow], env=env)
+    before = _installed(py)
+    assert "pandas" not in before and "apache-airflow-providers-google" not in before
+
+    _run([*_uv(), "pip", "install", "--python", str(py), str(wheel)], env=env)
+
+    after = _installed(py)
+    assert set(after) - set(before) == {PROVIDER}
+    changed = {name: (v, after.get(name)) for name, v in before.items() if after.get(name) != v}
+    assert changed == {}  # no downgrade (python-dateutil, tenacity, importlib-metadata...), no upgrade
+
+    run_env = {**env, "AIRFLOW_HOME": str(tmp_path / "home")}
+    get = _run([str(venv / "bin" / "airflow"), "providers", "get", PROVIDER], env=run_env)
+    assert PROVIDER in get.stdout
+
+    imported = json.loads(_run([str(py), "-c", IMPORT_OPERATORS], env=run_env).stdout.splitlines()[-1])
+    expected = json.loads(_run([sys.executable, "-c", IMPORT_OPERATORS], env=run_env).stdout.splitlines()[-1])
+    assert imported == expected
+    assert {"PartitionOverwriteOperator", "SheetClaimOperator", "NewRowsSensor"} <= {
+        name for names in imported.values() for name in names
+    }
+
+    said = json.loads(_run([str(py), "-c", MISSING_EXTRAS], env=run_env).stdout.splitlines()[-1])
+    assert said == {
+        "sheets": "the Sheet queue (Airflow's GSheetsHook) needs 'airflow.providers.google', which is not installed: "
+        "pip install 'airflow-provider-onceflow[sheets]'",
+        "dashboard": "the sales dashboard's chart needs 'matplotlib', which is not installed: "
+        "pip install 'airflow-provider-onceflow[dashboard]'",
+    }
+
+    version = _run([str(venv / "bin" / "onceflow"), "version"], env=run_env)
     import onceflow
 
     assert version.stdout.strip() == onceflow.__version__
-    plugins = subprocess.run(
-        [str(py), "-m", "pytest", "--version", "-p", "no:cacheprovider"],
-        capture_output=True,
-        text=True,
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade = _run([str(venv / "bin" / "onceflow"), "ledger", "upgrade", "--url", ledger_url], env=run_env)
+    assert upgrade.stdout.splitlines()[-1].startswith("created the ledger's tables at revision ledger_v")
+
+    # pytest is not a dependency of the provider (a cluster does not need it): a user who tests
+    # their DAGs installs it, and then the plugin loads by its entry point, with no -p flag.
+    _run([*_uv(), "pip", "install", "--python", str(py), "pytest"], env=env)
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_plugin.py").write_text(PLUGIN_TEST)
+    plugin = _run(
+        [str(py), "-m", "pytest", "-p", "no:cacheprovider", "-v", "--trace-config", "test_plugin.py"],
         env=run_env,
-        cwd=tmp_path,
+        cwd=suite,
     )
-    # pytest is a dev dependency; a cluster without it simply has no plugin to load.
-    if plugins.returncode == 0:
-        assert "airflow-provider-onceflow" in plugins.stdout + plugins.stderr
+    assert "onceflow.testing.pytest_plugin" in plugin.stdout
+    assert "test_the_plugin_serves_its_fixtures PASSED" in plugin.stdout

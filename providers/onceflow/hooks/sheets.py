@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.google.suite.hooks.sheets import GSheetsHook
+from onceflow.extras import MissingExtra
+
+try:
+    from airflow.providers.google.suite.hooks.sheets import GSheetsHook
+except ModuleNotFoundError as exc:  # the `sheets` extra is not installed
+    raise MissingExtra("sheets", exc.name or "airflow.providers.google") from exc
 
 from onceflow.sheets.protocol import SheetQueue
 from onceflow.sheets.transport import GoogleSheetsTransport

@@ -200,6 +200,9 @@ class WarehouseHook(_SqlConnectionHook):
         :param location: job location.
         :return: job id, final state, destination and output rows of the finished job.
         """
+        from onceflow.extras import require
+
+        require("bigquery")
         from airflow.providers.google.cloud.hooks.bigquery import BigQueryHook
 
         from onceflow.sales.bigquery import load_partition

@@ -15,6 +15,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.pool import StaticPool
 
+from onceflow.extras import require
+
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
 
@@ -29,6 +31,8 @@ def create_ledger_engine(url: str, **kwargs: Any) -> Engine:
     :param kwargs: passed to :func:`sqlalchemy.create_engine`.
     """
     parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "psycopg2":
+        require("postgres")
     if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
         # One shared connection, otherwise every pooled connection sees its own empty database.
         kwargs.setdefault("poolclass", StaticPool)

@@ -66,9 +66,11 @@ class SalesDashboardOperator(BaseOperator):
         self.window_days = window_days
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from onceflow.extras import require
         from onceflow.hooks.warehouse import WarehouseHook
         from onceflow.sales.dashboard import fetch_dashboard_rows, render_dashboard, write_dashboard
 
+        require("dashboard")
         table = validate_table_name(self.table)
         hook = WarehouseHook(warehouse_conn_id=self.warehouse_conn_id)
         with hook.engine.connect() as conn:

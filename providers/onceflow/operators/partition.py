@@ -76,7 +76,9 @@ class PartitionOverwriteOperator(BaseOperator):
         self.ledger_conn_id = ledger_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from onceflow.extras import require
 
+        require("sales")  # before anything imports pandas: the log names the missing extra
         from onceflow.hooks.warehouse import WarehouseHook
         from onceflow.sales.partitions import validate_partition, validate_table_name
         from onceflow.sales.staging import read_clean

@@ -160,7 +160,7 @@ def test_a_rerun_is_byte_identical(
     # re-run re-opened it (recheck) and committed under the next fencing token.
     ledger = ledger_of(daily_sales_env)
     item = ledger.item("daily_sales/2024-10-27")
-    assert (item.kind, item.state, item.fencing_token) == ("partition_load", "done", after[0].fence_token)  # type: ignore[union-attr]
+    assert (item.kind, item.state, item.fencing_token) == ("partition_load", "done", after[0].ledger_token)  # type: ignore[union-attr]
     [result] = ledger.results("daily_sales/2024-10-27")
     assert result.payload["checksum"] == after[0].checksum == store.partition_checksum(day)  # type: ignore[union-attr]
     assert result.payload["row_count"] == len(after[1]) and result.fencing_token == item.fencing_token

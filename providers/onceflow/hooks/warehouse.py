@@ -16,7 +16,7 @@ import datetime as dt
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
@@ -28,6 +28,13 @@ if TYPE_CHECKING:
     from onceflow.sales.partition_store import PartitionStore
 
 BIGQUERY_CONN_TYPES = frozenset({"google_cloud_platform", "gcpbigquery"})
+
+
+class SourceExtract(NamedTuple):
+    """One read of the shop: the rows and the shop's clock when the read's snapshot began."""
+
+    frame: pd.DataFrame
+    watermark_utc: dt.datetime
 
 
 def embedded_dir() -> Path:
@@ -120,11 +127,27 @@ class ShopDbHook(_SqlConnectionHook):
     def __init__(self, shop_db_conn_id: str = default_conn_name) -> None:
         super().__init__(shop_db_conn_id)
 
+    @cached_property
+    def engine(self) -> Engine:
+        """Read-only: a SQLite shop file is never locked for writing nor switched to WAL."""
+        from onceflow.sales.engine import make_source_engine
+
+        return make_source_engine(self.get_url())
+
     def read_interval(self, start: dt.datetime, end: dt.datetime) -> pd.DataFrame:
         """Orders whose event time is in the half-open interval ``[start, end)``, by row id.
 
         :param start: aware interval start (inclusive).
         :param end: aware interval end (exclusive).
+        """
+        return self.read_interval_snapshot(start, end).frame
+
+    def read_interval_snapshot(self, start: dt.datetime, end: dt.datetime) -> SourceExtract:
+        """The orders of ``[start, end)`` and the shop's clock, read in one snapshot.
+
+        The watermark is the shop database's own time at the start of the read (naive UTC), so
+        every row committed before it is in the frame and extracts of one shop compare without
+        trusting the workers' clocks.
         """
         import pandas as pd
         import sqlalchemy as sa
@@ -139,9 +162,17 @@ class ShopDbHook(_SqlConnectionHook):
             .where(orders.c.created_at_utc >= naive_utc(start), orders.c.created_at_utc < naive_utc(end))
             .order_by(orders.c.row_id)
         )
-        with self.engine.connect() as conn:
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                clock = sa.text("SELECT (now() AT TIME ZONE 'UTC')::timestamp")
+            else:
+                clock = sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+            watermark = conn.execute(clock).scalar_one()
             rows = conn.execute(stmt).all()
-        return pd.DataFrame([r._asdict() for r in rows], columns=[c.name for c in orders.columns])
+        if isinstance(watermark, str):
+            watermark = dt.datetime.fromisoformat(watermark)
+        frame = pd.DataFrame([r._asdict() for r in rows], columns=[c.name for c in orders.columns])
+        return SourceExtract(frame, watermark)
 
 
 class WarehouseHook(_SqlConnectionHook):

@@ -79,7 +79,10 @@ class PartitionOverwriteOperator(BaseOperator):
         from onceflow.extras import require
 
         require("sales")  # before anything imports pandas: the log names the missing extra
+        from airflow.sdk.exceptions import AirflowFailException
+
         from onceflow.hooks.warehouse import WarehouseHook
+        from onceflow.sales.fencing import OlderExtractError
         from onceflow.sales.partitions import validate_partition, validate_table_name
         from onceflow.sales.staging import read_clean
 
@@ -100,14 +103,20 @@ class PartitionOverwriteOperator(BaseOperator):
             )
         store = audit_hook.get_store(self.table)
         run_id, try_number = context["run_id"], context["ti"].try_number
-        if self.ledger_conn_id is None:
-            lease = store.acquire_lease(
-                day, run_id=run_id, try_number=try_number, lease_seconds=self.lease_seconds
-            )
-            self.log.info("partition %s of %s: fence token %s", day, self.table, lease.fence_token)
-            audit = self._load(store, warehouse, lease, staged, day, bigquery)
-        else:
-            audit = self._load_through_ledger(context, store, warehouse, staged, day, bigquery)
+        try:
+            # Before any lease: an extract older than the committed one never replaces it.
+            store.check_extract_age(day, staged.source_watermark_utc)
+            if self.ledger_conn_id is None:
+                lease = store.acquire_lease(
+                    day, run_id=run_id, try_number=try_number, lease_seconds=self.lease_seconds
+                )
+                self.log.info("partition %s of %s: fence token %s", day, self.table, lease.fence_token)
+                audit = self._load(store, warehouse, lease, staged, day, bigquery)
+            else:
+                audit = self._load_through_ledger(context, store, warehouse, staged, day, bigquery)
+        except OlderExtractError as exc:
+            # Waiting cannot make this extract newer: no retries; re-running extract reads the shop again.
+            raise AirflowFailException(str(exc)) from exc
         self.log.info(
             "loaded %s rows into %s partition %s, checksum %s",
             audit.row_count,
@@ -193,7 +202,11 @@ class PartitionOverwriteOperator(BaseOperator):
                 location=self.bigquery_location,
             )
             audit = store.record_external_load(
-                lease, rows=staged.rows, rejects=staged.rejects, processing_version=staged.processing_version
+                lease,
+                rows=staged.rows,
+                rejects=staged.rejects,
+                processing_version=staged.processing_version,
+                source_watermark_utc=staged.source_watermark_utc,
             )
         else:
             audit = store.overwrite(
@@ -202,6 +215,7 @@ class PartitionOverwriteOperator(BaseOperator):
                 staged.rejects,
                 processing_version=staged.processing_version,
                 method=self.load_method,
+                source_watermark_utc=staged.source_watermark_utc,
             )
         return audit
 

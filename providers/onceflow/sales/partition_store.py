@@ -254,10 +254,21 @@ class PartitionStore:
             if checkpoint is not None:
                 checkpoint(f"chunk_committed:{i // chunk_size}")
 
+    def check_extract_age(self, partition: dt.date, source_watermark_utc: dt.datetime | None) -> None:
+        """Raise :class:`OlderExtractError` now if the partition holds a newer extract.
+
+        A cheap early answer before any lease is taken; :meth:`overwrite` checks again under the
+        fence lock.
+        """
+        with self.engine.connect() as conn:
+            self._check_extract(conn, partition_key(partition), source_watermark_utc)
+
     def _check(self, conn: Connection, lease: Lease, watermark: dt.datetime | None) -> None:
         """The fence, then the extract's age against the committed load's, under the fence lock."""
         self.fencing.check(conn, lease)
-        key = partition_key(lease.partition)
+        self._check_extract(conn, partition_key(lease.partition), watermark)
+
+    def _check_extract(self, conn: Connection, key: str, watermark: dt.datetime | None) -> None:
         committed = read_audit(conn, self.audit_table, self.table_name, key)
         if committed is None or committed.source_watermark_utc is None:
             return

@@ -1,7 +1,8 @@
 """Staging files between the extract, clean and load tasks of one daily_sales run.
 
-Layout: ``<base>/<dag_id>/<partition>/<run key>/`` with ``extract.parquet``, ``rows.parquet``,
-``rejects.parquet`` and ``manifest.json``. The run key is the run id made filesystem-safe plus a
+Layout: ``<base>/<dag_id>/<partition>/<run key>/`` with ``extract.parquet`` and ``extract.json``
+(the extract's **source watermark**: when it read the shop), ``rows.parquet``, ``rejects.parquet``
+and ``manifest.json`` (which carries the watermark on to the load). The run key is the run id made filesystem-safe plus a
 short hash, so two runs of the same partition never share files, and a retry of a task rewrites
 its own files. Every file is written to a unique temporary name in the same folder, fsynced and renamed
 (:mod:`onceflow.files`), so a killed task or a host crash leaves either the previous file or the
@@ -13,6 +14,7 @@ set ``ONCEFLOW_SALES_STAGING_DIR`` to a shared filesystem when workers run on se
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import hashlib
 import json
 import os
@@ -28,8 +30,6 @@ from onceflow.sales.partitions import partition_key, validate_partition
 from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS
 
 if TYPE_CHECKING:
-    import datetime as dt
-
     from onceflow.sales.clean import CleanResult
 
 STAGING_ENV = "ONCEFLOW_SALES_STAGING_DIR"
@@ -62,8 +62,15 @@ def _atomic_text(text: str, path: Path) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def write_extract(folder: Path, frame: pd.DataFrame) -> Path:
-    """Store the extracted source rows (columns of ``orders``)."""
+def write_extract(
+    folder: Path, frame: pd.DataFrame, *, source_watermark_utc: dt.datetime | None = None
+) -> Path:
+    """Store the extracted source rows (columns of ``orders``) and when they were read.
+
+    :param source_watermark_utc: the shop's clock when the read began (naive UTC), from
+        :meth:`onceflow.hooks.warehouse.ShopDbHook.read_interval_snapshot`. The load refuses to
+        replace a partition with an extract older than the one it holds.
+    """
     path = folder / "extract.parquet"
     out = frame.loc[:, list(ORDER_COLUMNS)].copy()
     for col in ("created_at_utc", "ingested_at_utc"):
@@ -72,7 +79,19 @@ def write_extract(folder: Path, frame: pd.DataFrame) -> Path:
     for col in ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency"):
         out[col] = out[col].astype(object).where(out[col].notna(), None)
     _atomic_parquet(out, path)
+    watermark = None if source_watermark_utc is None else source_watermark_utc.isoformat(sep=" ")
+    meta = {"rows": len(out), "source_watermark_utc": watermark}
+    _atomic_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", folder / "extract.json")
     return path
+
+
+def read_extract_watermark(folder: Path) -> dt.datetime | None:
+    """The watermark :func:`write_extract` stored, or None (a folder staged before watermarks)."""
+    try:
+        value = json.loads((folder / "extract.json").read_text())["source_watermark_utc"]
+    except FileNotFoundError:
+        return None
+    return None if value is None else dt.datetime.fromisoformat(value)
 
 
 def read_extract(folder: Path) -> pd.DataFrame:
@@ -89,6 +108,8 @@ class StagedClean:
     rejects: pd.DataFrame
     source_rows: int
     processing_version: str
+    #: when the extract behind these rows read the shop (naive UTC); None if not recorded.
+    source_watermark_utc: dt.datetime | None = None
 
     @property
     def reject_ratio(self) -> float:
@@ -96,7 +117,11 @@ class StagedClean:
 
 
 def write_clean(folder: Path, result: CleanResult, *, partition: dt.date, processing_version: str) -> None:
-    """Store a clean result; the manifest is written last and marks the folder complete."""
+    """Store a clean result; the manifest is written last and marks the folder complete.
+
+    The manifest carries the extract's watermark (from ``extract.json`` in the same folder).
+    """
+    watermark = read_extract_watermark(folder)
     _atomic_parquet(result.rows, folder / "rows.parquet")
     _atomic_parquet(result.rejects.astype({"source_row_id": "int64"}), folder / "rejects.parquet")
     manifest = {
@@ -107,6 +132,7 @@ def write_clean(folder: Path, result: CleanResult, *, partition: dt.date, proces
         "duplicates_dropped": result.duplicates_dropped,
         "reasons": result.reasons(),
         "processing_version": processing_version,
+        "source_watermark_utc": None if watermark is None else watermark.isoformat(sep=" "),
     }
     _atomic_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", folder / "manifest.json")
 
@@ -126,4 +152,9 @@ def read_clean(folder: Path) -> StagedClean:
         rejects=rejects,
         source_rows=int(manifest["source_rows"]),
         processing_version=str(manifest["processing_version"]),
+        source_watermark_utc=(
+            dt.datetime.fromisoformat(manifest["source_watermark_utc"])
+            if manifest.get("source_watermark_utc")
+            else None
+        ),
     )

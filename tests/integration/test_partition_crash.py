@@ -8,15 +8,18 @@ with a plain append load shows the duplicates that overwrite-by-partition avoids
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import sqlalchemy as sa
 
 from onceflow.sales.checksum import rows_checksum
 from onceflow.sales.clean import PROCESSING_VERSION
@@ -27,7 +30,7 @@ from onceflow.sales.schema import SALES_COLUMNS
 from onceflow.testing.sales_fixtures import clean_day
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from collections.abc import Callable
 
     from onceflow.ledger import Ledger
 
@@ -332,3 +335,125 @@ def test_kill_9_between_the_warehouse_and_the_ledger_commit_is_repaired_by_the_r
     second = reconcile(ledger, grace_seconds=3600, extra_checks=[check])
     assert second.findings == []
     assert ledger.history(key) == history and len(ledger.results(key)) == 1
+
+
+# -- The same crashes as real Airflow tasks under the scheduler -----------------------------------
+#
+# The repo's daily_sales DAG file, copied under other DAG ids with a 6-second ledger lease and
+# short retry delays, run by a real cluster (scheduler, LocalExecutor, api-server). The task process
+# pauses at a named point of its load (onceflow.testing.crash_points, through the load's own
+# checkpoint callback); the test then SIGKILLs or SIGSTOPs that process, the one the scheduler
+# started. Warehouse and ledger are PostgreSQL databases, as in production.
+
+DAGS_DIR = Path(__file__).resolve().parents[2] / "dags"
+
+
+def sales_dag_copy(dag_id: str, *, retries: int) -> str:
+    """dags/daily_sales.py as ``dag_id``: short lease and retry delay, crash points installed."""
+    source = (DAGS_DIR / "daily_sales.py").read_text()
+    edits = {
+        'dag_id="daily_sales"': f'dag_id="{dag_id}"',
+        '"retries": CONFIG.retries': f'"retries": {retries}',
+        '"retry_delay": dt.timedelta(minutes=5)': '"retry_delay": dt.timedelta(seconds=2)',
+        "max_reject_ratio=CONFIG.max_reject_ratio,": "max_reject_ratio=CONFIG.max_reject_ratio, lease_seconds=6,",
+    }
+    for old, new in edits.items():
+        assert source.count(old) == 1, f"dags/daily_sales.py no longer contains {old!r}"
+        source = source.replace(old, new)
+    return source + "\nfrom onceflow.testing.crash_points import install_from_env\n\ninstall_from_env()\n"
+
+
+def run_of(cluster: Any, backfill_id: int) -> dict[str, Any]:
+    from onceflow.testing.sales_backfill import wait_for_backfill
+
+    [run] = wait_for_backfill(cluster, backfill_id, timeout=600)
+    return run
+
+
+@pytest.mark.real_airflow
+@pytest.mark.postgres
+def test_kill_9_and_a_zombie_as_real_airflow_tasks_under_the_scheduler(
+    airflow_cluster_factory: Callable[..., Any],
+    postgres_url_factory: Callable[..., str],
+    shop_orders: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    from onceflow.ledger.partition_loads import work_key_for
+    from onceflow.testing.crash_points import marker, wait_until_paused
+    from onceflow.testing.sales_backfill import create_backfill
+
+    shop, warehouse, ledger_url = (postgres_url_factory(t) for t in ("crashshop", "crashwh", "crashledger"))
+    shop_orders(shop, DAY - dt.timedelta(days=3), DAY + dt.timedelta(days=1), seed=9, orders_per_day=150)
+    dags, points = tmp_path / "dags", tmp_path / "points"
+    dags.mkdir()
+    points.mkdir()
+    for dag_id, retries in (("sales_crash", 5), ("sales_zombie", 0), ("sales_rival", 5)):
+        (dags / f"{dag_id}.py").write_text(sales_dag_copy(dag_id, retries=retries))
+
+    def conn(url: str) -> str:
+        return json.dumps({"conn_type": "postgres", "extra": {"sqlalchemy_url": url}})
+
+    cluster = airflow_cluster_factory(
+        dags_folder=dags,
+        pools={"onceflow_warehouse": 4},
+        env={
+            "AIRFLOW_CONN_ONCEFLOW_SHOP_DB": conn(shop),
+            "AIRFLOW_CONN_ONCEFLOW_WAREHOUSE": conn(warehouse),
+            "AIRFLOW_CONN_ONCEFLOW_LEDGER": conn(ledger_url),
+            "ONCEFLOW_SALES_STAGING_DIR": str(tmp_path / "staging"),
+            "ONCEFLOW_SALES_START_DATE": "2099-01-01",  # only the backfills create runs
+            "ONCEFLOW_CRASH_POINTS": "sales_crash:rows_written:1,sales_zombie:registered:1",
+            "ONCEFLOW_CRASH_POINTS_DIR": str(points),
+        },
+    )
+    for dag_id in ("sales_crash", "sales_zombie", "sales_rival"):
+        cluster.wait_for_dag(dag_id)
+    store = PartitionStore(make_engine(warehouse), "daily_sales")
+    ledger = open_ledger(ledger_url)
+    key = work_key_for("daily_sales", DAY)
+
+    def backfill(dag_id: str) -> int:
+        return create_backfill(cluster, dag_id, DAY, DAY, timezone=CONFIG.timezone, max_active_runs=1)
+
+    # 1. kill -9 inside the overwrite transaction, after the rows were written (not committed).
+    crash = backfill("sales_crash")
+    pid = wait_until_paused(points, "sales_crash", "rows_written", 1, timeout=300)
+    with store.engine.connect() as conn_:
+        in_txn = conn_.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state = 'idle in transaction' AND pid <> pg_backend_pid()"
+            )
+        ).scalar()
+    assert in_txn >= 1, "the paused load holds an open transaction"
+    assert store.audit(DAY) is None and store.partition_rows(DAY) == []  # nothing visible yet
+    os.kill(pid, signal.SIGKILL)
+    run = run_of(cluster, crash)
+    [load] = [t for t in cluster.task_instances("sales_crash") if t["task_id"] == "load"]
+    assert run["state"] == "success", cluster.task_log_tails("sales_crash")
+    assert load["try_number"] >= 2  # Airflow retried the killed try
+    assert store.partition_checksum(DAY) == COMPLETE_CHECKSUM  # read back: exactly the day, once
+    assert len(store.partition_rows(DAY)) == len(COMPLETE.rows)
+    audit = store.audit(DAY)
+    assert audit is not None and audit.run_id == run["run_id"] and audit.try_number >= 2
+
+    # 2. A zombie: try 1 of sales_zombie is frozen (SIGSTOP) after registering its ledger token,
+    # past its 6-second lease; sales_rival loads the day meanwhile; the zombie wakes and is refused.
+    zombie = backfill("sales_zombie")
+    pid = wait_until_paused(points, "sales_zombie", "registered", 1, timeout=300)
+    os.kill(pid, signal.SIGSTOP)  # its lease heartbeat stops with it
+    try:
+        marker(points, "sales_zombie", "registered", 1, "resume").touch()  # read after SIGCONT
+        rival_run = run_of(cluster, backfill("sales_rival"))  # retries until the lease lapsed
+        assert rival_run["state"] == "success", cluster.task_log_tails("sales_rival")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    zombie_run = run_of(cluster, zombie)
+
+    assert zombie_run["state"] == "failed"
+    audit = store.audit(DAY)
+    assert audit is not None and audit.run_id == rival_run["run_id"]
+    assert store.partition_checksum(DAY) == COMPLETE_CHECKSUM
+    refused = [t for t in ledger.history(key) if t.event == "commit_refused"]
+    assert [t.owner for t in refused] == [f"sales_zombie/{zombie_run['run_id']}/1"], ledger.history(key)
+    assert ledger.item(key).state == "done"

@@ -57,7 +57,7 @@ def install_from_env() -> None:
     if getattr(loads.load_partition, "_crash_points", False):
         return  # the DAG file was imported twice in this process
     pause = functools.partial(_pause, Path(folder), points)
-    loads.load_partition = _with_checkpoint(loads.load_partition, pause)  # type: ignore[assignment]
+    loads.load_partition = _with_checkpoint(loads.load_partition, pause)
     PartitionStore.overwrite = _with_checkpoint(PartitionStore.overwrite, pause)  # type: ignore[method-assign]
 
 

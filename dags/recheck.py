@@ -25,8 +25,10 @@ trigger dialog renders the params as a form.
 
 `start` re-opens the items in the ledger's `recheck` lane; `dispatch` claims them (pool
 `onceflow_recheck`, so rechecks never take the slots of new work) and hands each to the chain
-DAG (*chain_dag_id*, default `article_pipeline`) through the outbox; `relay` creates those runs
-with run ids unique per item and recheck. Docs: `docs/ledger.md`.
+DAG's recheck lane (*chain_dag_id*, default `article_pipeline_recheck`: pool `onceflow_recheck`,
+a priority weight below new work, its own `max_active_runs`) through the outbox; `relay` creates
+those runs with run ids unique per item and recheck, conf `onceflow_lane="recheck"`. Pause
+`article_pipeline_recheck` to hold the chain runs back. Docs: `docs/ledger.md`.
 """
 
 SCOPES = ["stale", "failed_window", "new_version", "quality_sample"]
@@ -70,7 +72,12 @@ SCOPES = ["stale", "failed_window", "new_version", "quality_sample"]
         "window_end": Param(
             None, type=["null", "string"], format="date-time", title="Failed window end (scope failed_window)"
         ),
-        "chain_dag_id": Param("article_pipeline", type="string", title="Chain DAG that processes one item"),
+        "chain_dag_id": Param(
+            "article_pipeline_recheck",
+            type="string",
+            title="Chain DAG that processes one item",
+            description="The chain's recheck lane (a run sent to a new-work DAG is refused there)",
+        ),
     },
 )
 def recheck() -> None:

@@ -14,6 +14,12 @@ One partition of one table is one work item (kind ``partition_load``, key
 A warehouse refusal is recorded in the ledger (``commit_refused``). A crash between 3 and 4 is
 repaired by the task's retry (it reloads the same rows under a newer token) or, when no retry
 comes, by :func:`onceflow.ledger.partition_checks.record_missing_results` in ``ledger_reconcile``.
+
+**Stopped attempts.** With a ``shutdown`` flag (the operator's ``on_kill``, which Airflow calls on
+SIGTERM), a stop hands the ledger lease back at once (``release``, the item pending, available
+now); the attempt then commits nothing in the ledger. The warehouse needs nothing: its open
+transaction dies with the process, and if it had already committed, the next attempt's higher
+token reloads the day (or the reconciler records the audit row as the result).
 Nothing here imports Airflow.
 """
 
@@ -25,11 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.ledger.errors import StaleFenceError
 from onceflow.ledger.keyed import Heartbeat
+from onceflow.ledger.steps import hand_back_on_shutdown
+from onceflow.ledger.worker import ShutdownRequested
 
 if TYPE_CHECKING:
     from onceflow.ledger.core import Ledger
     from onceflow.sales.partition_store import AuditRecord, PartitionStore
     from onceflow.sales.partition_store import Lease as PartitionLease
+    from onceflow.shutdown import GracefulShutdown
 
 KIND = "partition_load"
 STEP = "load"
@@ -67,6 +76,7 @@ def load_partition(
     lease_seconds: float = 300.0,
     permanent: Callable[[BaseException], bool] = lambda _exc: False,
     checkpoint: Callable[[str], None] | None = None,
+    shutdown: GracefulShutdown | None = None,
 ) -> AuditRecord:
     """Run one attempt of a partition load through the ledger (see the module docstring).
 
@@ -75,8 +85,10 @@ def load_partition(
     :param permanent: errors for which retrying cannot help (``needs_correction``, not ``retry``).
     :param checkpoint: called with ``"leased"``, ``"registered"`` and ``"warehouse_committed"``
         (crash tests pause there).
+    :param shutdown: requested when the attempt is being stopped: the ledger lease goes back at once.
     :raises LeaseHeld: another attempt's ledger lease is current.
     :raises StaleAttemptError: the warehouse refused this attempt (recorded in the ledger).
+    :raises ShutdownRequested: the attempt was stopped; its lease was handed back.
     """
     from onceflow.sales.partition_store import StaleAttemptError
 
@@ -92,25 +104,33 @@ def load_partition(
         payload={"table": store.table_name, "partition": partition.isoformat()},
     )
     notify("leased")
-    try:
-        with Heartbeat(lease):
-            wlease = store.register_ledger_token(
-                partition, token=lease.token, work_key=key, run_id=run_id, try_number=try_number
-            )
-            notify("registered")
-            audit = write(wlease)
-    except StaleAttemptError as exc:
-        ledger.record_refusal(lease, f"warehouse refused the overwrite: {exc}")
-        raise
-    except Exception as exc:
+    with hand_back_on_shutdown(ledger, lease, shutdown) as handback:
         try:
-            if permanent(exc):
-                ledger.mark_invalid(lease, str(exc) or type(exc).__name__)
-            else:
-                ledger.fail(lease, exc, backoff_seconds=0)  # the caller's retry owns the timing
-        except StaleFenceError:
-            pass  # a newer attempt owns the item; this refusal is recorded
-        raise
-    notify("warehouse_committed")
-    ledger.commit_result(lease, STEP, result_payload(audit))
+            with Heartbeat(lease):
+                wlease = store.register_ledger_token(
+                    partition, token=lease.token, work_key=key, run_id=run_id, try_number=try_number
+                )
+                notify("registered")
+                audit = write(wlease)
+        except Exception as exc:
+            if handback.requested:
+                raise ShutdownRequested(f"load of {key} stopped; its ledger lease was handed back") from exc
+            if isinstance(exc, StaleAttemptError):
+                ledger.record_refusal(lease, f"warehouse refused the overwrite: {exc}")
+                raise
+            try:
+                if permanent(exc):
+                    ledger.mark_invalid(lease, str(exc) or type(exc).__name__)
+                else:
+                    ledger.fail(lease, exc, backoff_seconds=0)  # the caller's retry owns the timing
+            except StaleFenceError:
+                pass  # a newer attempt owns the item; this refusal is recorded
+            raise
+        notify("warehouse_committed")
+        if handback.requested:
+            raise ShutdownRequested(
+                f"load of {key} stopped after the warehouse commit; its ledger lease was handed back "
+                "(the next attempt reloads the day, or ledger_reconcile records the audit row)"
+            )
+        ledger.commit_result(lease, STEP, result_payload(audit))
     return audit

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from onceflow.sales.partition_store import AuditRecord
+    from onceflow.shutdown import GracefulShutdown
 
 
 class PartitionOverwriteOperator(BaseOperator):
@@ -74,6 +75,7 @@ class PartitionOverwriteOperator(BaseOperator):
         self.bigquery_location = bigquery_location
         self.audit_conn_id = audit_conn_id
         self.ledger_conn_id = ledger_conn_id
+        self._shutdown: GracefulShutdown | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
         from onceflow.extras import require
@@ -148,7 +150,9 @@ class PartitionOverwriteOperator(BaseOperator):
         from onceflow.ledger import LeaseHeld
         from onceflow.ledger.partition_loads import load_partition
         from onceflow.sales.partition_store import PartitionLeaseHeld
+        from onceflow.shutdown import GracefulShutdown
 
+        self._shutdown = GracefulShutdown()
         ti = context["ti"]
         run_id, try_number = context["run_id"], ti.try_number
         owner = f"{getattr(ti, 'dag_id', None) or self.dag_id}/{run_id}/{try_number}"
@@ -166,9 +170,18 @@ class PartitionOverwriteOperator(BaseOperator):
                 lease_seconds=self.lease_seconds,
                 write=lambda lease: self._load(store, warehouse, lease, staged, day, bigquery),
                 permanent=lambda exc: isinstance(exc, AirflowFailException),
+                shutdown=self._shutdown,
             )
         except LeaseHeld as exc:
             raise PartitionLeaseHeld(str(exc)) from exc
+
+    def on_kill(self) -> None:
+        """Airflow is stopping the task (SIGTERM): hand the partition's ledger lease back at once.
+
+        (Without a ledger, ``ledger_conn_id=None``, the warehouse's own lease expires as before.)
+        """
+        if self._shutdown is not None:
+            self._shutdown.request()
 
     def _load(
         self,

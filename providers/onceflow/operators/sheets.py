@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
+    from onceflow.shutdown import GracefulShutdown
+
 #: The ``article_pipeline`` DAG each claimed row starts.
 ARTICLE_PIPELINE = "article_pipeline"
 
@@ -175,30 +177,53 @@ class ClaimedRowOperator(BaseOperator):
     spreadsheet, tab, processing version); a recheck run carries only ``work_key`` and
     ``target_version``, and the claim comes from the item's payload.
 
+    A run made for another lane (conf ``onceflow_lane``, see :mod:`onceflow.lanes`) fails at once
+    without a retry. When Airflow stops the task (``on_kill``: marked failed, killed, a worker's
+    warm shutdown) the item's lease is handed back at once, not left to expire.
+
     :param ledger_conn_id: the work ledger.
     :param lease_seconds: the step's lease; heartbeats extend it while the step runs.
+    :param lane: the lane this task's DAG serves: ``new`` (default) or ``recheck``.
     """
 
     ui_color = "#e8f7e4"
 
     def __init__(
-        self, *, ledger_conn_id: str = "onceflow_ledger", lease_seconds: float = 120.0, **kwargs: Any
+        self,
+        *,
+        ledger_conn_id: str = "onceflow_ledger",
+        lease_seconds: float = 120.0,
+        lane: str = "new",
+        **kwargs: Any,
     ) -> None:
+        from onceflow.lanes import LANES
+
         kwargs.setdefault("pool", "onceflow_sheets")
         super().__init__(**kwargs)
+        if lane not in LANES:
+            raise ValueError(f"lane must be one of {sorted(LANES)}, not {lane!r}")
         self.ledger_conn_id = ledger_conn_id
         self.lease_seconds = lease_seconds
+        self.lane = lane
+        self._shutdown: GracefulShutdown | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
         from onceflow.hooks.ledger import LedgerHook
+        from onceflow.lanes import WrongLane, check_run_lane
         from onceflow.ledger.steps import InvalidInput, run_keyed_step
         from onceflow.sheets.keys import RUN_CONF_KEYS
         from onceflow.sheets.ledger_link import CLAIM_STEP, KIND, conf_payload, work_key
+        from onceflow.shutdown import GracefulShutdown
 
         dag_run = context["dag_run"]
         conf = dict(dag_run.conf or {})
+        try:
+            check_run_lane(conf, self.lane, self.dag_id)
+        except WrongLane as exc:
+            raise AirflowFailException(str(exc)) from exc  # a retry lands in the same lane
+        self._shutdown = GracefulShutdown()
         ledger = LedgerHook(self.ledger_conn_id).get_ledger()
         if not conf.get("claim_token") and conf.get("work_key"):
             # a recheck run: the claim is on the ledger item
@@ -222,6 +247,7 @@ class ClaimedRowOperator(BaseOperator):
                 lease_seconds=self.lease_seconds,
                 reuse_prefix=f"{ti.dag_id}/{ti.run_id}/",  # a retry of this run repeats nothing
                 payload={k: conf[k] for k in RUN_CONF_KEYS if k in conf},
+                shutdown=self._shutdown,
             )
         except InvalidInput as exc:
             raise AirflowFailException(str(exc)) from exc  # recorded in the ledger; a retry cannot help
@@ -230,6 +256,11 @@ class ClaimedRowOperator(BaseOperator):
                 "ledger already holds this step's result (token %s): nothing repeated", outcome.token
             )
         return dict(outcome.payload)
+
+    def on_kill(self) -> None:
+        """Airflow is stopping the task (SIGTERM): hand the item's lease back at once."""
+        if self._shutdown is not None:
+            self._shutdown.request()
 
     def _read_row(self, conf: dict[str, Any], run_id: str) -> dict[str, Any]:
         from onceflow.hooks.sheets import SheetQueueHook

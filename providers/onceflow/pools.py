@@ -17,12 +17,20 @@ class PoolSpec(NamedTuple):
 
 
 POOLS: tuple[PoolSpec, ...] = (
-    PoolSpec("onceflow_sheets", 1, "Google Sheets writes: one claimer at a time keeps within 60 writes/min"),
+    # not 1: every claimed row's first article_pipeline task is in this pool too, and 50 claimed
+    # runs behind one slot would take minutes; the 60 reads + 60 writes/min quota is kept by the
+    # queue's backoff on 429 (sheet_claim itself runs one claimer at a time: max_active_runs=1)
+    PoolSpec(
+        "onceflow_sheets",
+        10,
+        "Google Sheets tasks (claims, each claimed run's first step); the API quota is kept by backing off on 429",
+    ),
     PoolSpec("onceflow_fetch", 4, "article fetches (outbound HTTP)"),
     PoolSpec(
         "onceflow_translate", 2, "translation calls (Apertium locally, Cloud Translation in production)"
     ),
-    PoolSpec("onceflow_warehouse", 2, "partition loads into the warehouse"),
+    # max_active_runs of daily_sales is 4, one task of a run at a time: four slots let them all move.
+    PoolSpec("onceflow_warehouse", 4, "partition loads into the warehouse"),
     PoolSpec("onceflow_recheck", 1, "rechecks, kept apart so they cannot crowd out new work"),
     PoolSpec("onceflow_heartbeat", 1, "the dead-man's-switch heartbeat, never starved by other work"),
 )

@@ -2,7 +2,8 @@
 
 :func:`render_dashboard` is a pure function (rows in, HTML and PNG bytes out): no clock, no
 randomness, so the same rows always give byte-identical files. :func:`fetch_dashboard_rows`
-reads the rows from the warehouse (``load_audit`` joined with per-day sums of the sales table) and
+reads the rows from the warehouse (``load_audit`` joined with per-day sums of the sales table, in
+one statement so that both come from one snapshot) and
 :func:`write_dashboard` publishes the files so that a reader never sees a page without its chart.
 
 A day is *complete* when its partition has a ``load_audit`` row: the overwrite is atomic and runs
@@ -82,7 +83,7 @@ def fetch_dashboard_rows(conn: Connection, *, table: str, window_days: int = WIN
     """
     md = sa.MetaData()
     sales = sales_table(table, md)
-    _, audit, _ = warehouse_tables(md)
+    audit = warehouse_tables(md).audit
     inspector = sa.inspect(conn)
     if not inspector.has_table(audit.name) or not inspector.has_table(sales.name, schema=sales.schema):
         return []  # nothing was ever loaded into this warehouse
@@ -93,40 +94,48 @@ def fetch_dashboard_rows(conn: Connection, *, table: str, window_days: int = WIN
         return []
     newest = validate_partition(newest_key)
     oldest = newest - dt.timedelta(days=window_days - 1)
+    # One statement, so one snapshot: a load committing meanwhile is either wholly in (its audit
+    # row and its sums) or wholly out. (The newest key above only places the window.)
+    sums = (
+        sa.select(
+            sales.c.partition_date.label("day"),
+            sa.func.coalesce(sa.func.sum(sales.c.net_cents), 0).label("net_cents"),
+            sa.func.coalesce(sa.func.sum(sales.c.refund_cents), 0).label("refund_cents"),
+            sa.func.count().label("orders"),
+        )
+        .where(sales.c.partition_date.between(oldest, newest))
+        .group_by(sales.c.partition_date)
+        .subquery("sums")
+    )
+    # SQLite stores dates as ISO text, the same text as the key; PostgreSQL compares dates.
+    key_day = (
+        sa.cast(audit.c.partition_key, sa.Date)
+        if conn.dialect.name == "postgresql"
+        else audit.c.partition_key
+    )
     audit_rows = conn.execute(
         sa.select(
             audit.c.partition_key,
             audit.c.reject_count,
             audit.c.loaded_at_utc,
             audit.c.run_id,
+            sums.c.net_cents,
+            sums.c.refund_cents,
+            sums.c.orders,
         )
+        .select_from(audit.outerjoin(sums, sums.c.day == key_day))
         .where(audit.c.table_name == table)
         .where(audit.c.partition_key.between(partition_key(oldest), partition_key(newest)))
         .order_by(audit.c.partition_key)
     ).all()
-    sums = {
-        row.partition_date: row
-        for row in conn.execute(
-            sa.select(
-                sales.c.partition_date,
-                sa.func.coalesce(sa.func.sum(sales.c.net_cents), 0).label("net_cents"),
-                sa.func.coalesce(sa.func.sum(sales.c.refund_cents), 0).label("refund_cents"),
-                sa.func.count().label("orders"),
-            )
-            .where(sales.c.partition_date.between(oldest, newest))
-            .group_by(sales.c.partition_date)
-        ).all()
-    }
     rows = []
     for a in audit_rows:
-        day = validate_partition(a.partition_key)
-        s = sums.get(day)
         rows.append(
             DayRow(
-                day=day,
-                net_cents=int(s.net_cents) if s else 0,
-                refund_cents=int(s.refund_cents) if s else 0,
-                orders=int(s.orders) if s else 0,
+                day=validate_partition(a.partition_key),
+                net_cents=int(a.net_cents or 0),
+                refund_cents=int(a.refund_cents or 0),
+                orders=int(a.orders or 0),
                 rejects=int(a.reject_count),
                 loaded_at_utc=a.loaded_at_utc,
                 run_id=a.run_id,

@@ -52,6 +52,7 @@ bench: install
 bench-quick: install
 	$(PY) benchmarks/bench_dag_parse.py --repeat 3
 	$(PY) benchmarks/bench_sheet_claims.py --quick
+	$(PY) benchmarks/bench_sheet_wakeup_cost.py --quick
 	$(PY) benchmarks/bench_ledger_claims.py --items 2000 --claimers 1,4,16
 	$(PY) benchmarks/bench_partition_load.py --rows 100000
 	$(PY) benchmarks/bench_depends_on_past.py --quick

@@ -6,11 +6,9 @@ are real and SIGSTOP/SIGTERM really freeze and stop them.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -18,34 +16,14 @@ import pytest
 import sqlalchemy as sa
 
 from onceflow.ledger import Ledger, create_ledger_engine
-
-MODULE = "onceflow.testing.ledger_processes"
-
-
-def spawn(*args: str, stdin: bool = False) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", MODULE, *args],
-        stdout=subprocess.PIPE,
-        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-        text=True,
-    )
-
-
-def read_json(proc: subprocess.Popen[str]) -> dict:
-    line = proc.stdout.readline()
-    assert line, f"worker {proc.pid} exited early with {proc.wait()}"
-    return json.loads(line)
+from onceflow.testing.ledger_processes import read_json, spawn, stop_all
 
 
 @pytest.fixture
 def procs():
     started: list[subprocess.Popen[str]] = []
     yield started
-    for proc in started:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.kill()
-        proc.wait()
+    stop_all(started)
 
 
 def test_sixteen_processes_process_every_item_exactly_once_without_deadlocks(ledger_url, procs):

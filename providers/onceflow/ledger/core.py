@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from onceflow.ledger import commit, items, keyed, leases, migrations, schema, states
-from onceflow.ledger.clock import Clock, SystemClock
+from onceflow.ledger.clock import Clock, DatabaseClock, db_now, statement_now
 from onceflow.ledger.db import prepare_engine
 from onceflow.ledger.errors import IllegalTransition, UnknownWorkItem
 from onceflow.ledger.models import FollowUp, Lease, ResultRecord, TransitionRecord, WorkItem
@@ -34,13 +34,15 @@ class Ledger:
 
     :param engine: SQLAlchemy engine (PostgreSQL or SQLite); SQLite engines are prepared so
         every transaction takes the write lock first (``BEGIN IMMEDIATE``).
-    :param clock: time source (``onceflow.testing.clock.FakeClock`` in tests).
+    :param clock: time source. Default: the database's clock (:class:`DatabaseClock`), which lease
+        statements read in the statement itself, so no worker's clock decides a lease. Tests
+        inject ``onceflow.testing.clock.FakeClock``; its time then goes into every statement.
     :param migrate: bring the schema up to date on construction (idempotent, safe in parallel).
     """
 
     def __init__(self, engine: Engine, clock: Clock | None = None, *, migrate: bool = True) -> None:
         self.engine = prepare_engine(engine)
-        self.clock: Clock = clock or SystemClock()
+        self.clock: Clock = clock or DatabaseClock(self.engine)
         if migrate:
             migrations.migrate(self.engine)
 
@@ -117,18 +119,39 @@ class Ledger:
 
         :param lane: ``"new"`` for normal work, ``"recheck"`` for items re-opened by a recheck.
         """
-        lease = leases.claim(
+        found = self.claim_many(kind, owner, lease_seconds, worker_version, limit=1, lane=lane)
+        return found[0] if found else None
+
+    def claim_many(
+        self,
+        kind: str,
+        owner: str,
+        lease_seconds: float,
+        worker_version: str,
+        *,
+        limit: int,
+        lane: str = "new",
+    ) -> list[Lease]:
+        """Lease up to ``limit`` eligible items in one round trip (PostgreSQL), best first.
+
+        Each lease has its own fencing token and ``claim`` transition, exactly as ``limit``
+        single claims would; ``[]`` when nothing is eligible. Every lease starts now, so a
+        worker that handles them one after another heartbeats the waiting ones (or asks for
+        no more than it finishes within one lease).
+        """
+        found = leases.claim(
             self.engine,
             kind=kind,
             owner=owner,
             lease_seconds=lease_seconds,
             worker_version=worker_version,
-            now=self.clock.now(),
+            now=statement_now(self.clock),
             lane=lane,
+            limit=limit,
         )
-        if lease is not None:
+        for lease in found:
             lease._ledger = self
-        return lease
+        return found
 
     def lease_key(
         self,
@@ -176,11 +199,13 @@ class Ledger:
 
     def heartbeat(self, lease: Lease, lease_seconds: float | None = None) -> Lease:
         """Extend ``lease``; raises ``StaleFenceError`` when a newer lease exists."""
-        return leases.heartbeat(self.engine, lease, now=self.clock.now(), lease_seconds=lease_seconds)
+        return leases.heartbeat(
+            self.engine, lease, now=statement_now(self.clock), lease_seconds=lease_seconds
+        )
 
     def release(self, lease: Lease, reason: str = "released") -> bool:
         """Give the item back untouched; ``False`` if the lease was already lost."""
-        return leases.release(self.engine, lease, now=self.clock.now(), reason=reason)
+        return leases.release(self.engine, lease, now=statement_now(self.clock), reason=reason)
 
     def commit_result(
         self,
@@ -224,14 +249,17 @@ class Ledger:
 
         :raises IllegalTransition: not allowed now; nothing changed.
         """
-        now = self.clock.now()
-        updates: dict[str, Any] = {}
-        if event in ("correct", "expire", "recheck"):
-            updates = {"available_at": now, "lease_expires_at": None}
-        if event in ("correct", "recheck"):
-            updates["attempts"] = 0
         with self.engine.begin() as conn:
             item = items.lock_item(conn, work_key)
+            # After the lock, so "has this lease expired" is judged on the row as it is now.
+            now = db_now(conn, statement_now(self.clock))
+            updates: dict[str, Any] = {}
+            if event in ("correct", "expire", "recheck"):
+                updates = {"available_at": now, "lease_expires_at": None}
+            if event in ("correct", "recheck"):
+                updates["attempts"] = 0
+            if event == "give_up_expired":
+                updates = {"lease_expires_at": None, "last_error_class": "LeaseExpired", "last_error": reason}
             if event in states.LEASE_EVENTS:
                 state = None if item is None else item["state"]
                 raise IllegalTransition(

@@ -3,7 +3,8 @@
 Checks (each repair is idempotent and written as a transition with actor ``reconciler``):
 
 * **expired leases still active**: ``leased`` items whose lease expired more than ``grace``
-  seconds ago go back to ``pending`` (event ``expire``).
+  seconds ago (by the database's clock) go back to ``pending`` (event ``expire``), or, when that
+  was their last attempt, to ``failed`` (event ``give_up_expired``: a poison item).
 * **results without their follow-up**: every follow-up a committed result promised
   (``results.follow_ups``) must exist in the outbox or as a work item; a missing one is
   re-created (event ``repair_follow_up``).
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from onceflow.ledger import commit, items, schema, states
+from onceflow.ledger.clock import db_now, statement_now
 from onceflow.ledger.outbox import OutboxRelay
 from onceflow.ledger.queries import query
 
@@ -70,34 +72,39 @@ RunExists = Callable[[str, str], bool]
 
 
 def expire_stale_leases(ledger: Ledger, *, grace_seconds: float = 0.0, limit: int = 1000) -> list[Finding]:
-    """Return expired-but-active leases to pending; the row is re-checked under its lock."""
-    now = ledger.clock.now()
+    """Return expired-but-active leases to pending, or give them up when no attempt is left.
+
+    Expiry is judged by the database's clock (or a test's injected clock), in the query that
+    finds them and again under each row's lock: a heartbeat that came in between wins.
+    """
+    injected = statement_now(ledger.clock)
+    name = "expired_leases_sqlite" if ledger.engine.dialect.name == "sqlite" else "expired_leases_postgresql"
     with ledger.engine.connect() as conn:
         keys = list(
-            conn.execute(query("expired_leases"), {"cutoff": now - grace_seconds, "limit": limit}).scalars()
+            conn.execute(query(name), {"now": injected, "grace": grace_seconds, "limit": limit}).scalars()
         )
     found = []
     for key in keys:
         with ledger.engine.begin() as conn:
             item = items.lock_item(conn, key)
+            now = db_now(conn, injected)
             if (
                 item is None
                 or item["state"] != states.LEASED
                 or item["lease_expires_at"] > now - grace_seconds
             ):
                 continue  # its holder heartbeat or finished meanwhile
-            reason = (
-                f"lease of {item['lease_owner']} (token {item['fencing_token']}) "
-                f"expired at {item['lease_expires_at']}"
-            )
-            items.apply(
-                conn,
-                item,
-                "expire",
-                states.RECONCILER,
-                {"now": now, "reason": reason},
-                {"lease_expires_at": None, "available_at": now},
-            )
+            dead = f"lease of {item['lease_owner']} (token {item['fencing_token']}) expired at {item['lease_expires_at']}"
+            if item["attempts"] < item["max_attempts"]:
+                event, reason = "expire", dead
+                updates = {"lease_expires_at": None, "available_at": now}
+            else:  # a poison item: its last attempt died too
+                event = "give_up_expired"
+                reason = (
+                    f"{dead} on attempt {item['attempts']} of {item['max_attempts']}: given up, not retried"
+                )
+                updates = {"lease_expires_at": None, "last_error_class": "LeaseExpired", "last_error": reason}
+            items.apply(conn, item, event, states.RECONCILER, {"now": now, "reason": reason}, updates)
         found.append(Finding("expired_lease", key, reason, repaired=True))
     return found
 

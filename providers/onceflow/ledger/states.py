@@ -11,6 +11,7 @@ States::
        ▲  ▲             │ │ │                 │
        │  └─retry/release┘ │ └─invalid──▶ needs_correction ──correct──▶ pending
        │                   └─give_up──▶ failed
+       │                   (expired lease, no attempts left: give_up_expired──▶ failed)
        └──────── recheck (from done, failed, needs_correction) / expire (reconciler)
     pending ──abandon (reconciler: the source gave the work up)──▶ failed
 """
@@ -176,9 +177,19 @@ STATE_TABLE: tuple[Transition, ...] = (
         {LEASED},
         PENDING,
         {RECONCILER},
-        ("lease_expired",),
+        ("lease_expired", "attempts_left"),
         False,
         "Reconciliation: an expired lease still marked active goes back to pending.",
+    ),
+    _t(
+        "give_up_expired",
+        {LEASED},
+        FAILED,
+        {WORKER, RECONCILER},
+        ("lease_expired", "attempts_exhausted", "has_reason"),
+        False,
+        "A poison item: the lease of its last attempt expired (its worker crashed every time), "
+        "so a claimer or the reconciler fails it with the reason instead of trying again.",
     ),
     _t(
         "repair_follow_up",

@@ -1,15 +1,21 @@
 """Worker processes for the ledger's concurrency, crash and shutdown tests (and for users' own).
 
-Run as ``python -m onceflow.testing.ledger_processes MODE URL [options]``; each mode prints one
-JSON line with what it did. Being real processes, they really race on the database and can
+Run as ``python -m onceflow.testing.ledger_processes MODE URL [options]`` (or :func:`spawn`); each
+mode prints one JSON line with what it did (:func:`read_json`). Being real processes, they really race on the database and can
 really be frozen (SIGSTOP), resumed (SIGCONT) and terminated (SIGTERM).
 
 Modes:
 
-* ``drain``: claim and commit items of ``--kind`` until none is claimable.
+* ``drain``: claim and commit items of ``--kind`` until none is claimable (``--batch N``: lease up
+  to N items per claim, then commit them one by one).
 * ``hold``: claim one item, print ``claimed``, wait for a line on stdin, then commit it.
 * ``shutdown``: run a :class:`~onceflow.ledger.worker.LedgerWorker` whose handler works until
   SIGTERM arrives, then either returns (``--on-term finish``) or gives up (``release``).
+
+``--clock-skew SECONDS`` makes the process's wall clock (``time.time()``) run that far ahead
+(negative: behind), as on a host whose clock is wrong: the lease decisions must not notice.
+Moving the real system clock needs root and would move every process on the machine, so the skew
+is applied inside the process; the database's clock stays right.
 """
 
 from __future__ import annotations
@@ -17,9 +23,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from typing import Any
+
+MODULE = "onceflow.testing.ledger_processes"
+
+
+def spawn(*args: str, stdin: bool = False) -> subprocess.Popen[str]:
+    """Start ``python -m onceflow.testing.ledger_processes *args`` with its stdout piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", MODULE, *args],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def read_json(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """The next JSON line the worker printed (fails clearly if it exited instead)."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, f"worker {proc.pid} exited early with {proc.wait()}"
+    return dict(json.loads(line))
+
+
+def stop_all(procs: list[subprocess.Popen[str]]) -> None:
+    """Kill (after resuming, in case a test froze it) and reap every worker still running."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait()
 
 
 def _ledger(url: str) -> Any:
@@ -34,6 +71,13 @@ def _emit(data: dict[str, Any]) -> None:
     print(json.dumps(data), flush=True)
 
 
+def skew_clock(seconds: float) -> None:
+    """Make this process's ``time.time()`` / ``time.time_ns()`` run ``seconds`` off."""
+    real_time, real_time_ns = time.time, time.time_ns
+    time.time = lambda: real_time() + seconds  # type: ignore[assignment]
+    time.time_ns = lambda: real_time_ns() + int(seconds * 1e9)  # type: ignore[assignment]
+
+
 def drain(args: argparse.Namespace) -> None:
     from onceflow.ledger import StaleFenceError
 
@@ -44,18 +88,24 @@ def drain(args: argparse.Namespace) -> None:
     refused = 0
     while True:
         try:
-            lease = ledger.claim(args.kind, owner, args.lease_seconds, args.version)
-            if lease is None:
-                break
-            ledger.commit_result(lease, args.step, {"owner": owner, "token": lease.token})
-            committed.append(lease.work_key)
-        except StaleFenceError:
-            refused += 1
+            leases = ledger.claim_many(args.kind, owner, args.lease_seconds, args.version, limit=args.batch)
         except Exception as exc:  # reported, so the test can count deadlocks and other errors
             name = type(getattr(exc, "orig", None) or exc).__name__
             errors[name] = errors.get(name, 0) + 1
             if sum(errors.values()) > 100:
                 break
+            continue
+        if not leases:
+            break
+        for lease in leases:
+            try:
+                ledger.commit_result(lease, args.step, {"owner": owner, "token": lease.token})
+                committed.append(lease.work_key)
+            except StaleFenceError:
+                refused += 1
+            except Exception as exc:
+                name = type(getattr(exc, "orig", None) or exc).__name__
+                errors[name] = errors.get(name, 0) + 1
     _emit({"owner": owner, "committed": committed, "refused": refused, "errors": errors})
 
 
@@ -116,7 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--version", default="v1")
     parser.add_argument("--lease-seconds", type=float, default=60.0)
     parser.add_argument("--on-term", choices=["finish", "release"], default="finish")
+    parser.add_argument("--batch", type=int, default=1, help="drain: items leased per claim")
+    parser.add_argument("--clock-skew", type=float, default=0.0, help="seconds this process's clock is off")
     args = parser.parse_args(argv)
+    if args.clock_skew:
+        skew_clock(args.clock_skew)
     {"drain": drain, "hold": hold, "shutdown": shutdown}[args.mode](args)
 
 

@@ -1,0 +1,65 @@
+"""daily_sales' deadline as Airflow evaluates it, on the days around both DST changes.
+
+The alert's reference goes through Airflow's own encoder and decoder (the decoder finds a custom
+reference through the plugin registry, as the scheduler does) and is evaluated with
+``evaluate_with`` against real ``dag_run`` rows in the session's metadata DB, plus the alert's
+interval: the same calls the scheduler makes when it creates a run. Every deadline must be 07:00
+Amsterdam time on the day after the data day. (``DAGRUN_LOGICAL_DATE + 31 h``, the alert before
+issue 12, gives 08:00 after the spring change and 06:00 after the autumn one.) The real scheduler
+does the same in ``tests/acceptance/test_deadline_scheduler.py``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from zoneinfo import ZoneInfo
+
+import pytest
+
+TZ = "Europe/Amsterdam"
+# Data days next to and on the 2024 changes: 31 March has 23 hours, 27 October 25.
+DAYS = [dt.date(2024, 3, 30), dt.date(2024, 3, 31), dt.date(2024, 10, 26), dt.date(2024, 10, 27)]
+
+
+def local_midnight(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time(0), tzinfo=ZoneInfo(TZ)).astimezone(dt.timezone.utc)
+
+
+@pytest.mark.parametrize("day", DAYS, ids=[d.isoformat() for d in DAYS])
+def test_airflow_evaluates_the_deadline_to_seven_local_on_the_next_day(
+    airflow_db: object, day: dt.date
+) -> None:
+    from airflow.models.dagrun import DagRun
+    from airflow.serialization.decoders import decode_deadline_reference
+    from airflow.serialization.encoders import encode_deadline_reference
+    from airflow.utils.session import create_session
+    from airflow.utils.types import DagRunType
+
+    from onceflow.notifications.deadline import daily_load_deadline
+
+    alert = daily_load_deadline(business_timezone=TZ)
+    start, end = local_midnight(day), local_midnight(day + dt.timedelta(days=1))
+    dag_id, run_id = "deadline_dst_probe", f"scheduled__{start.isoformat()}"
+    with create_session() as session:
+        session.add(
+            DagRun(
+                dag_id=dag_id,
+                run_id=run_id,
+                logical_date=start,
+                data_interval=(start, end),
+                run_after=end,
+                run_type=DagRunType.SCHEDULED,
+            )
+        )
+        session.flush()
+        reference = decode_deadline_reference(encode_deadline_reference(alert.reference))
+        deadline = reference.evaluate_with(
+            session=session, interval=alert.interval, dag_id=dag_id, run_id=run_id
+        )
+        session.rollback()
+
+    due = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(7), tzinfo=ZoneInfo(TZ))
+    assert deadline is not None
+    assert deadline.astimezone(ZoneInfo(TZ)) == due, (
+        f"{deadline} is {deadline.astimezone(ZoneInfo(TZ))} local"
+    )

@@ -33,7 +33,8 @@ def _shape(engine: Engine) -> dict[str, Any]:
     """Everything about the schema a migration could get wrong, comparable across two databases."""
     inspector = sa.inspect(engine)
     shape: dict[str, Any] = {}
-    for table in sorted(inspector.get_table_names()):
+    # schema_version: the hand-written release's marker, kept in upgraded ledgers only.
+    for table in sorted(set(inspector.get_table_names()) - {"schema_version"}):
         shape[table] = {
             "columns": [
                 (c["name"], str(c["type"]), c["nullable"], str(c.get("default")))
@@ -132,7 +133,9 @@ def test_a_handwritten_ledger_upgrades_in_place_to_exactly_the_new_schema(
         assert migrations.current_revision(engine) == migrations.head()
         assert not migrations.migrate(engine).changed
         assert _shape(engine) == _fresh_shape(ledger_url, "fresh")
-        assert "schema_version" not in sa.inspect(engine).get_table_names()
+        # Workers of the hand-written release, still running in a rolling deployment, start
+        # and find nothing to do (instead of re-running their migrations over the new schema).
+        assert handwritten.migrate(engine) == []
 
         # The old rows still work, and the database now enforces the state model on them.
         ledger = Ledger(engine, clock=fake_clock)

@@ -10,7 +10,8 @@ Alembic (Airflow's metadata database, say) keeps its own history.
 * an empty database: ``schema.metadata.create_all`` (the one schema definition) and a stamp of
   the newest revision, as Airflow does for a new metadata database;
 * a ledger of the hand-written migrations (table ``schema_version``, versions 1 to 3): stamped
-  ``ledger_v<N>`` and upgraded in place (``ledger_v4`` drops ``schema_version``);
+  ``ledger_v<N>`` and upgraded in place (``schema_version`` stays, marked complete, for workers of
+  that release still starting during a rolling deployment);
 * an Alembic-managed ledger: the missing revisions.
 
 Everything happens in ONE transaction on the caller's engine. Concurrent starters are kept

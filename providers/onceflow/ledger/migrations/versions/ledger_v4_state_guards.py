@@ -1,5 +1,9 @@
 """The database enforces the state model: CHECK constraints on states and fencing tokens, a
-trigger that refuses a fencing token going down; the hand-written ``schema_version`` goes.
+trigger that refuses a fencing token going down.
+
+The hand-written ``schema_version`` table stays, marked complete (versions 1 to 3): workers of
+the last hand-written release read it at start-up, and during a rolling deployment they must
+find nothing to do rather than re-run their migrations over the new schema.
 
 Rows that break a new constraint stop the upgrade with their keys (nothing is changed): a
 ledger holding them has a bug to look at, not data to coerce.
@@ -10,6 +14,8 @@ Create Date: 2026-12-01
 """
 
 from __future__ import annotations
+
+import time
 
 import sqlalchemy as sa
 from alembic import op
@@ -61,8 +67,27 @@ def upgrade() -> None:
                     batch.create_check_constraint(name, sa.text(check))
     schema.claim_index.create(conn)
     schema.create_guards(conn)
-    if sa.inspect(conn).has_table("schema_version"):
-        op.drop_table("schema_version")
+    _mark_handwritten_current(conn)
+
+
+# The descriptions the hand-written migrations recorded.
+_HANDWRITTEN = (
+    (1, "work items, transitions, results"),
+    (2, "outbox, relay status, promised follow-ups on results"),
+    (3, "required processing version, lanes, rechecks"),
+)
+
+
+def _mark_handwritten_current(conn: sa.Connection) -> None:
+    if not sa.inspect(conn).has_table("schema_version"):
+        return  # a ledger Alembic created: no hand-written release ever used it
+    done = set(conn.execute(sa.text("SELECT version FROM schema_version")).scalars())
+    for version, description in _HANDWRITTEN:
+        if version not in done:
+            conn.execute(
+                sa.text("INSERT INTO schema_version (version, description, applied_at) VALUES (:v, :d, :t)"),
+                {"v": version, "d": description, "t": time.time()},
+            )
 
 
 def downgrade() -> None:

@@ -5,7 +5,9 @@ taken over; time jumps past lease expiries; the reconciler and rechecks run; ope
 arbitrary events. A plain-Python model predicts every outcome (which item a claim returns, which
 writes are fenced off), and after every step the database must agree with the model and satisfy
 the invariants: only table-allowed transitions were recorded, tokens grow by one per grant, a
-done item holds the result of its final lease, and an illegal operation changed nothing.
+done item holds the result of its final lease, no item is ever granted more attempts than its
+budget (a poison item whose last attempt's lease expired is given up, not retried), and an
+illegal operation changed nothing.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger = Ledger(self.engine, clock=self.clock)
         self.model: dict[str, Model] = {}
         self.leases: list = []
+        self.gave_up: set[str] = set()  # keys the model expects a give_up_expired for
 
     def teardown(self) -> None:
         self.engine.dispose()
@@ -121,10 +124,19 @@ class LedgerMachine(RuleBasedStateMachine):
             )
         ]
         lease = self.ledger.claim("work", owner, lease_seconds, version, lane=lane)
-        if not eligible:
+        # Best first; an expired lease on the last attempt is given up on the way, not taken over.
+        expected = None
+        for _, _, key in sorted(eligible):
+            m = self.model[key]
+            if m.state == states.LEASED and m.attempts >= MAX_ATTEMPTS:
+                m.state, m.lease_expires_at = states.FAILED, None
+                self.gave_up.add(key)
+                continue
+            expected = key
+            break
+        if expected is None:
             assert lease is None
             return
-        expected = min(eligible)[2]
         assert lease is not None and lease.work_key == expected
         m = self.model[expected]
         m.state, m.token, m.attempts = states.LEASED, m.token + 1, m.attempts + 1
@@ -218,7 +230,11 @@ class LedgerMachine(RuleBasedStateMachine):
         assert {f.work_key for f in report.findings} == expired
         for key in expired:
             m = self.model[key]
-            m.state, m.available_at, m.lease_expires_at = states.PENDING, now, None
+            if m.attempts >= MAX_ATTEMPTS:  # the last attempt died: give up, do not retry
+                m.state, m.lease_expires_at = states.FAILED, None
+                self.gave_up.add(key)
+            else:
+                m.state, m.available_at, m.lease_expires_at = states.PENDING, now, None
 
     @rule()
     def recheck(self):
@@ -234,7 +250,18 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(
         key=st.sampled_from(KEYS),
         event=st.sampled_from(
-            ["correct", "cancel", "expire", "recheck", "abandon", "complete", "claim", "give_up", "nope"]
+            [
+                "correct",
+                "cancel",
+                "expire",
+                "give_up_expired",
+                "recheck",
+                "abandon",
+                "complete",
+                "claim",
+                "give_up",
+                "nope",
+            ]
         ),
         actor=st.sampled_from(sorted(states.ACTORS)),
         reason=st.sampled_from([None, "because"]),
@@ -252,7 +279,11 @@ class LedgerMachine(RuleBasedStateMachine):
         row = states.BY_EVENT[event]
         assert event not in states.LEASE_EVENTS and actor in row.actors and m.state in row.sources
         if event == "expire":
-            assert m.lease_expires_at <= self.now()
+            assert m.lease_expires_at <= self.now() and m.attempts < MAX_ATTEMPTS
+        if event == "give_up_expired":
+            assert m.lease_expires_at <= self.now() and m.attempts >= MAX_ATTEMPTS and reason
+            m.lease_expires_at = None
+            self.gave_up.add(key)
         if row.target is not None:
             m.state = row.target
         if event in ("correct", "expire", "recheck"):
@@ -295,6 +326,23 @@ class LedgerMachine(RuleBasedStateMachine):
         for key, row in items.items():
             if row.state == states.DONE:
                 assert (key, row.fencing_token) in set(results)
+
+    @invariant()
+    def no_item_gets_more_attempts_than_its_budget(self):
+        """A worker that crashes on an item every time must not get it forever (a poison item)."""
+        with self.engine.connect() as conn:
+            over = conn.execute(
+                sa.text("SELECT work_key FROM work_items WHERE attempts > max_attempts")
+            ).all()
+            gave_up = conn.execute(
+                sa.text(
+                    "SELECT t.work_key, t.reason, w.state, w.attempts FROM transitions t"
+                    " JOIN work_items w ON w.work_key = t.work_key WHERE t.event = 'give_up_expired'"
+                )
+            ).all()
+        assert over == []
+        assert {key for key, *_ in gave_up} == self.gave_up
+        assert all(reason for _, reason, _, _ in gave_up)  # the reason is recorded with it
 
 
 LedgerMachine.TestCase.settings = settings(

@@ -217,6 +217,25 @@ def test_a_database_with_ledger_tables_but_no_version_is_not_guessed_at(ledger_u
         engine.dispose()
 
 
+def test_a_ledger_a_newer_release_upgraded_is_left_alone(ledger_url, fake_clock, caplog):
+    """Rolling deployment: new workers upgraded first, old ones still start and keep working."""
+    engine = create_ledger_engine(ledger_url)
+    try:
+        migrations.migrate(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                f"UPDATE {migrations.VERSION_TABLE} SET version_num = 'ledger_v99_from_the_future'"
+            )
+        done = migrations.migrate(engine)
+        assert (done.before, done.after, done.changed) == ("ledger_v99_from_the_future",) * 2 + (False,)
+        assert "newer than this code's" in caplog.text
+        ledger = Ledger(engine, clock=fake_clock)
+        ledger.add("fetch", "a:1")
+        assert ledger.claim("fetch", "w", 30, "v1") is not None
+    finally:
+        engine.dispose()
+
+
 def _race(url: str, barrier: Any, results: Any) -> None:
     engine = create_ledger_engine(url)
     try:

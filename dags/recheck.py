@@ -98,7 +98,6 @@ def recheck() -> None:
         pool="onceflow_recheck",
         kind="{{ params.kind }}",
         chain_dag_id="{{ params.chain_dag_id }}",
-        worker_version="{{ params.target_version or 'v1' }}",
         max_items="{{ params.max_items }}",
     )
     relay = OutboxRelayOperator(task_id="relay", pool="onceflow_recheck")

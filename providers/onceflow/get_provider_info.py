@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from onceflow import __version__
+from onceflow.versions import CONFIG_KEY, CONFIG_SECTION, PROCESSING_VERSION
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -56,4 +57,23 @@ def get_provider_info() -> dict[str, Any]:
             {"name": "onceflow_priority", "plugin-class": "onceflow.priority.OnceflowPriorityPlugin"}
         ],
         "notifications": ["onceflow.notifications.deadline.MissedDeadlineNotifier"],
+        "config": {
+            CONFIG_SECTION: {
+                "description": "Settings of the onceflow provider on the machines that run its tasks.",
+                "options": {
+                    CONFIG_KEY: {
+                        "description": (
+                            "Processing version this worker runs (onceflow.versions): it leases only "
+                            "ledger items that require no version or this one, and stores its results "
+                            "under it. Defaults to the version of the installed code; never taken from "
+                            "a run's conf or params."
+                        ),
+                        "version_added": None,
+                        "type": "string",
+                        "example": "v2",
+                        "default": PROCESSING_VERSION,
+                    }
+                },
+            }
+        },
     }

@@ -16,6 +16,7 @@ from onceflow.ledger.errors import (
     LedgerError,
     StaleFenceError,
     UnknownWorkItem,
+    WrongVersion,
 )
 from onceflow.ledger.models import FollowUp, Lease, ResultRecord, TransitionRecord, WorkItem
 
@@ -33,5 +34,6 @@ __all__ = [
     "TransitionRecord",
     "UnknownWorkItem",
     "WorkItem",
+    "WrongVersion",
     "create_ledger_engine",
 ]

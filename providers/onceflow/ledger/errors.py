@@ -56,5 +56,19 @@ class LeaseHeld(LedgerError):
         )
 
 
+class WrongVersion(LedgerError):
+    """The item requires another processing version than the worker runs: leave it for a worker
+    running that version (nothing was written). Not a failure of the item or of the worker."""
+
+    def __init__(self, work_key: str, required: str, worker_version: str) -> None:
+        self.work_key = work_key
+        self.required = required
+        self.worker_version = worker_version
+        super().__init__(
+            f"{work_key!r} requires processing version {required!r}; this worker runs {worker_version!r}: "
+            f"left for a worker running {required!r}"
+        )
+
+
 class LedgerSchemaError(LedgerError):
     """The ledger database cannot be brought to the code's schema as it is (the message says why)."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.ledger import items, states
 from onceflow.ledger.commit import _stored_result, _upsert_result
-from onceflow.ledger.errors import LeaseHeld, StaleFenceError
+from onceflow.ledger.errors import LeaseHeld, StaleFenceError, WrongVersion
 from onceflow.ledger.models import Lease
 
 if TYPE_CHECKING:
@@ -48,7 +48,9 @@ def lease_key(
     :param reopen_reason: recorded on the ``recheck`` transition when a finished item re-opens.
     :param max_attempts: attempt budget of a new item (Airflow's retries are the real budget).
     :raises LeaseHeld: another owner's lease is current.
-    :raises IllegalTransition: the item cannot run (cancelled, or requires another version).
+    :raises WrongVersion: the item requires another processing version (nothing written; it is
+        left for a worker running that version).
+    :raises IllegalTransition: the item cannot run (cancelled).
     """
     with engine.begin() as conn:
         items.create_item(
@@ -63,6 +65,9 @@ def lease_key(
         )
         item = items.lock_item(conn, work_key)
         assert item is not None
+        required = item["required_version"]
+        if required is not None and required != worker_version:
+            raise WrongVersion(work_key, required, worker_version)  # rolls back: nothing written
         if item["state"] in REOPENABLE:
             item = items.apply(
                 conn,

@@ -160,6 +160,27 @@ def start_recheck(ledger: Ledger, request: RecheckRequest) -> RecheckResult:
     return RecheckResult(recheck_id, reopened)
 
 
+def waiting_for_other_versions(
+    ledger: Ledger, kind: str, worker_version: str, *, lane: str = RECHECK_LANE
+) -> dict[str, int]:
+    """Open items of ``kind`` in ``lane`` that require a version other than ``worker_version``,
+    counted per required version: work this worker leaves for workers running those versions."""
+    w = schema.work_items
+    stmt = (
+        sa.select(w.c.required_version, sa.func.count())
+        .where(
+            w.c.kind == kind,
+            w.c.lane == lane,
+            w.c.state.in_((states.PENDING, states.LEASED)),
+            w.c.required_version.is_not(None),
+            w.c.required_version != worker_version,
+        )
+        .group_by(w.c.required_version)
+    )
+    with ledger.engine.connect() as conn:
+        return {str(version): int(n) for version, n in conn.execute(stmt)}
+
+
 def recheck_report(ledger: Ledger, recheck_id: int) -> dict[str, Any]:
     """The recheck's request, its items per state, attempts spent and results written since."""
     rc, w, r = schema.rechecks, schema.work_items, schema.results

@@ -157,14 +157,17 @@ class RecheckDispatchOperator(BaseOperator):
     the item, the recheck id, the reason and the target version. On SIGTERM (``on_kill``) it stops
     claiming and finishes the item in hand; the ledger records that.
 
+    It runs as the processing version of the deployed code (:func:`onceflow.versions.deployed_version`,
+    read on the worker), never one from the run's conf or params: items that require another
+    version are left for workers running it, and the log says how many wait for which version.
+
     :param kind: work item kind.
     :param chain_dag_id: the DAG that processes one item (the normal chain).
-    :param worker_version: processing version of this code; items requiring another are left alone.
     :param max_items: stop after this many items (templated).
     :param lease_seconds: lease per item.
     """
 
-    template_fields: Sequence[str] = ("kind", "chain_dag_id", "worker_version", "max_items")
+    template_fields: Sequence[str] = ("kind", "chain_dag_id", "max_items")
     ui_color = "#fff1d6"
 
     def __init__(
@@ -172,7 +175,6 @@ class RecheckDispatchOperator(BaseOperator):
         *,
         kind: str,
         chain_dag_id: str,
-        worker_version: str = "v1",
         max_items: int | str = 100,
         lease_seconds: float = 120.0,
         ledger_conn_id: str = "onceflow_ledger",
@@ -181,7 +183,6 @@ class RecheckDispatchOperator(BaseOperator):
         super().__init__(**kwargs)
         self.kind = kind
         self.chain_dag_id = chain_dag_id
-        self.worker_version = worker_version
         self.max_items = max_items
         self.lease_seconds = lease_seconds
         self.ledger_conn_id = ledger_conn_id
@@ -191,22 +192,24 @@ class RecheckDispatchOperator(BaseOperator):
         from onceflow.hooks.ledger import LedgerHook
         from onceflow.ledger import FollowUp
         from onceflow.ledger.models import stable_run_id
-        from onceflow.ledger.recheck import RECHECK_LANE
+        from onceflow.ledger.recheck import RECHECK_LANE, waiting_for_other_versions
         from onceflow.ledger.worker import LedgerWorker, Outcome
         from onceflow.shutdown import GracefulShutdown
+        from onceflow.versions import deployed_version
 
         ledger = LedgerHook(self.ledger_conn_id).get_ledger()
         self._shutdown = GracefulShutdown()
+        version = deployed_version()
 
         def dispatch(lease: Any) -> Outcome:
             conf = {
                 "work_key": lease.work_key,
                 "recheck_id": lease.recheck_id,
                 "reason": lease.reason,
-                "target_version": self.worker_version,
+                "target_version": version,
                 "onceflow_lane": RECHECK_LANE,
             }
-            run_id = stable_run_id(lease.work_key, f"recheck{lease.recheck_id}", self.worker_version)
+            run_id = stable_run_id(lease.work_key, f"recheck{lease.recheck_id}", version)
             return Outcome({"dispatched_to": self.chain_dag_id, "run_id": run_id},
                            [FollowUp.dag_run(self.chain_dag_id, conf, run_id=run_id)])  # fmt: skip
 
@@ -216,15 +219,23 @@ class RecheckDispatchOperator(BaseOperator):
             kind=self.kind,
             step="recheck_dispatch",
             owner=f"{socket.gethostname()}:{ti.dag_id}.{ti.task_id}.{ti.run_id}.{ti.try_number}",
-            worker_version=self.worker_version,
+            worker_version=version,
             handler=dispatch,
             lease_seconds=self.lease_seconds,
             lane=RECHECK_LANE,
             shutdown=self._shutdown,
         )
         report = worker.run(max_items=int(self.max_items))
-        self.log.info("dispatched %d recheck item(s) to %s", len(report.completed), self.chain_dag_id)
-        return report.as_dict()
+        self.log.info(
+            "dispatched %d recheck item(s) to %s as processing version %s",
+            len(report.completed), self.chain_dag_id, version,
+        )  # fmt: skip
+        for required, count in sorted(waiting_for_other_versions(ledger, self.kind, version).items()):
+            self.log.warning(
+                "%d recheck item(s) of kind %r require processing version %s; this worker runs %s: "
+                "left for a worker running %s", count, self.kind, required, version, required,
+            )  # fmt: skip
+        return {**report.as_dict(), "worker_version": version}
 
     def on_kill(self) -> None:
         if self._shutdown is not None:

@@ -9,7 +9,7 @@ claimed row with no run, which ``sheet_reconcile`` repairs; never a run with an 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 
@@ -181,8 +181,16 @@ class ClaimedRowOperator(BaseOperator):
     without a retry. When Airflow stops the task (``on_kill``: marked failed, killed, a worker's
     warm shutdown) the item's lease is handed back at once, not left to expire.
 
+    The step runs as the processing version of the deployed code
+    (:func:`onceflow.versions.deployed_version`), never the conf's ``processing_version`` or
+    ``target_version``. An item that requires another version (a ``new_version`` recheck) is left
+    alone: the task defers for ``version_wait_seconds`` (holding no slot, with a log line naming
+    both versions) and then looks again, on whichever worker resumes it; it never fails for it.
+
     :param ledger_conn_id: the work ledger.
     :param lease_seconds: the step's lease; heartbeats extend it while the step runs.
+    :param version_wait_seconds: how long to defer before looking again when the item requires
+        another processing version than this worker runs.
     :param lane: the lane this task's DAG serves: ``new`` (default) or ``recheck``.
     """
 
@@ -193,6 +201,7 @@ class ClaimedRowOperator(BaseOperator):
         *,
         ledger_conn_id: str = "onceflow_ledger",
         lease_seconds: float = 120.0,
+        version_wait_seconds: float = 60.0,
         lane: str = "new",
         **kwargs: Any,
     ) -> None:
@@ -204,6 +213,7 @@ class ClaimedRowOperator(BaseOperator):
             raise ValueError(f"lane must be one of {sorted(LANES)}, not {lane!r}")
         self.ledger_conn_id = ledger_conn_id
         self.lease_seconds = lease_seconds
+        self.version_wait_seconds = version_wait_seconds
         self.lane = lane
         self._shutdown: GracefulShutdown | None = None
 
@@ -212,6 +222,7 @@ class ClaimedRowOperator(BaseOperator):
 
         from onceflow.hooks.ledger import LedgerHook
         from onceflow.lanes import WrongLane, check_run_lane
+        from onceflow.ledger import WrongVersion
         from onceflow.ledger.steps import InvalidInput, run_keyed_step
         from onceflow.sheets.keys import RUN_CONF_KEYS
         from onceflow.sheets.ledger_link import CLAIM_STEP, KIND, conf_payload, work_key
@@ -233,7 +244,9 @@ class ClaimedRowOperator(BaseOperator):
                 "run conf has no claim_token/row_key: article_pipeline runs are created by sheet_claim, "
                 f"sheet_reconcile or recheck; got keys {sorted(conf)}"
             )
-        version = str(conf.get("target_version") or conf.get("processing_version") or "v1")
+        from onceflow.versions import deployed_version
+
+        version = deployed_version()  # the code's version, never the conf's
         ti = context["ti"]
         try:
             outcome = run_keyed_step(
@@ -251,6 +264,8 @@ class ClaimedRowOperator(BaseOperator):
             )
         except InvalidInput as exc:
             raise AirflowFailException(str(exc)) from exc  # recorded in the ledger; a retry cannot help
+        except WrongVersion as exc:
+            self._wait_for_version(exc)
         if outcome.repeated:
             self.log.info(
                 "ledger already holds this step's result (token %s): nothing repeated", outcome.token
@@ -261,6 +276,25 @@ class ClaimedRowOperator(BaseOperator):
         """Airflow is stopping the task (SIGTERM): hand the item's lease back at once."""
         if self._shutdown is not None:
             self._shutdown.request()
+
+    def _wait_for_version(self, exc: Any) -> NoReturn:
+        """Leave the item for a worker running its version: defer, then look again."""
+        from datetime import timedelta
+
+        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+        self.log.warning(
+            "%s; deferring %ss, then looking again (on whichever worker resumes the task)",
+            exc, self.version_wait_seconds,
+        )  # fmt: skip
+        self.defer(
+            trigger=TimeDeltaTrigger(timedelta(seconds=float(self.version_wait_seconds))),
+            method_name="execute_after_version_wait",
+        )
+
+    def execute_after_version_wait(self, context: Context, event: Any = None) -> dict[str, Any]:
+        """Resumed after :meth:`_wait_for_version`: the same step again, as this worker's version."""
+        return self.execute(context)
 
     def _read_row(self, conf: dict[str, Any], run_id: str) -> dict[str, Any]:
         from onceflow.hooks.sheets import SheetQueueHook

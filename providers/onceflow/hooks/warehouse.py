@@ -22,9 +22,12 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pandas as pd
     from sqlalchemy.engine import Engine
 
+    from onceflow.sales.fencing import Lease
     from onceflow.sales.partition_store import PartitionStore
 
 BIGQUERY_CONN_TYPES = frozenset({"google_cloud_platform", "gcpbigquery"})
@@ -212,32 +215,43 @@ class WarehouseHook(_SqlConnectionHook):
         self,
         *,
         table: str,
-        partition: dt.date,
+        lease: Lease,
         rows: pd.DataFrame,
         project_id: str | None = None,
         dataset: str,
         location: str | None = None,
+        source_watermark_utc: dt.datetime | None = None,
+        checkpoint: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
-        """Replace one day partition of a BigQuery table with a WRITE_TRUNCATE load job.
+        """Replace one day partition of a BigQuery table, fenced at the sink.
 
-        The job loads newline-delimited JSON into ``dataset.table$YYYYMMDD``: BigQuery swaps the
-        partition atomically when the job succeeds, and a failed job leaves it untouched.
+        A load job stages the rows, then one multi-statement transaction checks BigQuery's own
+        fence table and swaps the partition (:func:`onceflow.sales.bigquery.fenced_overwrite`).
 
         :param table: table name (plain identifier).
-        :param partition: the day to replace.
+        :param lease: the attempt's lease (its partition and fence token).
         :param rows: sales rows of that day.
         :param project_id: GCP project (default: the connection's).
         :param dataset: BigQuery dataset.
         :param location: job location.
-        :return: job id, final state, destination and output rows of the finished job.
+        :param source_watermark_utc: when the extract read the shop (naive UTC).
+        :param checkpoint: called with ``"staged"`` between the two jobs.
+        :raises StaleAttemptError: a newer attempt committed in BigQuery.
+        :raises OlderExtractError: the partition holds a newer extract.
+        :return: job ids, destination and output rows.
         """
-        from onceflow.extras import require
-
-        require("bigquery")
         from airflow.providers.google.cloud.hooks.bigquery import BigQueryHook
 
-        from onceflow.sales.bigquery import load_partition
+        from onceflow.sales.bigquery import fenced_overwrite
 
         bq = BigQueryHook(gcp_conn_id=self.conn_id, location=location, use_legacy_sql=False)
         client = bq.get_client(project_id=project_id or bq.project_id, location=location)
-        return load_partition(client, dataset=dataset, table=table, partition=partition, rows=rows)
+        return fenced_overwrite(
+            client,
+            dataset=dataset,
+            table=table,
+            lease=lease,
+            rows=rows,
+            source_watermark_utc=source_watermark_utc,
+            checkpoint=checkpoint,
+        )

@@ -205,14 +205,15 @@ class PartitionOverwriteOperator(BaseOperator):
         if bigquery:
             if not self.bigquery_dataset:
                 raise ValueError("bigquery_dataset is required for a BigQuery warehouse")
-            store.check_fence(lease)
+            store.check_load(lease, staged.source_watermark_utc)  # early; BigQuery checks again
             warehouse.overwrite_bigquery_partition(
                 table=self.table,
-                partition=day,
+                lease=lease,
                 rows=staged.rows,
                 project_id=self.bigquery_project,
                 dataset=self.bigquery_dataset,
                 location=self.bigquery_location,
+                source_watermark_utc=staged.source_watermark_utc,
             )
             audit = store.record_external_load(
                 lease,

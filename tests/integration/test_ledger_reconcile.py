@@ -192,3 +192,15 @@ def test_a_slow_sink_does_not_hold_the_ledger_while_it_delivers(ledger):
     assert OutboxRelay(ledger, sink).relay_once().relayed == 1
     assert sink.claim_done_during_delivery, "the claim waited for the relay's transaction"
     assert [lease.work_key for lease in claimed] == ["b:1"] and pending_rows(ledger) == []
+
+
+def test_the_reconciler_counts_a_stalled_event_handed_to_its_task_as_repaired_and_returns_it_to_confirm(
+    ledger, fake_clock
+):
+    commit_one(ledger, "a:1", [FollowUp.asset_event("file:///a")])
+    fake_clock.advance(700)
+    report = reconcile(ledger, relay_stall_seconds=600, sink=RecordingSink(durable_events=False))
+    assert report.count("stalled_relay", repaired=True) == 1
+    ((row_id,),) = [[r.id for r in pending_rows(ledger)]]
+    assert report.awaiting == [row_id] and report.as_dict()["awaiting"] == [row_id]
+    assert confirm_relayed(ledger, report.awaiting) == 1 and pending_rows(ledger) == []

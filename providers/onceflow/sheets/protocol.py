@@ -33,13 +33,15 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from onceflow.sheets import anchors, settle
+from onceflow.sheets.a1 import a1_sheet, column_letter
+from onceflow.sheets.anchored import AnchoredRows
+from onceflow.sheets.audit import AUDIT_HEADER, AuditTab
 from onceflow.sheets.keys import article_run_conf, pipeline_run_id
 from onceflow.sheets.model import (
     ColumnMap,
     Row,
     Snapshot,
     Status,
-    make_row,
     new_token,
     status_value,
     token_time,
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-AUDIT_HEADER = ["time", "action", "reason", "row_key", "url", "claim_token", "run_id"]
+__all__ = ["AUDIT_HEADER", "Claim", "ClaimResult", "Rejection", "SheetQueue", "a1_sheet", "column_letter"]
 
 
 @dataclass(frozen=True)
@@ -106,21 +108,6 @@ class ClaimResult:
     requests: Counter[str] = field(default_factory=Counter)
 
 
-def a1_sheet(title: str) -> str:
-    """A1 notation for a whole tab, quoted so any title works."""
-    return "'" + title.replace("'", "''") + "'"
-
-
-def column_letter(index: int) -> str:
-    """0 -> A, 25 -> Z, 26 -> AA."""
-    letters = ""
-    index += 1
-    while index:
-        index, rem = divmod(index - 1, 26)
-        letters = chr(65 + rem) + letters
-    return letters
-
-
 def _occurrences(reply: dict[str, Any]) -> int:
     # proto3 JSON omits zero values: a miss comes back as {"findReplace": {}}
     return int(reply.get("findReplace", {}).get("occurrencesChanged", 0) or 0)
@@ -166,6 +153,10 @@ class SheetQueue:
         self.rng = rng or random.Random()
         self._sheet_ids: dict[str, int] | None = None
         self._columns: ColumnMap | None = None
+        #: reads and writes through row anchors (onceflow.sheets.anchored)
+        self.anchored = AnchoredRows(self)
+        #: the audit tab (onceflow.sheets.audit)
+        self.audit_tab = AuditTab(self)
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -197,6 +188,14 @@ class SheetQueue:
         if title not in self._sheet_ids:
             raise KeyError(f"spreadsheet has no tab named {title!r}; tabs: {sorted(self._sheet_ids)}")
         return self._sheet_ids[title]
+
+    def remember_columns(self, columns: ColumnMap) -> None:
+        """The header as last read (by any request), for a later ``transition``."""
+        self._columns = columns
+
+    def forget_sheet_ids(self) -> None:
+        """Tabs changed (one was added): fetch the ids again when next needed."""
+        self._sheet_ids = None
 
     def find(self, token: str) -> Row | None:
         """The row carrying ``token`` in its status cell, wherever it is now."""
@@ -310,7 +309,7 @@ class SheetQueue:
         def attempt() -> list[dict[str, Any]]:
             # fresh tokens on every attempt: one token can then match at most one cell, ever
             now = self.clock()
-            tokens = [new_token(now, secrets.token_hex(5), self.version) for _ in targets]
+            tokens = [new_token(now, secrets.token_hex(5)) for _ in targets]
             issued.update(zip(tokens, targets, strict=True))
             layout.clear()
             requests = []
@@ -418,7 +417,7 @@ class SheetQueue:
         now = self.clock()
         requests = []
         for token, row in extra:
-            fresh = new_token(now, secrets.token_hex(5), self.version)
+            fresh = new_token(now, secrets.token_hex(5))
             requests.append(
                 self._find_replace(
                     self._cell(row.number, col),
@@ -520,115 +519,19 @@ class SheetQueue:
                 moved = self.transition_many(fresh, [(token, old, new)])[0]
         return moved
 
-    def _anchored_rows(self, token: str) -> tuple[ColumnMap | None, list[Row]]:
-        """The header and every row anchored to ``token``, in one ``values.batchGetByDataFilter``."""
-        columns, rows = self.anchored_rows([token])
-        return columns, rows.get(token, [])
+    # -- by the row's anchor (onceflow.sheets.anchored) -------------------------------------------
 
     def anchored_rows(self, tokens: Sequence[str]) -> tuple[ColumnMap | None, dict[str, list[Row]]]:
         """The header and, per token, every row anchored to it: one ``values.batchGetByDataFilter``."""
-        header = {"a1Range": f"{a1_sheet(self.sheet)}!1:1"}
-        filters = [header, *(anchors.lookup(t) for t in tokens)]
-        matched = self._idempotent(lambda: self.transport.read_by_filter(filters))
-        columns: ColumnMap | None = None
-        found: list[tuple[list[str], int, list[Any]]] = []
-        for item in matched:
-            value_range = item.get("valueRange", {})
-            values = value_range.get("values", [])
-            if any("a1Range" in f for f in item.get("dataFilters", [])):
-                columns = Snapshot.from_values(values[:1]).columns if values else None
-            owners = [
-                str(f["developerMetadataLookup"].get("metadataValue", ""))
-                for f in item.get("dataFilters", [])
-                if "developerMetadataLookup" in f
-            ]
-            number = anchors.row_number(value_range.get("range", ""))
-            if owners and number is not None:
-                found.append((owners, number, values[0] if values else []))
-        if columns is None:
-            return None, {}
-        self._columns = columns
-        rows: dict[str, list[Row]] = {}
-        for owners, number, raw in found:
-            row = make_row(columns, number, raw)
-            for token in owners:
-                rows.setdefault(token, []).append(row)
-        return columns, rows
-
-    def locate(self, token: str) -> Row | None:
-        """The row anchored to ``token`` that carries it, read in one small request; falls back
-        to a full read for claims made before row anchors existed."""
-        _, rows = self._anchored_rows(token)
-        mine = [r for r in rows if r.token == token]
-        return mine[0] if mine else self.find(token)
+        return self.anchored.rows(tokens)
 
     def write_anchored(self, columns: ColumnMap, updates: list[tuple[str, dict[str, str]]]) -> dict[str, Any]:
-        """One ``values.batchUpdateByDataFilter``: each token's fields into the row its anchor is on.
+        """Each token's fields into the row its anchor is on: one ``values.batchUpdateByDataFilter``."""
+        return self.anchored.write(columns, updates)
 
-        RAW, so ``=1+1`` stays text; idempotent, so it is safe to repeat.
-        """
-        data = []
-        for token, fields in updates:
-            cells = {columns[k]: v for k, v in fields.items() if columns.has(k)}
-            if cells:
-                width = max(cells) + 1
-                data.append((anchors.lookup(token), [anchors.row_values(width, cells)]))
-        if not data:
-            return {}
-        return self._idempotent(lambda: self.transport.write_by_filter(data))
-
-    def _drop_stray_anchors(self, token: str) -> None:
-        """Delete ``token``'s anchors on rows that do not carry ``token`` (by metadata id, so rows
-        moving meanwhile cannot make us delete the wrong one)."""
-        found = self._idempotent(lambda: self.transport.search_metadata([anchors.lookup(token)]))
-        ids = [int(m["metadataId"]) for m in found if "metadataId" in m]
-        if not ids:
-            return
-        header = {"a1Range": f"{a1_sheet(self.sheet)}!1:1"}
-        matched = self._idempotent(
-            lambda: self.transport.read_by_filter([header, *(anchors.by_id(i) for i in ids)])
-        )
-        columns = None
-        for item in matched:
-            if any("a1Range" in f for f in item.get("dataFilters", [])):
-                columns = Snapshot.from_values(item.get("valueRange", {}).get("values", [])[:1]).columns
-        if columns is None:
-            return
-        doomed = []
-        for item in matched:
-            values = item.get("valueRange", {}).get("values", [])
-            row = make_row(columns, 0, values[0] if values else [])
-            for f in item.get("dataFilters", []):
-                metadata_id = f.get("developerMetadataLookup", {}).get("metadataId")
-                if metadata_id is not None and row.token != token:
-                    doomed.append(anchors.delete(anchors.by_id(int(metadata_id))))
-        if doomed:
-            log.warning("removing %d anchors of %s from rows that do not carry it", len(doomed), token)
-            self.cleanup(doomed)
-
-    def _adopt(self, token: str) -> bool:
-        """Anchor ``token`` to the row carrying it (a claim made before row anchors existed).
-
-        The anchor and a guard on that row's status cell go in one atomic batch: if the guard
-        did not match (rows moved), the new anchor is deleted again by its id.
-        """
-        snapshot = self.snapshot()
-        rows = snapshot.rows_with_token(token)
-        if not rows or snapshot.columns is None:
-            return False
-        row = rows[0]
-        guard = self._find_replace(
-            self._cell(row.number, snapshot.columns["status"]), row.status_cell.raw, row.status_cell.raw
-        )
-        replies = self.backoff.call(
-            lambda: self.transport.batch_update([guard, anchors.create(self.sheet_id(), row.number, token)])
-        )
-        if _occurrences(replies[0]) == 1:
-            return True
-        created = anchors.created_id(replies[1]) if len(replies) > 1 else None
-        if created is not None:
-            self.cleanup([anchors.delete(anchors.by_id(created))])
-        return False
+    def locate(self, token: str) -> Row | None:
+        """The row anchored to ``token`` that carries it (a full read for claims without an anchor)."""
+        return self.anchored.locate(token)
 
     def write_fields(
         self,
@@ -637,105 +540,16 @@ class SheetQueue:
         attempts: int = 3,
         check: Callable[[Row], None] | None = None,
     ) -> Row:
-        """Write ``fields`` (column -> text, stored RAW, never as a formula) into the row of ``token``.
+        """Write ``fields`` into the row of ``token`` through its anchor, 1 read + 1 write
+        (:meth:`onceflow.sheets.anchored.AnchoredRows.write_fields`)."""
+        return self.anchored.write_fields(token, fields, attempts=attempts, check=check)
 
-        The write goes through the row's anchor (``values.batchUpdateByDataFilter`` on the
-        ``onceflow.claim = token`` metadata), so it reaches that row wherever it has moved; one read
-        before it (header and row, by the same anchor) checks the row still carries the token and
-        skips a write that is already there. Costs 1 read + 1 write.
-
-        :param check: called with the row as read, before anything is written; whatever it raises
-            aborts the write (a caller's own check of the row costs no extra read this way).
-        :raises LookupError: no row carries the token (e.g. the editor deleted it).
-        :raises RuntimeError: the anchor could not be settled in ``attempts`` tries.
-        """
-        for _ in range(attempts):
-            columns, rows = self._anchored_rows(token)
-            if columns is None:
-                raise LookupError(f"no row carries claim token {token!r}: the sheet has no header")
-            mine = [r for r in rows if r.token == token]
-            if len(mine) != len(rows):  # an anchor on a row that lost the token: drop it first
-                self._drop_stray_anchors(token)
-                continue
-            if not rows:
-                if self._adopt(token):
-                    continue
-                raise LookupError(f"no row carries claim token {token!r}")
-            if check is not None:
-                check(mine[0])
-            wanted = {k: v for k, v in fields.items() if columns.has(k)}
-            if all(mine[0].get(k) == v for k, v in wanted.items()):
-                return mine[0]
-            reply = self.write_anchored(columns, [(token, wanted)])
-            written = []
-            for response in reply.get("responses", []):
-                data = response.get("updatedData", {})
-                number = anchors.row_number(data.get("range", response.get("updatedRange", "")))
-                values = data.get("values", [])
-                written.append(make_row(columns, number or 0, values[0] if values else []))
-            if written and all(r.token == token for r in written):
-                if written[0].status in settle.FINAL_STATUSES:
-                    # a repair of a finished row (reconcile's reason or run_id): it needs no
-                    # anchor after this, and an adopted one would otherwise stay for good
-                    self.cleanup([anchors.delete(anchors.lookup(token))])
-                return written[0]
-            log.warning("row of %s changed while writing %s; checking again", token, sorted(fields))
-        raise RuntimeError(f"could not write {sorted(fields)} into the row of token {token!r}")
-
-    # -- audit -------------------------------------------------------------------------------------
+    # -- the audit tab (onceflow.sheets.audit) ------------------------------------------------------
 
     def audit(self, entries: list[dict[str, str]]) -> None:
-        """Append entries (keys from :data:`AUDIT_HEADER`) to the audit tab, creating it if needed.
-
-        ``values.append`` inserts after the last row server-side, so it needs no position.
-        """
-        if not entries:
-            return
-        self._ensure_audit_tab()
-        rows = [[str(e.get(k, "")) for k in AUDIT_HEADER] for e in entries]
-
-        def attempt() -> None:
-            self.transport.append_values(a1_sheet(self.audit_sheet), rows)
-
-        self.backoff.call(attempt)
-
-    def _ensure_audit_tab(self) -> None:
-        try:
-            self.sheet_id(self.audit_sheet)
-            return
-        except KeyError:
-            pass
-        try:
-            self.backoff.call(
-                lambda: self.transport.batch_update(
-                    [{"addSheet": {"properties": {"title": self.audit_sheet}}}]
-                )
-            )
-        except Exception as err:  # another process added it first (400), or an ambiguous 5xx
-            log.info("audit tab %r not added (%s); assuming it exists", self.audit_sheet, err)
-            self._sheet_ids = None
-            return
-        self._sheet_ids = None
-        self.backoff.call(lambda: self.transport.append_values(a1_sheet(self.audit_sheet), [AUDIT_HEADER]))
+        """Append entries (keys from :data:`AUDIT_HEADER`) to the audit tab, creating it if needed."""
+        self.audit_tab.append(entries)
 
     def read_audit(self) -> list[dict[str, str]]:
-        """The audit tab as dicts (keys from :data:`AUDIT_HEADER`); empty if the tab does not exist yet.
-
-        Columns are taken by position in :data:`AUDIT_HEADER`, the order :meth:`audit` writes, and
-        a row equal to the header is skipped wherever it is: the header can be missing (an
-        ``addSheet`` that failed ambiguously after being applied, a task killed before the header
-        append) or below entries (the loser of the ``addSheet`` race appended first), and reading
-        row 1 as the header would mis-key every entry (and count no re-drives).
-        """
-        try:
-            self.sheet_id(self.audit_sheet)
-        except KeyError:
-            return []
-        values = self._read([a1_sheet(self.audit_sheet)])[0]
-        entries = []
-        for raw in values:
-            cells = [str(c) for c in raw]
-            if not any(c.strip() for c in cells) or cells[: len(AUDIT_HEADER)] == AUDIT_HEADER:
-                continue
-            entries.append({h: (cells[i] if i < len(cells) else "") for i, h in enumerate(AUDIT_HEADER)})
-        return entries
+        """The audit tab as dicts; empty if the tab does not exist yet."""
+        return self.audit_tab.read()

@@ -17,8 +17,13 @@ Scans the queue sheet against Airflow and repairs what the normal path cannot se
   the claim token) with no queued or running `article_pipeline` run: a missing run (the claimer
   died between claim and run creation) is created, a failed one is cleared, both under the same
   deterministic run id, so repair never duplicates work; after `max_redrives` failures the row
-  is marked FAILED;
-* a URL claimed by two rows: the later claim becomes DUPLICATE;
+  is marked FAILED. The run id uses the processing version the row was **claimed under** (carried
+  in its claim token); the `processing_version` param only serves claims whose token carries no
+  version (made before tokens did);
+* a URL claimed by two rows: the row the article's run does not work on (its conf carries the
+  other row's claim token) becomes DUPLICATE; without a run, the later claim;
+* a claimed row with an invalid URL (its claimer stopped before marking it) becomes INVALID with
+  the reason;
 * rows DONE without a published link, and published links on rows that are not DONE: flagged;
 * the sheet against the work ledger (`onceflow_ledger`): a claimed row without an `article` item
   gets one; an item the ledger gave up on or sent back for correction turns its PROCESSING row
@@ -52,7 +57,7 @@ def sheet_reconcile() -> None:
 
         from onceflow.hooks.ledger import LedgerHook
         from onceflow.hooks.sheets import SheetQueueHook
-        from onceflow.operators.sheets import ARTICLE_PIPELINE, create_dag_run
+        from onceflow.operators.sheets import ARTICLE_PIPELINE, create_dag_run, run_claim_token
         from onceflow.sheets import ledger_link
         from onceflow.sheets import reconcile as rec
 
@@ -79,6 +84,7 @@ def sheet_reconcile() -> None:
             audit=queue.read_audit(),
             max_redrives=int(params["max_redrives"]),
             ledger=lambda row_key: ledger_link.ledger_view(ledger, row_key),
+            run_claim=lambda run_id: run_claim_token(ARTICLE_PIPELINE, run_id),
         )
         entries = rec.apply(
             plan.actions,

@@ -3,8 +3,11 @@
 The order is the point. The claim is written to the sheet, the place every future wake-up reads,
 before any run exists; each run's id is derived from the row's stable key and the processing
 version, so a second attempt to create it (a retry, a second claimer, ``sheet_reconcile``) is
-refused by Airflow's metadata database and counted as success. A crash between the two leaves a
-claimed row with no run, which ``sheet_reconcile`` repairs; never a run with an unclaimed row.
+refused by Airflow's metadata database. A refusal is success when the run carries our own claim
+token (a retry); when it carries another claim's token, two rows of one URL were claimed (rows
+moved under a claimer) and the run works on the other row, so ours is marked DUPLICATE pointing
+at it. A crash between the two leaves a claimed row with no run, which ``sheet_reconcile``
+repairs; never a run with an unclaimed row.
 """
 
 from __future__ import annotations
@@ -54,12 +57,28 @@ def create_dag_run(dag_id: str, run_id: str, conf: dict[str, Any], *, reset: boo
     return "created"
 
 
+def run_claim_token(dag_id: str, run_id: str) -> str | None:
+    """The claim token in an existing run's conf; ``None`` when there is no such run or its conf
+    carries no token (a recheck run). Asked from inside a running task, like :func:`create_dag_run`.
+    """
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.comms import ErrorResponse, GetDagRun
+
+    response = task_runner.SUPERVISOR_COMMS.send(GetDagRun(dag_id=dag_id, run_id=run_id))
+    if isinstance(response, ErrorResponse):
+        if (response.detail or {}).get("status_code") == 404:
+            return None
+        raise RuntimeError(f"could not read run {run_id!r} of {dag_id!r}: {response.error} {response.detail}")
+    token = (getattr(response, "conf", None) or {}).get("claim_token")
+    return str(token) if token else None
+
+
 class SheetClaimOperator(BaseOperator):
     """Claim up to ``max_rows`` NEW rows of the queue sheet, then start one run per claimed row.
 
-    Costs one read, one write and one verification read of the sheet whatever ``max_rows`` is
-    (two more writes when some rows are INVALID or DUPLICATE). Returns, as XCom, the claims and
-    what happened to each run.
+    Costs one ``spreadsheets.get`` (tab ids), one read and one write of the sheet whatever
+    ``max_rows`` is, plus a verification read when rows moved and two more writes when some rows
+    are INVALID or DUPLICATE. Returns, as XCom, the claims and what happened to each run.
 
     :param max_rows: most rows claimed per execution (templated).
     :param processing_version: part of every run id; bump it to process articles again (templated).
@@ -117,10 +136,17 @@ class SheetClaimOperator(BaseOperator):
                 self.log.exception("could not register the claims in the ledger")
                 failures.append(f"ledger: {err}")
         runs: dict[str, str] = {}
+        duplicates: list[dict[str, str]] = []
         for claim in result.claims:
             conf = confs[claim.token]
             try:
                 runs[claim.run_id] = create_dag_run(self.trigger_dag_id, claim.run_id, conf)
+                owner = None
+                if runs[claim.run_id] == "exists":
+                    owner = run_claim_token(self.trigger_dag_id, claim.run_id)
+                if owner is not None and owner != claim.token:
+                    reason = self._step_aside(queue, claim.token, owner, claim.run_id)
+                    duplicates.append({"claim_token": claim.token, "owner_token": owner, "reason": reason})
             except Exception as err:  # keep going: one refusal must not orphan the other claims
                 self.log.exception("could not create run %s", claim.run_id)
                 failures.append(f"{claim.run_id}: {err}")
@@ -149,7 +175,33 @@ class SheetClaimOperator(BaseOperator):
                 {"claim_token": r.token, "status": r.status.value, "reason": r.reason}
                 for r in result.rejected
             ],
+            "duplicates": duplicates,
         }
+
+    def _step_aside(self, queue: Any, token: str, owner: str, run_id: str) -> str:
+        """Mark our row DUPLICATE of the row whose claim the existing run carries; return the reason.
+
+        Two claimers kept one URL (rows moved between one's read and its write, so each won a
+        different row of it) and both asked for the same run id; Airflow kept the first conf, so
+        the run works on the owner's row and ours must not stay PROCESSING beside it.
+        """
+        from onceflow.sheets.model import Status
+        from onceflow.sheets.validation import duplicate_reason
+
+        first = queue.locate(owner)  # one small read through the owner's row anchor
+        if first is not None:
+            reason = duplicate_reason(first)
+        else:
+            reason = (
+                f"duplicate: the article already has run {run_id} (claim {owner}, no longer in the "
+                "sheet); use a new processing_version to process it again"
+            )
+        # final: the reason, then the status with the row anchor deleted in the same batch
+        if queue.finish(token, Status.DUPLICATE, {"reason": reason}):
+            self.log.warning(
+                "run %s belongs to claim %s: our row %s is DUPLICATE (%s)", run_id, owner, token, reason
+            )
+        return reason
 
     def _register(self, conn_id: str, claims: Sequence[Any], confs: dict[str, dict[str, str]]) -> list[str]:
         from onceflow.hooks.ledger import LedgerHook

@@ -77,6 +77,14 @@ def pipeline_run_id(key: str, version: str) -> str:
     return f"{RUN_ID_PREFIX}__{key}__{check_version(version)}"
 
 
+def parse_run_id(run_id: str) -> tuple[str, str] | None:
+    """``(row key, version)`` of a :func:`pipeline_run_id`, or ``None`` for any other text."""
+    parts = run_id.strip().split("__")
+    if len(parts) != 3 or parts[0] != RUN_ID_PREFIX or not parts[1] or not _VERSION_RE.match(parts[2]):
+        return None
+    return parts[1], parts[2]
+
+
 #: The keys of an ``article_pipeline`` run conf (and of its ledger item's payload).
 RUN_CONF_KEYS = ("claim_token", "row_key", "url", "spreadsheet_id", "sheet", "processing_version")
 

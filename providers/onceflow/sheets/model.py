@@ -40,6 +40,8 @@ LIVE_STATUSES = frozenset({Status.PROCESSING, Status.DONE, Status.FAILED})
 
 _STATUS_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(?:#([A-Za-z0-9._-]+))?\s*$")
 _TOKEN_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+# <time>-<hex>-<version>: the hex part has no "-", so everything after the second "-" is the version
+_TOKEN_VERSION_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]+-([A-Za-z0-9_.-]{1,40})$")
 
 
 class MissingColumnsError(ValueError):
@@ -116,13 +118,17 @@ def status_value(status: Status, token: str) -> str:
     return f"{status.value} #{token}"
 
 
-def new_token(now: datetime, random_hex: str) -> str:
-    """A claim token: the claim time (so the lease is readable from the cell) plus randomness.
+def new_token(now: datetime, random_hex: str, version: str | None = None) -> str:
+    """A claim token: the claim time (so the lease is readable from the cell), randomness, and the
+    processing version the row is claimed under (so every later repair uses the claim's own
+    version, whatever version the repairer was started with).
 
     :param now: the claim time (aware).
     :param random_hex: unguessable suffix, e.g. ``secrets.token_hex(5)``.
+    :param version: the claim's processing version (``v1``); ``None`` only for tests of old tokens.
     """
-    return f"{now.astimezone(timezone.utc).strftime(_TOKEN_TIME_FORMAT)}-{random_hex}"
+    token = f"{now.astimezone(timezone.utc).strftime(_TOKEN_TIME_FORMAT)}-{random_hex}"
+    return f"{token}-{version}" if version else token
 
 
 def token_time(token: str) -> datetime | None:
@@ -131,6 +137,13 @@ def token_time(token: str) -> datetime | None:
         return datetime.strptime(token.split("-", 1)[0], _TOKEN_TIME_FORMAT).replace(tzinfo=timezone.utc)
     except ValueError:
         return None
+
+
+def token_version(token: str) -> str | None:
+    """The processing version a claim was made under, or None for a token without one (claims
+    made before tokens carried it, hand-typed tokens)."""
+    match = _TOKEN_VERSION_RE.match(token or "")
+    return match.group(1) if match else None
 
 
 @dataclass(frozen=True)

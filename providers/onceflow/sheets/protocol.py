@@ -309,7 +309,7 @@ class SheetQueue:
         def attempt() -> list[dict[str, Any]]:
             # fresh tokens on every attempt: one token can then match at most one cell, ever
             now = self.clock()
-            tokens = [new_token(now, secrets.token_hex(5)) for _ in targets]
+            tokens = [new_token(now, secrets.token_hex(5), self.version) for _ in targets]
             issued.update(zip(tokens, targets, strict=True))
             layout.clear()
             requests = []
@@ -417,7 +417,7 @@ class SheetQueue:
         now = self.clock()
         requests = []
         for token, row in extra:
-            fresh = new_token(now, secrets.token_hex(5))
+            fresh = new_token(now, secrets.token_hex(5), self.version)
             requests.append(
                 self._find_replace(
                     self._cell(row.number, col),

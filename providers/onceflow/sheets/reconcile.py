@@ -5,7 +5,14 @@ Invariants, each checked from one read of the queue tab and the run states Airfl
 * a row PROCESSING past its lease has a queued or running run; if the run is missing (the
   claimer died between claim and run creation) it is created, if it failed it is cleared, both
   under the same deterministic run id, so repair never duplicates work;
-* a URL is owned by one live row; a second PROCESSING row for it becomes DUPLICATE;
+* a URL is owned by one live row; a second PROCESSING row for it becomes DUPLICATE. The owner
+  is a DONE/FAILED row if there is one, else the row whose claim token is in the article's run
+  conf (the run Airflow kept), else the earliest claim;
+* a claimed row whose URL is not valid (its claimer stopped between the claim and marking it) is
+  marked INVALID with the reason, once past the lease;
+* every run id is built from the version the row was *claimed under* (carried in its claim
+  token), never from the reconciler's own parameter, so repair cannot start a second run of an
+  article under another version;
 * a DONE row has a published link, and a published link belongs to a DONE row (flagged);
 * with the work ledger: a claimed row has an ``article`` item (registered when missing); an item
   the ledger gave up on (``failed``) or sent back for correction (``needs_correction``) turns its
@@ -26,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from onceflow.ledger import states
-from onceflow.sheets.keys import RUN_ID_PREFIX, article_run_conf, pipeline_run_id
-from onceflow.sheets.model import LIVE_STATUSES, Row, Snapshot, Status, token_time
+from onceflow.sheets.keys import article_run_conf, parse_run_id, pipeline_run_id
+from onceflow.sheets.model import LIVE_STATUSES, Row, Snapshot, Status, token_time, token_version
 from onceflow.sheets.validation import duplicate_reason, judge_url
 
 if TYPE_CHECKING:
@@ -45,7 +52,8 @@ GIVE_UP = "run failed after {n} re-drives; row marked FAILED"
 SUCCESS_NOT_DONE = "run succeeded but the row is still PROCESSING (nothing wrote the result back)"
 DONE_NO_LINK = "row is DONE but has no published_url"
 LINK_NOT_DONE = "row has a published_url but its status is not DONE"
-CLAIMED_TWICE = "same URL claimed by two rows; the later claim is a duplicate of {first}"
+CLAIMED_TWICE = "same URL claimed by two rows; this claim is a duplicate of {first}"
+CLAIMED_INVALID = "claimed row has no valid URL (its claimer stopped before marking it): {why}"
 REASON_MISSING = "INVALID/DUPLICATE row had no reason; reason written"
 ROW_GONE = "row carrying the claim was deleted before the repair; nothing written"
 RUN_ID_WRONG_ROW = "run_id cell named another article's run (a write that landed on a moved row); corrected"
@@ -120,19 +128,25 @@ def plan(
     audit: list[dict[str, str]],
     max_redrives: int = 3,
     ledger: Callable[[str], LedgerView | None] | None = None,
+    run_claim: Callable[[str], str | None] | None = None,
 ) -> Plan:
     """Decide what to repair.
 
     :param snapshot: one read of the queue tab.
     :param now: current time (aware).
     :param lease: how long a claim may stay PROCESSING before its run is checked.
-    :param version: processing version (part of the run id).
+    :param version: processing version of claims whose token carries none (claims made before
+        tokens carried their version, hand-typed tokens); every other row's run id uses the
+        version in its own claim token.
     :param run_state: run id -> Airflow run state (``queued``, ``running``, ``success``,
         ``failed``), or None when no such run exists.
     :param audit: the audit tab so far; flags are not repeated, re-drives are counted.
     :param max_redrives: failed runs re-driven at most this often per claim, then FAILED.
     :param ledger: row key -> the article's ledger item (``None`` when it has none); leave the
         parameter out to reconcile the sheet with Airflow only.
+    :param run_claim: run id -> the claim token in that run's conf (``None`` when there is no such
+        run or its conf has none); decides which of two live rows of one URL owns the article.
+        Asked only for URLs held by more than one live row.
     """
     result = Plan()
 
@@ -141,22 +155,18 @@ def plan(
             return
         result.actions.append(action)
 
-    owner: dict[str, Row] = {}
-    for row in sorted(
-        (r for r in snapshot.rows if r.status in LIVE_STATUSES),
-        key=lambda r: (r.status is Status.PROCESSING, r.token or ""),
-    ):
+    owner = _owners(snapshot, version, run_claim)
+    for row in snapshot.rows:
         key = judge_url(row).key
-        if key is None:
-            continue
-        first = owner.setdefault(key, row)
-        if first is not row and row.status is Status.PROCESSING and row.token:
+        first = owner.get(key or "")
+        if first is not None and first is not row and row.status is Status.PROCESSING and row.token:
             add(
                 Action(
                     "transition",
                     CLAIMED_TWICE.format(first=first.token or first.url),
                     row,
                     new_status=Status.DUPLICATE,
+                    fields=(("reason", duplicate_reason(first)),),
                 )
             )
 
@@ -179,10 +189,20 @@ def plan(
         claimed_at = token_time(row.token)
         if claimed_at is not None and now - claimed_at < lease:
             continue
-        key = judge_url(row).key
-        if key is None:
+        verdict = judge_url(row)
+        if verdict.key is None:
+            # no article, so no run or ledger item can exist for it: finish what its claimer began
+            add(
+                Action(
+                    "transition",
+                    CLAIMED_INVALID.format(why=verdict.reason),
+                    row,
+                    new_status=Status.INVALID,
+                    fields=(("reason", verdict.reason),),
+                )
+            )
             continue
-        run_id = pipeline_run_id(key, version)
+        run_id = pipeline_run_id(verdict.key, claim_version(row, version))
         state = run_state(run_id)
         if state is None:
             add(Action("create_run", REDRIVE_MISSING, row, run_id))
@@ -218,7 +238,7 @@ def _against_ledger(
     if row.status not in LIVE_STATUSES or not row.token or key is None or row.token in duplicates:
         return None, False
     view = ledger(key)
-    run_id = pipeline_run_id(key, version)
+    run_id = pipeline_run_id(key, claim_version(row, version))
     if row.status is Status.PROCESSING:
         if view is None:
             add(Action("ledger_register", LEDGER_MISSING, row, run_id))
@@ -250,6 +270,59 @@ def _against_ledger(
     return view, False
 
 
+def claim_version(row: Row, default: str) -> str:
+    """The processing version ``row`` was claimed under.
+
+    From its claim token (every claim since tokens carry it); for an older token, from its
+    ``run_id`` cell when that names this row's article; else ``default``.
+    """
+    version = token_version(row.token or "")
+    if version is not None:
+        return version
+    named = parse_run_id(row.get("run_id"))
+    if named is not None and named[0] == judge_url(row).key:
+        return named[1]
+    return default
+
+
+def _owners(
+    snapshot: Snapshot, version: str, run_claim: Callable[[str], str | None] | None
+) -> dict[str, Row]:
+    """Row key -> the live row that owns the article.
+
+    A DONE or FAILED row first (its work is done or given up); then the PROCESSING row whose
+    claim token is in the article's run conf: two claimers can both keep one URL (rows moved
+    under one of them), both create the same run id, and Airflow keeps the first conf; that row
+    is the one the run works on, whatever the tokens' order. Without such a run, the earliest
+    claim (tokens start with the claim time).
+    """
+    live: dict[str, list[Row]] = {}
+    for row in snapshot.rows:
+        key = judge_url(row).key if row.status in LIVE_STATUSES else None
+        if key is not None:
+            live.setdefault(key, []).append(row)
+    asked: dict[str, str | None] = {}
+
+    def in_run(key: str, row: Row) -> bool:
+        if run_claim is None or row.status is not Status.PROCESSING or not row.token:
+            return False
+        run_id = pipeline_run_id(key, claim_version(row, version))
+        if run_id not in asked:
+            asked[run_id] = run_claim(run_id)
+        return asked[run_id] == row.token
+
+    owners: dict[str, Row] = {}
+    for key, rows in live.items():
+        if len(rows) == 1:
+            owners[key] = rows[0]
+            continue
+        owners[key] = min(
+            rows,
+            key=lambda r: (r.status is Status.PROCESSING, not in_run(key, r), r.token or ""),
+        )
+    return owners
+
+
 def _derived_cells(row: Row, owner: dict[str, Row]) -> list[Action]:
     """Cells that are pure functions of the row (``reason``, ``run_id``) and disagree with it.
 
@@ -268,10 +341,9 @@ def _derived_cells(row: Row, owner: dict[str, Row]) -> list[Action]:
             reason = duplicate_reason(first) if first is not None and first is not row else ""
         if reason:
             actions.append(Action("rewrite", REASON_MISSING, row, fields=(("reason", reason),)))
-    run_cell = row.get("run_id").strip()
-    parts = run_cell.split("__")
-    if verdict.key and len(parts) == 3 and parts[0] == RUN_ID_PREFIX and parts[1] != verdict.key:
-        right = pipeline_run_id(verdict.key, parts[2])
+    named = parse_run_id(row.get("run_id"))
+    if verdict.key and named is not None and named[0] != verdict.key:
+        right = pipeline_run_id(verdict.key, named[1])
         actions.append(Action("rewrite", RUN_ID_WRONG_ROW, row, right, fields=(("run_id", right),)))
     return actions
 
@@ -349,7 +421,8 @@ def _carry_out(
 
 
 def run_conf(row: Row, queue: SheetQueue) -> dict[str, str]:
-    """The ``article_pipeline`` run conf of a claimed row (what ``sheet_claim`` would have sent)."""
+    """The ``article_pipeline`` run conf of a claimed row (what ``sheet_claim`` would have sent,
+    under the version the row was claimed under)."""
     verdict = judge_url(row)
     return article_run_conf(
         token=row.token or "",
@@ -357,5 +430,5 @@ def run_conf(row: Row, queue: SheetQueue) -> dict[str, str]:
         url=verdict.normalised_url or row.url,
         spreadsheet_id=getattr(queue.transport, "spreadsheet_id", ""),
         sheet=queue.sheet,
-        version=queue.version,
+        version=claim_version(row, queue.version),
     )

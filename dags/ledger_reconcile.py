@@ -50,8 +50,8 @@ def ledger_reconcile() -> None:
         """Record warehouse loads whose ledger commit is missing (crash between the two commits)."""
         from onceflow.hooks.ledger import LedgerHook
         from onceflow.hooks.warehouse import WarehouseHook
-        from onceflow.ledger.partition_checks import record_missing_results
         from onceflow.sales.config import SalesConfig
+        from onceflow.sales.ledger_checks import record_missing_results
 
         warehouse = WarehouseHook()
         if warehouse.is_bigquery:

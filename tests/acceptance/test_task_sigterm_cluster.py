@@ -34,11 +34,11 @@ from sqlalchemy import text
 
 from onceflow.ledger import Ledger, create_ledger_engine
 from onceflow.ledger.errors import UnknownWorkItem
-from onceflow.ledger.partition_loads import work_key_for
 from onceflow.ledger.steps import HANDED_BACK
 from onceflow.sales.clean import PROCESSING_VERSION
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig
+from onceflow.sales.ledger_link import work_key_for
 from onceflow.sales.partition_store import PartitionStore
 from onceflow.sales.staging import write_clean
 from onceflow.sheets import ledger_link

@@ -176,10 +176,10 @@ def test_the_reconcile_dag_records_a_partition_load_the_ledger_missed(
     records the result from load_audit (actor reconciler)."""
     import datetime as dt
 
-    from onceflow.ledger.partition_loads import KIND, work_key_for
     from onceflow.sales.clean import PROCESSING_VERSION
     from onceflow.sales.engine import make_engine
     from onceflow.sales.generator import GeneratorConfig
+    from onceflow.sales.ledger_link import KIND, work_key_for
     from onceflow.sales.partition_store import PartitionStore
     from onceflow.testing.sales_fixtures import clean_day
 

@@ -193,7 +193,7 @@ def test_a_retried_append_load_duplicates_rows_where_overwrite_does_not(
 LEDGER_WORKER = r"""
 import datetime as dt, pathlib, sys, time
 from onceflow.ledger import Ledger, create_ledger_engine
-from onceflow.ledger.partition_loads import load_partition
+from onceflow.sales.ledger_link import load_partition
 from onceflow.sales.clean import PROCESSING_VERSION
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig
@@ -260,7 +260,7 @@ def test_a_zombie_process_with_an_old_try_is_refused_at_commit(
 ) -> None:
     """Try 1 is frozen (SIGSTOP) past its ledger lease; try 2 takes the item and commits; try 1
     wakes up (SIGCONT) and is refused by the warehouse because its ledger token is older."""
-    from onceflow.ledger.partition_loads import work_key_for
+    from onceflow.sales.ledger_link import work_key_for
 
     ledger = open_ledger(ledger_db_url)
     key = work_key_for("daily_sales", DAY)
@@ -303,9 +303,9 @@ def test_a_zombie_process_with_an_old_try_is_refused_at_commit(
 def test_kill_9_between_the_warehouse_and_the_ledger_commit_is_repaired_by_the_reconciler(
     store: PartitionStore, sales_db_url: str, ledger_db_url: str, tmp_path: Path
 ) -> None:
-    from onceflow.ledger.partition_checks import partition_load_check
-    from onceflow.ledger.partition_loads import work_key_for
     from onceflow.ledger.reconcile import reconcile
+    from onceflow.sales.ledger_checks import partition_load_check
+    from onceflow.sales.ledger_link import work_key_for
 
     ledger = open_ledger(ledger_db_url)
     key = work_key_for("daily_sales", DAY)
@@ -378,7 +378,7 @@ def test_kill_9_and_a_zombie_as_real_airflow_tasks_under_the_scheduler(
     shop_orders: Callable[..., Any],
     tmp_path: Path,
 ) -> None:
-    from onceflow.ledger.partition_loads import work_key_for
+    from onceflow.sales.ledger_link import work_key_for
     from onceflow.testing.crash_points import marker, wait_until_paused
     from onceflow.testing.sales_backfill import create_backfill
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import pytest
 import sqlalchemy as sa
 
-from onceflow.ledger.partition_loads import KIND, work_key_for
 from onceflow.sales.clean import PROCESSING_VERSION
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig
+from onceflow.sales.ledger_link import KIND, work_key_for
 from onceflow.sales.partition_store import PartitionStore, StaleAttemptError
 from onceflow.testing.sales_fixtures import clean_day
 

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from onceflow.ledger import LeaseHeld
-from onceflow.ledger.partition_checks import record_missing_results
-from onceflow.ledger.partition_loads import KIND, load_partition, work_key_for
 from onceflow.sales.clean import PROCESSING_VERSION
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig
+from onceflow.sales.ledger_checks import record_missing_results
+from onceflow.sales.ledger_link import KIND, load_partition, work_key_for
 from onceflow.sales.partition_store import AuditRecord, PartitionStore, StaleAttemptError
 from onceflow.testing.sales_fixtures import clean_day
 

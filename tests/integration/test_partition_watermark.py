@@ -155,3 +155,30 @@ def test_a_retried_nightly_load_of_an_old_extract_cannot_replace_a_newer_reproce
     [*_, latest] = ledger.results("daily_sales/2024-10-27")
     assert latest.payload["checksum"] == audit.checksum
     store.engine.dispose()
+
+
+def test_through_the_ledger_an_older_extract_leaves_the_item_done_with_the_newer_load(
+    ledger: Any, store: PartitionStore
+) -> None:
+    """The race the operator's early check cannot see: the newer extract commits in between."""
+    from onceflow.sales.ledger_link import load_partition, work_key_for
+    from onceflow.sales.partition_store import OlderExtractError
+
+    complete = clean_day(DAY, CONFIG)
+
+    def attempt(run_id: str, watermark: dt.datetime) -> Any:
+        return load_partition(
+            ledger, store, partition=DAY, owner=f"daily_sales/{run_id}/1", run_id=run_id, try_number=1,
+            processing_version=PROCESSING_VERSION, lease_seconds=60,
+            write=lambda lease: store.overwrite(
+                lease, complete.rows, None, processing_version=PROCESSING_VERSION, source_watermark_utc=watermark
+            ),
+        )  # fmt: skip
+
+    newer = attempt("reprocess", LATER)
+    with pytest.raises(OlderExtractError):
+        attempt("scheduled", EARLY)
+    key = work_key_for("daily_sales", DAY)
+    assert ledger.item(key).state == "done"
+    latest = ledger.results(key)[-1]
+    assert (latest.payload["run_id"], latest.payload["checksum"]) == ("reprocess", newer.checksum)

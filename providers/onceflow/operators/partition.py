@@ -142,13 +142,13 @@ class PartitionOverwriteOperator(BaseOperator):
         """Ledger lease -> token registered in the warehouse -> fenced overwrite -> ledger commit.
 
         The warehouse commit is the authority; a crash before the ledger commit is repaired by the
-        ledger reconciler (``onceflow.ledger.partition_checks``) or by the task's retry.
+        ledger reconciler (``onceflow.sales.ledger_checks``) or by the task's retry.
         """
         from airflow.sdk.exceptions import AirflowFailException
 
         from onceflow.hooks.ledger import LedgerHook
         from onceflow.ledger import LeaseHeld
-        from onceflow.ledger.partition_loads import load_partition
+        from onceflow.sales.ledger_link import load_partition
         from onceflow.sales.partition_store import PartitionLeaseHeld
         from onceflow.shutdown import GracefulShutdown
 

@@ -1,7 +1,7 @@
 """Pause a real Airflow task of a partition load at a named point, so a test can kill or freeze it.
 
 The partition load already reports its progress to a ``checkpoint`` callback:
-:func:`onceflow.ledger.partition_loads.load_partition` calls it with ``"leased"``,
+:func:`onceflow.sales.ledger_link.load_partition` calls it with ``"leased"``,
 ``"registered"`` and ``"warehouse_committed"``, ``PartitionStore.overwrite`` with ``"deleted"``
 and ``"rows_written"`` (inside the transaction) and ``"committed"``. :func:`install_from_env`
 hands both a checkpoint that, at the configured points, writes ``<dir>/<dag_id>.<stage>.<try>.paused``
@@ -51,7 +51,7 @@ def install_from_env() -> None:
     if not spec or not folder:
         return
     points = {tuple(entry.split(":")) for entry in spec.split(",") if entry}
-    import onceflow.ledger.partition_loads as loads
+    import onceflow.sales.ledger_link as loads
     from onceflow.sales.partition_store import PartitionStore
 
     if getattr(loads.load_partition, "_crash_points", False):

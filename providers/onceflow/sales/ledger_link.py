@@ -1,19 +1,28 @@
-"""Partition loads as ledger work: the commit protocol across the ledger and the warehouse.
+"""daily_sales partitions as work-ledger items: the commit protocol across the ledger and the warehouse.
+
+(Sales knowledge on top of the generic ledger, as :mod:`onceflow.sheets.ledger_link` is for the
+sheet queue; the reconcile check is :mod:`onceflow.sales.ledger_checks`.)
 
 One partition of one table is one work item (kind ``partition_load``, key
 ``daily_sales/2024-10-27``). An attempt (an Airflow task try, owner ``dag/run/try``):
 
 1. **lease** the item in the ledger (created, or re-opened when an earlier run finished it);
    the ledger's fencing token is the attempt's proof of ownership; heartbeats while loading;
-2. **register** the token in the warehouse (``load_fence``): older tokens are refused from now on;
-3. **fenced overwrite** in the warehouse, the authority: one transaction checks that no newer
-   token was registered or committed, replaces the partition and writes ``load_audit``;
+2. **register** the token in the warehouse (``load_fence``, :mod:`onceflow.sales.fencing`): the
+   attempt takes the partition's next fence token; older attempts of either fencing mode are
+   refused from now on;
+3. **fenced overwrite** in the warehouse, the authority: one transaction checks that this
+   attempt still holds the newest token and that its extract is not older than the committed one,
+   replaces the partition and writes ``load_audit``;
 4. **commit_result** in the ledger (fenced, idempotent): the item is ``done`` with
    ``{row_count, checksum, partition, ...}``.
 
-A warehouse refusal is recorded in the ledger (``commit_refused``). A crash between 3 and 4 is
-repaired by the task's retry (it reloads the same rows under a newer token) or, when no retry
-comes, by :func:`onceflow.ledger.partition_checks.record_missing_results` in ``ledger_reconcile``.
+A warehouse refusal is recorded in the ledger (``commit_refused``). An extract older than the
+committed one is no failure of the item: the partition already holds newer data, so the item is
+committed with what the warehouse's audit row says (reason ``kept the newer load``). A crash
+between 3 and 4 is repaired by the task's retry (it reloads the same rows under a newer token) or,
+when no retry comes, by :func:`onceflow.sales.ledger_checks.record_missing_results` in
+``ledger_reconcile``.
 
 **Stopped attempts.** With a ``shutdown`` flag (the operator's ``on_kill``, which Airflow calls on
 SIGTERM), a stop hands the ledger lease back at once (``release``, the item pending, available
@@ -90,7 +99,7 @@ def load_partition(
     :raises StaleAttemptError: the warehouse refused this attempt (recorded in the ledger).
     :raises ShutdownRequested: the attempt was stopped; its lease was handed back.
     """
-    from onceflow.sales.partition_store import StaleAttemptError
+    from onceflow.sales.partition_store import OlderExtractError, StaleAttemptError
 
     notify = checkpoint or (lambda _stage: None)
     key = work_key_for(store.table_name, partition)
@@ -115,6 +124,9 @@ def load_partition(
         except Exception as exc:
             if handback.requested:
                 raise ShutdownRequested(f"load of {key} stopped; its ledger lease was handed back") from exc
+            if isinstance(exc, OlderExtractError):
+                _keep_the_newer_load(ledger, lease, store, partition, exc)
+                raise
             if isinstance(exc, StaleAttemptError):
                 ledger.record_refusal(lease, f"warehouse refused the overwrite: {exc}")
                 raise
@@ -134,3 +146,19 @@ def load_partition(
             )
         ledger.commit_result(lease, STEP, result_payload(audit))
     return audit
+
+
+def _keep_the_newer_load(
+    ledger: Ledger, lease: Any, store: PartitionStore, partition: dt.date, exc: BaseException
+) -> None:
+    """This attempt's extract was older: the item's result is the load the warehouse holds."""
+    committed = store.audit(partition)
+    try:
+        if committed is None:
+            ledger.release(lease, reason=str(exc))
+        else:
+            ledger.commit_result(
+                lease, STEP, result_payload(committed), reason=f"kept the newer load: {exc}"[:2000]
+            )
+    except StaleFenceError:
+        pass  # a newer attempt owns the item

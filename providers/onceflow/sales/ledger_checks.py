@@ -1,4 +1,4 @@
-"""Partition loads as ledger work, and the reconcile check for their two-database commit.
+"""The reconcile check of daily_sales partition loads: their two-database commit.
 
 A load commits in the warehouse first (the authority: the fenced overwrite and its
 ``load_audit`` row) and then in the ledger (``commit_result``). A crash between the two leaves a
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onceflow.ledger.partition_loads import STEP, result_payload
 from onceflow.ledger.reconcile import Finding
+from onceflow.sales.ledger_link import STEP, result_payload
 
 if TYPE_CHECKING:
     from onceflow.ledger.core import Ledger

@@ -307,6 +307,17 @@ def test_onceflow_ledger_upgrade_runs_the_migrations_of_the_named_connection(tmp
         f"upgraded the ledger from legacy:3 to {migrations.head()}"
     )
     assert "nothing to do" in run("upgrade", "--url", f"sqlite:///{path}")
+    backwards = subprocess.run(
+        [*onceflow, "upgrade", "--url", f"sqlite:///{path}", "--to", "ledger_v2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert backwards.returncode == 1
+    assert (
+        f"the ledger is at {migrations.head()}, past ledger_v2: upgrades only go forward" in backwards.stderr
+    )
     engine = create_ledger_engine(f"sqlite:///{path}")
     try:
         assert migrations.current_revision(engine) == migrations.head()

@@ -14,6 +14,7 @@ change the schema while the workers' user may not. Safe to run while workers run
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ def _url(args: argparse.Namespace) -> str:
 
 
 def _run_upgrade(args: argparse.Namespace) -> int:
+    from alembic.util import CommandError
+
     from onceflow.ledger.db import create_ledger_engine
     from onceflow.ledger.errors import LedgerSchemaError
     from onceflow.ledger.migrations import migrate
@@ -58,8 +61,8 @@ def _run_upgrade(args: argparse.Namespace) -> int:
     engine = create_ledger_engine(_url(args))
     try:
         done = migrate(engine, target=args.to)
-    except LedgerSchemaError as exc:
-        print(f"onceflow ledger upgrade: {exc}")
+    except (LedgerSchemaError, CommandError) as exc:  # CommandError: a --to Alembic cannot reach
+        print(f"onceflow ledger upgrade: {exc}", file=sys.stderr)
         return 1
     finally:
         engine.dispose()

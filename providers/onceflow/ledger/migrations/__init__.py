@@ -136,6 +136,9 @@ def migrate(engine: Engine, target: str = "head") -> Upgrade:
         if before.startswith("legacy:"):
             command.stamp(config, _adopt_legacy(int(before.split(":", 1)[1])))
         command.upgrade(config, wanted)
+        after = _revision(conn)
+        if after != wanted:  # Alembic treats an older target as "already there"
+            raise LedgerSchemaError(f"the ledger is at {after}, past {wanted}: upgrades only go forward")
         return Upgrade(before, wanted, created=False)
 
 

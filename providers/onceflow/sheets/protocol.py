@@ -267,7 +267,8 @@ class SheetQueue:
         """
         before = Counter(self.transport.calls)
         swept = False
-        for attempt in range(attempts):
+        refusals = 0
+        while True:
             try:
                 result = self._claim_once(limit)
                 result.requests = Counter(self.transport.calls) - before
@@ -285,11 +286,11 @@ class SheetQueue:
                             "holds one, and Google caps developer metadata at 30,000 characters per "
                             "sheet; finish rows, or claim fewer at a time)"
                         ) from err
-                    continue
-                if attempt + 1 == attempts:
+                    continue  # the sweep made room: that refusal does not count as a try
+                refusals += 1
+                if refusals >= attempts:
                     raise
                 log.warning("claim batch refused (%s); nothing applied, reading again", err)
-        raise AssertionError("unreachable")
 
     def _claim_once(self, limit: int) -> ClaimResult:
         result = ClaimResult()

@@ -89,7 +89,7 @@ def _claim_sqlite(conn: Connection, params: dict[str, Any]) -> list[dict[str, An
     for picked in conn.execute(query("pick_sqlite"), params).mappings().all():
         row = {**picked, "db_now": now}
         if picked["from_state"] == states.LEASED and picked["from_attempts"] >= picked["from_max_attempts"]:
-            reason = poison_reason(picked)
+            reason = poison_reason(row)
             conn.execute(query("give_up_expired_sqlite"), {"id": picked["id"], "now": now, "reason": reason})
             row.update(event=GAVE_UP, to_state=states.FAILED, event_reason=reason,
                        fencing_token=picked["from_fencing_token"])  # fmt: skip

@@ -95,15 +95,16 @@ def expire_stale_leases(ledger: Ledger, *, grace_seconds: float = 0.0, limit: in
             ):
                 continue  # its holder heartbeat or finished meanwhile
             dead = f"lease of {item['lease_owner']} (token {item['fencing_token']}) expired at {item['lease_expires_at']}"
+            updates: dict[str, Any] = {"lease_expires_at": None}
             if item["attempts"] < item["max_attempts"]:
                 event, reason = "expire", dead
-                updates = {"lease_expires_at": None, "available_at": now}
+                updates["available_at"] = now
             else:  # a poison item: its last attempt died too
                 event = "give_up_expired"
                 reason = (
                     f"{dead} on attempt {item['attempts']} of {item['max_attempts']}: given up, not retried"
                 )
-                updates = {"lease_expires_at": None, "last_error_class": "LeaseExpired", "last_error": reason}
+                updates.update(last_error_class="LeaseExpired", last_error=reason)
             items.apply(conn, item, event, states.RECONCILER, {"now": now, "reason": reason}, updates)
         found.append(Finding("expired_lease", key, reason, repaired=True))
     return found

@@ -74,8 +74,8 @@ def _emit(data: dict[str, Any]) -> None:
 def skew_clock(seconds: float) -> None:
     """Make this process's ``time.time()`` / ``time.time_ns()`` run ``seconds`` off."""
     real_time, real_time_ns = time.time, time.time_ns
-    time.time = lambda: real_time() + seconds  # type: ignore[assignment]
-    time.time_ns = lambda: real_time_ns() + int(seconds * 1e9)  # type: ignore[assignment]
+    time.time = lambda: real_time() + seconds
+    time.time_ns = lambda: real_time_ns() + int(seconds * 1e9)
 
 
 def drain(args: argparse.Namespace) -> None:

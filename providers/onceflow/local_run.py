@@ -114,6 +114,9 @@ def environment(cfg: LocalRunConfig, api_port: int, emulator_port: int) -> dict[
         "AIRFLOW__CORE__DAGS_FOLDER": str(cfg.dags_folder),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(cfg.plugins_folder),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        # The demo shows the queue working without a click: DAGs start unpaused when first parsed
+        # into a fresh home. Only at creation, so a DAG the user pauses stays paused on restart.
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         # 8 LocalExecutor workers, not 32: plenty for the demo, and a laptop (or a 2-core CI box)
         # keeps its memory and stops them quickly on Ctrl-C.
@@ -354,9 +357,17 @@ onceflow is running on embedded defaults.
   Shop / warehouse  {cfg.data / "shop.db"} / {cfg.data / "warehouse.db"}  ({cfg.demo_days} days of demo orders)
   Logs              {cfg.home / "logs"}
 
-What runs today: sheet_claim claims the demo sheet's NEW rows and starts one article_pipeline run
-per row; daily_sales loads each day of orders into the warehouse; sales_dashboard redraws after
-each load; sheet_reconcile repairs orphaned claims.
+What runs now, with no step of yours: every DAG starts unpaused in a fresh home. sheet_claim's
+first run starts as soon as the DAGs are parsed (a minute or two): it claims the demo sheet's four
+article rows (the "not a url" row becomes INVALID with its reason) and starts one article_pipeline
+run per row, whose first step writes its run id into the row. daily_sales loads the latest day
+of orders; sales_dashboard redraws after each load; sheet_reconcile repairs orphaned claims.
+See the sheet as the claimer left it:
+  curl -s http://127.0.0.1:{emulator_port}/v4/spreadsheets/{DEMO_SPREADSHEET_ID}/values/queue
+
+A DAG shown as paused (you paused it, or this home was made before DAGs started unpaused) stays
+paused across restarts; unpause it with, e.g.:
+  AIRFLOW_HOME={airflow_home} .venv/bin/airflow dags unpause sheet_claim
 
 Load the demo days into the warehouse (the offset keeps the first Amsterdam day):
   AIRFLOW_HOME={airflow_home} .venv/bin/airflow backfill create --dag-id daily_sales \\

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -14,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from onceflow.local_run import DEMO_SPREADSHEET_ID, DEMO_URLS
+from onceflow.pools import POOLS
+from onceflow.sheets.model import Snapshot, Status
+from onceflow.sheets.transport import anonymous_service
 from onceflow.testing.ports import free_port
 from onceflow.testing.processes import harness_pids, start_ticks
 
@@ -109,6 +114,40 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     proc.wait(timeout=90)
 
 
+def _assert_the_queue_works(tmp_path: Path, db: Path, proc: subprocess.Popen[str]) -> None:
+    """With no step of the user's, sheet_claim claims the demo rows and their article_pipeline runs
+    succeed: a demo row carries its claim and the id of a run that succeeded."""
+    port = re.search(r"Sheets emulator\s+http://127\.0\.0\.1:(\d+)/", (tmp_path / "up.log").read_text())
+    assert port, "the banner names no emulator endpoint"
+    sheets = anonymous_service(f"http://127.0.0.1:{port.group(1)}/")
+    seen: dict[str, object] = {}
+
+    def a_claimed_row_has_a_successful_run() -> bool:
+        with sqlite3.connect(db, timeout=30) as conn:
+            done = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT run_id FROM dag_run WHERE dag_id = 'article_pipeline' AND state = 'success'"
+                )
+            }
+        values = (
+            sheets.spreadsheets().values().get(spreadsheetId=DEMO_SPREADSHEET_ID, range="queue").execute()
+        )
+        rows = Snapshot.from_values(values.get("values", [])).rows
+        seen["rows"] = [(r.url, r.status_cell.raw, r.get("run_id")) for r in rows]
+        seen["runs"] = sorted(done)
+        return any(
+            r.url in DEMO_URLS and r.status is Status.PROCESSING and r.get("run_id") in done for r in rows
+        )
+
+    try:
+        _wait_for(a_claimed_row_has_a_successful_run, 600, "a demo row claimed and its run succeeded", proc)
+    except BaseException:
+        print("sheet and successful runs when the wait ended:", seen)
+        raise
+    assert any(s.startswith("INVALID #") for url, s, _ in seen["rows"] if url == "not a url")  # type: ignore[attr-defined]
+
+
 def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
     port = free_port()
     sessions: dict[int, int] = {}
@@ -128,8 +167,10 @@ def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
 
         _wait_for(dags_loaded, 240, "the repo's DAGs in the metadata DB", proc)
         with sqlite3.connect(db, timeout=30) as conn:
-            pools = {r[0] for r in conn.execute("SELECT pool FROM slot_pool")}
-        assert {"onceflow_sheets", "onceflow_warehouse", "onceflow_heartbeat"} <= pools
+            pools = dict(conn.execute("SELECT pool, slots FROM slot_pool").fetchall())
+        assert {"onceflow_sheets", "onceflow_warehouse", "onceflow_heartbeat"} <= set(pools)
+        assert pools["onceflow_sheets"] == {p.name: p.slots for p in POOLS}["onceflow_sheets"] > 1
+        _assert_the_queue_works(tmp_path, db, proc)
         assert (tmp_path / "home" / "data" / "shop.db").exists()
         sessions = _running_sessions(tmp_path)
         # A second copy on the same home would put a second scheduler on the same SQLite DB.

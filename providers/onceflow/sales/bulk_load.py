@@ -50,12 +50,12 @@ def _copy_text_column(series: pd.Series) -> pd.Series:
         text = series.astype("int64").astype(str)
     else:
         values = series.astype(object)
-        if values[~missing].map(lambda v: isinstance(v, dt.date)).all():
-            text = values.map(lambda v: v.isoformat() if isinstance(v, dt.date) else "")
-        else:
+        present = values[~missing]
+        text = values.astype(str)  # str() of a date is its ISO form
+        is_date = len(present) > 0 and isinstance(present.iloc[0], dt.date)
+        if not is_date and text.str.contains(r"[\\\t\n\r]", regex=True).any():
             text = (
-                values.astype(str)
-                .str.replace("\\", "\\\\", regex=False)
+                text.str.replace("\\", "\\\\", regex=False)
                 .str.replace("\t", "\\t", regex=False)
                 .str.replace("\n", "\\n", regex=False)
                 .str.replace("\r", "\\r", regex=False)
@@ -68,10 +68,9 @@ def copy_text(rows: pd.DataFrame, columns: Sequence[str] = SALES_COLUMNS) -> io.
     buf = io.StringIO()
     if rows.empty:
         return buf
-    lines = _copy_text_column(rows[columns[0]])
-    for name in columns[1:]:
-        lines = lines + "\t" + _copy_text_column(rows[name])
-    buf.write("\n".join(lines))
+    texts = [_copy_text_column(rows[name]) for name in columns]
+    lines = texts[0].str.cat(texts[1:], sep="\t")
+    buf.write("\n".join(lines.tolist()))
     buf.write("\n")
     buf.seek(0)
     return buf

@@ -9,12 +9,18 @@ Work that holds something another process is waiting for (a ledger lease) regist
 with :meth:`GracefulShutdown.on_request`: it runs once, at the request, so the lease goes back at
 once rather than when the process ends. An Airflow task's ``on_kill`` (which Airflow calls from
 its SIGTERM handler) calls :meth:`GracefulShutdown.request` the same way.
+
+Python runs a signal handler only when the main thread is back in the interpreter: a main thread
+blocked in C code (a database driver waiting for a lock, a long ``COPY``) sees SIGTERM only when
+that call returns, and Airflow's SIGKILL comes 5 s after its SIGTERM. :meth:`GracefulShutdown.watching`
+closes that gap with the signal module's wakeup fd, which the C part of the handler writes at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -57,6 +63,46 @@ class GracefulShutdown:
             yield
         finally:
             self._callbacks.pop(key, None)
+
+    @contextlib.contextmanager
+    def watching(self, signals: Sequence[int] = (signal.SIGTERM,)) -> Iterator[GracefulShutdown]:
+        """Request shutdown the moment one of ``signals`` arrives, even while the main thread is
+        blocked in C code; Python handlers run only when it returns.
+
+        The C part of Python's signal handler writes the signal number to the wakeup fd at once; a
+        thread reading it calls :meth:`request`. A Python handler must be installed for the signal
+        (Airflow's task runner installs one for SIGTERM; :meth:`installed` does). Off the main
+        thread, or when another wakeup fd is set (an asyncio loop), it only yields: the handler path
+        still works, after the blocking call.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        if previous != -1:  # someone else's wakeup fd: leave it to them
+            signal.set_wakeup_fd(previous)
+            reader.close()
+            writer.close()
+            yield self
+            return
+        wanted = {int(sig) for sig in signals}
+
+        def watch() -> None:
+            while data := reader.recv(64):  # b"" once the writer is closed
+                if wanted & set(data):
+                    self.request()
+
+        thread = threading.Thread(target=watch, name="onceflow shutdown watch", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            signal.set_wakeup_fd(-1)
+            writer.close()
+            thread.join(5.0)
+            reader.close()
 
     @contextlib.contextmanager
     def installed(self, signals: Sequence[int] = (signal.SIGTERM,)) -> Iterator[GracefulShutdown]:

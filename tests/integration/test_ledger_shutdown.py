@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -40,6 +41,9 @@ CHILD = textwrap.dedent(
 
     def work(lease):
         print("working", flush=True)
+        if len(sys.argv) > 4:  # blocked in C: SQLite's busy wait for a lock the test holds
+            import sqlite3
+            sqlite3.connect(sys.argv[4], timeout=120).execute("BEGIN IMMEDIATE")
         while not go.exists():  # the step is busy until the test says go
             time.sleep(0.05)
         return {"done": True}
@@ -58,9 +62,10 @@ CHILD = textwrap.dedent(
 )
 
 
-def start_child(url: str, go: Path, flag: bool) -> subprocess.Popen[str]:
+def start_child(url: str, go: Path, flag: bool, blocker: Path | None = None) -> subprocess.Popen[str]:
+    extra = [str(blocker)] if blocker else []
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, url, str(go), "flag" if flag else "none"],
+        [sys.executable, "-c", CHILD, url, str(go), "flag" if flag else "none", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -113,6 +118,33 @@ def test_sigterm_during_a_keyed_step_releases_its_lease_before_the_step_returns(
         assert release.at < (expires_at or 0), "released by the stopped step, not by expiry"
         assert ledger.results(KEY) == [], "a stopped step commits nothing"
     finally:
+        engine.dispose()
+
+
+def test_a_step_blocked_in_a_database_call_hands_its_lease_back_before_the_call_returns(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    """Python would run the SIGTERM handler only after the blocked C call (a warehouse write
+    waiting for a lock); the wakeup-fd watch hands the lease back while it still waits."""
+    engine = create_ledger_engine(ledger_url)
+    ledger = Ledger(engine)
+    locked = tmp_path / "warehouse.db"
+    holder = sqlite3.connect(locked, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        child = start_child(ledger_url, tmp_path / "go", flag=True, blocker=locked)
+        time.sleep(0.5)  # let it reach the lock wait (earlier is fine too: then it is in Python)
+        os.kill(child.pid, signal.SIGTERM)
+        assert wait_for(lambda: ledger.item(KEY).state == "pending"), "not handed back while blocked"
+        assert child.poll() is None, "the blocked call had not returned yet"
+        assert ledger.history(KEY)[-1].reason == HANDED_BACK
+        holder.rollback()
+        (tmp_path / "go").touch()
+        out, err = child.communicate(timeout=60)
+        assert out.startswith("handed back:"), err
+        assert ledger.results(KEY) == []
+    finally:
+        holder.close()
         engine.dispose()
 
 

@@ -103,8 +103,10 @@ def hand_back_on_shutdown(
     The request usually arrives in a signal handler on the main thread, which may be inside a
     ledger transaction or the connection pool's lock; so the release runs in its own thread and
     the handler waits at most ``wait`` seconds for it (then the interrupted code goes on, lets go
-    of its locks, and the release finishes). The caller checks :attr:`HandBack.requested` before
-    committing: after a hand-back the lease is no longer its own.
+    of its locks, and the release finishes). A main thread blocked in C code (a warehouse write
+    waiting for a lock) would run the handler only after that call, so SIGTERM is also watched
+    through the wakeup fd (:meth:`GracefulShutdown.watching`). The caller checks
+    :attr:`HandBack.requested` before committing: after a hand-back the lease is no longer its own.
     """
     handback = HandBack(lease)
     if shutdown is None:
@@ -119,7 +121,8 @@ def hand_back_on_shutdown(
         thread.start()
         thread.join(wait)
 
-    with shutdown.on_request(release_now):
+    # watching(): a main thread blocked in a driver call would run the SIGTERM handler too late
+    with shutdown.on_request(release_now), shutdown.watching():
         yield handback
 
 

@@ -4,11 +4,12 @@ The probe DAG runs one short task a day (data-interval timetable, UTC) in ``once
 with :class:`~onceflow.priority.RecentFirstWeightStrategy` as ``weight_rule``. The pool has one
 slot. The scenario of issue 12:
 
-1. Three old days ran as ordinary *scheduled* runs (run ids ``scheduled__...``).
+1. Four days ran as ordinary *scheduled* runs (run ids ``scheduled__...``), the newest being
+   tonight's; the weights the scheduler gave them when it created them already rank by recency.
 2. A ``slot_holder`` task takes the only slot.
-3. ``airflow backfill create --reprocess-behavior completed`` re-runs those three days: Airflow
-   clears them under their old ``scheduled__`` run ids (and recomputes their weights then).
-4. Tonight's scheduled run appears (the DAG's end date is lifted).
+3. ``airflow backfill create --reprocess-behavior completed`` re-runs the three older days:
+   Airflow clears them under their old ``scheduled__`` run ids (and recomputes their weights then).
+4. Tonight's run is cleared too (say its load is retried) and waits with them.
 5. The holder lets go. The metadata DB must show the tasks starting one at a time, tonight's
    first, then the reprocessed days newest first. A strategy that boosts ``scheduled__`` run ids
    gives all four the same weight, and the scheduler then starts the *oldest* day first.
@@ -70,7 +71,6 @@ from onceflow.priority import RecentFirstWeightStrategy
 @dag(
     schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
     start_date=pendulum.parse({start!r}),
-    end_date={end},
     catchup=True,
     max_active_runs=8,
     tags=["test"],
@@ -100,10 +100,9 @@ def poll(predicate: Callable[[], Any], *, timeout: float, what: str, cluster: An
     raise AssertionError(f"timed out waiting for {what}\n{cluster.log_tails()}")
 
 
-def write_probe(dags: Path, today: dt.date, *, end: dt.date | None) -> None:
+def write_probe(dags: Path, today: dt.date) -> None:
     start = dt.datetime.combine(today - dt.timedelta(days=4), dt.time(0), tzinfo=dt.timezone.utc)
-    end_expr = "None" if end is None else f"pendulum.parse({end.isoformat()!r})"
-    source = PROBE_DAG.format(start=start.isoformat(), end=end_expr, pool=POOL, probe=PROBE_ID)
+    source = PROBE_DAG.format(start=start.isoformat(), pool=POOL, probe=PROBE_ID)
     (dags / f"{PROBE_ID}.py").write_text(textwrap.dedent(source))
 
 
@@ -127,16 +126,22 @@ def compete(cluster: Any, dags: Path, tmp_path: Path) -> None:
     from onceflow.testing.sales_backfill import create_backfill
 
     today = dt.datetime.now(dt.timezone.utc).date()
-    old_days = [today - dt.timedelta(days=n) for n in (4, 3, 2)]
+    old_days = [today - dt.timedelta(days=n) for n in (4, 3, 2)]  # tonight's run is day -1
 
     def probe_tis(states: set[str], count: int) -> list[dict[str, Any]] | None:
         tis = cluster.task_instances(PROBE_ID)
         return tis if len(tis) == count and all(t["state"] in states for t in tis) else None
 
-    # 1. Three old days run as scheduled runs (the end date stops the catch-up before tonight).
-    write_probe(dags, today, end=old_days[-1])
-    poll(lambda: probe_tis({"success"}, 3), timeout=240, what="3 scheduled days", cluster=cluster)
-    assert {r["run_type"] for r in cluster.dag_runs(PROBE_ID)} == {"scheduled"}
+    # 1. Four days run as scheduled runs (catch-up from four days ago up to tonight's interval).
+    write_probe(dags, today)
+    created = poll(lambda: probe_tis({"success"}, 4), timeout=240, what="4 scheduled days", cluster=cluster)
+    runs = {r["run_id"]: r for r in cluster.dag_runs(PROBE_ID)}
+    assert {r["run_type"] for r in runs.values()} == {"scheduled"}
+    # Weighed when the scheduler created them (it hands the strategy a run-less task instance):
+    # one day of recency apart, newest highest.
+    created.sort(key=lambda t: runs[t["run_id"]]["data_interval_end"])
+    assert all(b["priority_weight"] - a["priority_weight"] == 2400 for a, b in itertools.pairwise(created))
+    tonight = runs[created[-1]["run_id"]]
 
     # 2. The holder takes the only slot.
     release = tmp_path / "release"
@@ -152,7 +157,7 @@ def compete(cluster: Any, dags: Path, tmp_path: Path) -> None:
         cluster=cluster,
     )
 
-    # 3. Reprocess the old days while the slot is taken; 4. tonight's run appears.
+    # 3. Reprocess the old days while the slot is taken; 4. tonight's run is cleared as well.
     create_backfill(
         cluster,
         PROBE_ID,
@@ -162,9 +167,10 @@ def compete(cluster: Any, dags: Path, tmp_path: Path) -> None:
         max_active_runs=8,
         reprocess_behavior="completed",
     )
-    poll(lambda: probe_tis({"scheduled"}, 3), timeout=120, what="3 reprocessed days waiting", cluster=cluster)
-    write_probe(dags, today, end=None)
-    poll(lambda: probe_tis({"scheduled"}, 4), timeout=180, what="tonight's run waiting too", cluster=cluster)
+    poll(lambda: probe_tis({"scheduled", "success"}, 4), timeout=120, what="the reprocess", cluster=cluster)
+    logical = str(tonight["logical_date"])[:10]
+    cluster.cli("tasks", "clear", PROBE_ID, "--start-date", logical, "--end-date", logical, "--yes")
+    poll(lambda: probe_tis({"scheduled"}, 4), timeout=180, what="all four days waiting", cluster=cluster)
 
     # 5. Release the slot: who gets it, in which order?
     release.touch()

@@ -103,8 +103,11 @@ def sheet_reconcile() -> None:
             ),
         )
         # row anchors of rows finished without onceflow's final transition (by hand, or by an
-        # older onceflow that kept them): Google caps developer metadata, so they must not pile up
-        queue.sweep_anchors()
+        # older onceflow that kept them), and of rows whose run has succeeded (nothing writes
+        # through their anchor any more): Google caps developer metadata, so they must not pile up
+        queue.sweep_anchors(
+            released=[a.row.token for a in plan.actions if a.reason == rec.SUCCESS_NOT_DONE and a.row.token]
+        )
         return entries
 
     reconcile()

@@ -182,3 +182,17 @@ def test_reconcile_gives_up_on_a_row_and_its_anchor_goes_in_the_same_batch(
     row = queue.find(claims[0].token)
     assert row is not None and row.status is Status.FAILED and row.get("reason") == "gave up"
     assert {m.value for m in _anchors(sheets_emulator, sid)} == {c.token for c in claims[1:]}
+
+
+def test_the_sweep_releases_anchors_of_rows_whose_run_is_over(sheets_emulator: SheetsEmulator) -> None:
+    # until the article chain finishes rows, a row stays PROCESSING after its run succeeded;
+    # sheet_reconcile passes such rows as released, or their anchors would fill the cap
+    urls = [f"https://news.example.com/{i}" for i in range(3)]
+    sid = sheets_emulator.create_spreadsheet("q", sheets={"queue": [HEADER, *([u, "NEW"] for u in urls)]})
+    queue = _queue(sheets_emulator, sid)
+    claims = queue.claim(3).claims
+    assert queue.sweep_anchors(released=[claims[0].token]) == 1
+    assert {m.value for m in _anchors(sheets_emulator, sid)} == {c.token for c in claims[1:]}
+    # a later write to the released row (a recheck's) still lands: it adopts a fresh anchor
+    row = queue.write_fields(claims[0].token, {"score": "0.7"})
+    assert row.get("score") == "0.7" and row.status is Status.PROCESSING

@@ -50,7 +50,7 @@ from onceflow.sheets.retry import Backoff, Refused, RetryableError, ServerError
 from onceflow.sheets.validation import classify_claimed, classify_new_rows
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Collection, Iterable, Sequence
 
     from onceflow.sheets.transport import SheetsTransport
 
@@ -493,9 +493,9 @@ class SheetQueue:
         """:meth:`finish` for many rows at the cost of one (1 read + 2 writes)."""
         return settle.finish_many(self, items)
 
-    def sweep_anchors(self) -> int:
+    def sweep_anchors(self, released: Collection[str] = ()) -> int:
         """Delete row anchors of rows no longer in flight (:func:`onceflow.sheets.settle.sweep_anchors`)."""
-        return settle.sweep_anchors(self)
+        return settle.sweep_anchors(self, released)
 
     def search_anchors(self) -> list[dict[str, Any]]:
         """Every claim anchor of the spreadsheet (``developerMetadata.search`` by key)."""

@@ -24,7 +24,7 @@ from onceflow.sheets import anchors
 from onceflow.sheets.model import Status
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Collection, Sequence
 
     from onceflow.sheets.model import Row
     from onceflow.sheets.protocol import SheetQueue
@@ -119,8 +119,13 @@ def _written(reply: dict[str, Any], columns: Any) -> list[tuple[str, Row]]:
     return out
 
 
-def sweep_anchors(queue: SheetQueue) -> int:
+def sweep_anchors(queue: SheetQueue, released: Collection[str] = ()) -> int:
     """Delete this tab's claim anchors whose token is on no PROCESSING row; return how many.
+
+    :param released: tokens of PROCESSING rows whose anchors may go too, because nothing will
+        write through them any more (``sheet_reconcile`` passes rows whose run has succeeded
+        while no article chain finishes rows yet; a later write to such a row, a recheck's, adopts
+        a fresh anchor).
 
     The search comes **before** the read: an anchor is created in the same atomic batch as its
     token's claim, so every anchor found had its token in the sheet before the read, and a token
@@ -135,7 +140,7 @@ def sweep_anchors(queue: SheetQueue) -> int:
         token
         for token, rows in queue.snapshot().by_token().items()
         if any(r.status is Status.PROCESSING for r in rows)
-    }
+    } - set(released)
     sheet_id = queue.sheet_id()
     doomed = [
         int(m["metadataId"])

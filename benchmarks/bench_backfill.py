@@ -1,22 +1,35 @@
-"""A 730-day backfill of daily_sales against the same backfill of an empty DAG: the per-run overhead.
+"""Backfills of daily_sales against the same backfills of an empty DAG: the per-run overhead, and where it goes.
 
-Run: ``.venv/bin/python benchmarks/bench_backfill.py [--days N] [--quick]`` (PostgreSQL on
-127.0.0.1:5432, or ``ONCEFLOW_TEST_DATABASE_URL``).
+Run: ``.venv/bin/python benchmarks/bench_backfill.py [--days N] [--repeat R] [--quick]``
+(PostgreSQL on 127.0.0.1:5432, or ``ONCEFLOW_TEST_DATABASE_URL``). Run it on an otherwise idle
+machine: the load average is printed beside every figure because other work distorts them.
 
 One real Airflow installation (PostgreSQL metadata DB, LocalExecutor, api-server, scheduler,
 dag-processor, triggerer) holds two DAGs with the same timetable (daily, Europe/Amsterdam), the
 same three tasks in the same pool ``onceflow_warehouse`` and the same ``deadline=``:
 
 * ``daily_sales``: extract from the shop database, clean with pandas, fenced partition overwrite
-  into the PostgreSQL warehouse;
+  into the PostgreSQL warehouse, leased and committed through the work ledger on PostgreSQL (as in
+  production);
 * ``empty_daily``: three tasks that do nothing.
 
-Each is backfilled over the same local days with ``airflow backfill create --max-active-runs``
-and timed from the command to the scheduler marking the backfill complete. The same days are
-also loaded day by day without Airflow (the work alone). Then daily_sales is backfilled again with
-``--reprocess-behavior completed`` (skip with ``--no-reprocess``): every partition must be re-loaded
-under a newer fence token with an unchanged checksum. Printed: wall times, seconds per run, the
-ratios (how much of a daily_sales run is Airflow's per-run cost) and the two checksum verdicts.
+Each repetition backfills both DAGs over a fresh window of ``--days`` local days (the windows
+follow each other, so every run is a first run) with ``airflow backfill create
+--max-active-runs``, timed from the command to the scheduler marking the backfill complete; the
+median over the repetitions is reported. The same days are loaded day by day without Airflow (the
+work alone). Then daily_sales' first window is backfilled again with ``--reprocess-behavior
+completed`` (skip with ``--no-reprocess``). Every stored partition, read back from the table
+(rows, net total, rejects, checksum of the stored rows), must equal the day-by-day pass after both
+passes, and row counts and net totals must equal plain SQL over the shop.
+
+By default the scheduler preloads pandas & co. (``onceflow.preload`` from
+``airflow_local_settings.py``, the deployment setting docs/daily-sales.md recommends), so the
+LocalExecutor's forked task processes start with them; ``--no-preload`` measures without.
+
+Where the time goes: a listener plugin records, in every task process, the CPU time and wall time
+from the process start (the fork) to the task's start (``startup``: process set-up, DAG file
+parse, imports at parse time) and from there to its end (``execute``), printed per task as
+medians for both DAGs.
 """
 
 from __future__ import annotations
@@ -24,12 +37,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import textwrap
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +59,9 @@ from onceflow.testing.sales_backfill import (
     day_by_day_pass,
     local_days,
     partition_audits,
+    reference_totals,
     standalone_cluster,
+    stored_partitions,
     wait_for_backfill,
 )
 
@@ -55,6 +73,7 @@ import pendulum
 from airflow.sdk import CronDataIntervalTimetable, dag, task
 
 from onceflow.notifications.deadline import daily_load_deadline
+from onceflow.priority import RecentFirstWeightStrategy
 
 
 @dag(
@@ -64,7 +83,8 @@ from onceflow.notifications.deadline import daily_load_deadline
     max_active_runs=4,
     tags=["benchmark"],
     doc_md="daily_sales' shape and settings with no work: the per-run cost of Airflow.",
-    default_args={"owner": "onceflow", "retries": 0, "pool": "onceflow_warehouse"},
+    default_args={"owner": "onceflow", "retries": 0, "pool": "onceflow_warehouse",
+                  "weight_rule": RecentFirstWeightStrategy()},
     deadline=daily_load_deadline(business_timezone="Europe/Amsterdam"),
 )
 def empty_daily():
@@ -85,6 +105,51 @@ def empty_daily():
 
 empty_daily()
 """
+
+# A listener in every task process: CPU and wall time from the fork to the task's start and to
+# its end (getrusage counts from zero in a forked child; psutil gives the process start).
+TASK_COSTS_PLUGIN = """
+import json, os, resource, sys, time
+
+import psutil
+from airflow.listeners import hookimpl
+from airflow.plugins_manager import AirflowPlugin
+
+_started = {}
+
+
+def _now():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, time.time() - psutil.Process().create_time()
+
+
+@hookimpl
+def on_task_instance_running(previous_state, task_instance):
+    _started["at"] = _now()
+
+
+@hookimpl
+def on_task_instance_success(previous_state, task_instance):
+    cpu, wall = _now()
+    cpu0, wall0 = _started.get("at", (cpu, wall))
+    record = {"dag_id": task_instance.dag_id, "task_id": task_instance.task_id,
+              "startup_cpu": cpu0, "startup_wall": wall0,
+              "execute_cpu": cpu - cpu0, "execute_wall": wall - wall0}
+    fd = os.open(os.environ["ONCEFLOW_TASK_COSTS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, (json.dumps(record) + "\\n").encode())
+    finally:
+        os.close(fd)
+
+
+class TaskCostsPlugin(AirflowPlugin):
+    name = "onceflow_bench_task_costs"
+    listeners = [sys.modules[__name__]]
+"""
+
+
+def load_average() -> str:
+    return "/".join(f"{v:.1f}" for v in os.getloadavg())
 
 
 def timed_backfill(
@@ -122,13 +187,35 @@ def timed_backfill(
     return elapsed
 
 
+def task_costs(path: Path) -> dict[tuple[str, str], dict[str, float]]:
+    """Median startup/execute CPU and wall seconds per (dag, task) from the listener's records."""
+    samples: dict[tuple[str, str], list[dict[str, float]]] = defaultdict(list)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            samples[(record["dag_id"], record["task_id"])].append(record)
+    return {
+        key: {
+            k: statistics.median(r[k] for r in records) for k in records[0] if k.endswith(("_cpu", "_wall"))
+        }
+        | {"n": float(len(records))}
+        for key, records in sorted(samples.items())
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--days", type=int, default=730, help="local days to backfill (default 730)")
-    parser.add_argument("--quick", action="store_true", help="30 days")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--days", type=int, default=730, help="local days per backfill (default 730)")
+    parser.add_argument("--repeat", type=int, default=1, help="backfills of each DAG, fresh days each time")
+    parser.add_argument("--quick", action="store_true", help="3 repetitions of 20 days")
     parser.add_argument("--max-active-runs", type=int, default=8)
     parser.add_argument(
         "--no-reprocess", action="store_true", help="skip the --reprocess-behavior completed pass"
+    )
+    parser.add_argument(
+        "--no-preload",
+        action="store_true",
+        help="do not preload pandas & co. in the scheduler (onceflow.preload, airflow_local_settings.py)",
     )
     parser.add_argument("--slots", type=int, default=4, help="slots of the onceflow_warehouse pool")
     parser.add_argument("--workers", type=int, default=8, help="LocalExecutor parallelism")
@@ -137,94 +224,128 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # `kill` (SIGTERM) unwinds like Ctrl-C, so the cluster stops and the databases are dropped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    n_days = 30 if args.quick else args.days
+    n_days, repeat = (20, 3) if args.quick else (args.days, args.repeat)
     first = dt.date(2021, 1, 1)
-    days = local_days(first, first + dt.timedelta(days=n_days - 1))
+    all_days = local_days(first, first + dt.timedelta(days=n_days * repeat - 1))
+    windows = [all_days[i * n_days : (i + 1) * n_days] for i in range(repeat)]
 
-    shop, warehouse, reference = (postgres.create_database(t) for t in ("bshop", "bwh", "bref"))
+    shop, warehouse, reference, ledger = (
+        postgres.create_database(t) for t in ("bshop", "bwh", "bref", "bledger")
+    )
     work = Path(tempfile.mkdtemp(prefix="onceflow-bench-backfill-"))
+    costs_file = work / "task_costs.jsonl"
+    rows: list[tuple[int, str, float, float, str]] = []  # (repetition, dag, wall s, s per run, load)
     try:
         config = GeneratorConfig(seed=5, timezone=TZ, orders_per_day=args.orders_per_day)
         engine = make_engine(shop)
         events = write_orders(
-            engine, generate_orders(first - dt.timedelta(days=3), days[-1] + dt.timedelta(days=1), config)
+            engine, generate_orders(first - dt.timedelta(days=3), all_days[-1] + dt.timedelta(days=1), config)
         )
         engine.dispose()
 
         started = time.monotonic()
-        day_by_day_pass(shop, reference, days, timezone=TZ)
-        alone = time.monotonic() - started
+        expected = day_by_day_pass(shop, reference, all_days, timezone=TZ)
+        alone = (time.monotonic() - started) / len(all_days)
+        by_sql = reference_totals(shop, all_days, timezone=TZ)
+        sql_agrees = {k: (p.row_count, p.net_cents) for k, p in expected.items()} == {
+            k: (t.row_count, t.net_cents) for k, t in by_sql.items()
+        }
 
-        dags = work / "dags"
+        dags, plugins = work / "dags", work / "plugins"
         dags.mkdir()
+        plugins.mkdir()
         shutil.copy(DAGS / "daily_sales.py", dags / "daily_sales.py")
         (dags / "empty_daily.py").write_text(textwrap.dedent(EMPTY_DAG))
+        (plugins / "onceflow_bench_task_costs.py").write_text(textwrap.dedent(TASK_COSTS_PLUGIN))
+        if not args.no_preload:
+            # The deployment setting docs/daily-sales.md recommends for forking executors.
+            (work / "home" / "config").mkdir(parents=True)
+            (work / "home" / "config" / "airflow_local_settings.py").write_text(
+                "from onceflow.preload import preload_for_task_forks\n\npreload_for_task_forks()\n"
+            )
+
+        def conn(url: str) -> str:
+            return json.dumps({"conn_type": "postgres", "extra": {"sqlalchemy_url": url}})
+
         env = {
-            "AIRFLOW_CONN_ONCEFLOW_SHOP_DB": json.dumps(
-                {"conn_type": "postgres", "extra": {"sqlalchemy_url": shop}}
-            ),
-            "AIRFLOW_CONN_ONCEFLOW_WAREHOUSE": json.dumps(
-                {"conn_type": "postgres", "extra": {"sqlalchemy_url": warehouse}}
-            ),
+            "AIRFLOW_CONN_ONCEFLOW_SHOP_DB": conn(shop),
+            "AIRFLOW_CONN_ONCEFLOW_WAREHOUSE": conn(warehouse),
+            "AIRFLOW_CONN_ONCEFLOW_LEDGER": conn(ledger),  # production keeps the ledger on PostgreSQL
             "ONCEFLOW_BUSINESS_TZ": TZ,
             "ONCEFLOW_SALES_STAGING_DIR": str(work / "staging"),
             "ONCEFLOW_SALES_RETRIES": "0",
             "ONCEFLOW_SALES_START_DATE": "2099-01-01",  # only the backfill creates runs
+            "ONCEFLOW_TASK_COSTS_FILE": str(costs_file),
         }
         with standalone_cluster(
             work, dags, env=env, pools={"onceflow_warehouse": args.slots}, parallelism=args.workers
         ) as cluster:
-            empty = timed_backfill(cluster, "empty_daily", days, args.max_active_runs)
-            sales = timed_backfill(cluster, "daily_sales", days, args.max_active_runs)
-            loaded = partition_audits(warehouse, days)
-            expected = partition_audits(reference, days)
-            same = len(loaded) == n_days and {k: a[:3] for k, a in loaded.items()} == {
-                k: a[:3] for k, a in expected.items()
-            }
+            for i, window in enumerate(windows):
+                for dag_id in ("empty_daily", "daily_sales"):  # interleaved: same machine conditions
+                    load = load_average()
+                    seconds = timed_backfill(cluster, dag_id, window, args.max_active_runs)
+                    rows.append((i + 1, dag_id, seconds, seconds / len(window), load))
+            loaded = stored_partitions(warehouse, all_days)
+            same = loaded == expected
             # Printed now: the reprocess pass below takes as long again.
-            print(f"  per-partition checksums equal to the day-by-day pass: {same}", flush=True)
+            print(f"  stored partitions equal to the day-by-day pass: {same}", flush=True)
             redo = 0.0
+            tokens_before = partition_audits(warehouse, windows[0])
             if not args.no_reprocess:
                 # The issue's second half: backfill again, re-running completed runs too.
                 redo = timed_backfill(
-                    cluster, "daily_sales", days, args.max_active_runs, reprocess_behavior="completed"
+                    cluster, "daily_sales", windows[0], args.max_active_runs, reprocess_behavior="completed"
                 )
-        reloaded = partition_audits(warehouse, days)
-        unchanged = {k: a.checksum for k, a in reloaded.items()} == {k: a.checksum for k, a in loaded.items()}
-        refenced = sum(1 for k, a in reloaded.items() if a.fence_token > loaded[k].fence_token)
+        reloaded = stored_partitions(warehouse, all_days)
+        unchanged = reloaded == expected
+        tokens_after = partition_audits(warehouse, windows[0])
+        refenced = sum(1 for k, a in tokens_after.items() if a.fence_token > tokens_before[k].fence_token)
+        costs = task_costs(costs_file)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        for url in (shop, warehouse, reference):
+        for url in (shop, warehouse, reference, ledger):
             postgres.drop_database(url)
 
-    n = len(days)
-    print(f"backfill of {n} local days ({days[0]}..{days[-1]}, {TZ}), {events} shop events")
+    print(
+        f"backfills of {n_days} local days x {repeat} ({all_days[0]}..{all_days[-1]}, {TZ}), {events} shop events"
+    )
     print(
         f"  max-active-runs {args.max_active_runs}, pool onceflow_warehouse {args.slots} slots, "
-        f"{args.workers} LocalExecutor workers, PostgreSQL metadata DB and warehouse"
+        f"{args.workers} LocalExecutor workers, {os.cpu_count()} CPUs; PostgreSQL metadata DB, "
+        f"shop, warehouse and ledger; task libraries preloaded in the scheduler: {not args.no_preload}"
     )
-    print(f"{'':28}{'wall s':>10}{'s per run':>12}")
-    for name, seconds in (
-        ("empty_daily (3 no-op tasks)", empty),
-        ("daily_sales", sales),
-        ("work alone (no Airflow)", alone),
-        *((("daily_sales, reprocess", redo),) if redo else ()),
-    ):
-        print(f"{name:28}{seconds:10.1f}{seconds / n:12.3f}")
-    print(f"ratio daily_sales / empty_daily: {sales / empty:.2f}  (1.00 = all Airflow overhead)")
+    print(f"{'rep':>3}  {'dag':<12}{'wall s':>9}{'s per run':>11}  load average 1/5/15 at start")
+    for rep, dag_id, seconds, per_run, load in rows:
+        print(f"{rep:>3}  {dag_id:<12}{seconds:9.1f}{per_run:11.3f}  {load}")
+    empty = statistics.median(r[3] for r in rows if r[1] == "empty_daily")
+    sales = statistics.median(r[3] for r in rows if r[1] == "daily_sales")
+    ratios = [s[3] / e[3] for e, s in zip(rows[0::2], rows[1::2], strict=True)]
+    print(f"median s per run: empty_daily {empty:.3f}, daily_sales {sales:.3f}, work alone {alone:.3f}")
     print(
-        f"Airflow's own per-run cost (empty_daily) is {min(empty / sales, 1.0):.0%} of a daily_sales run; "
-        "the rest is task-side: imports and connections in three task processes, and the work"
+        f"daily_sales / empty_daily: {sales / empty:.2f}x (median of medians; per repetition "
+        f"{', '.join(f'{r:.2f}' for r in ratios)}); daily_sales / work alone: {sales / alone:.1f}x"
     )
-    print(f"ratio daily_sales / work alone: {sales / alone:.1f}")
-    print(f"per-partition checksums equal to the day-by-day pass: {same} ({len(loaded)} partitions)")
+    if redo:
+        print(f"daily_sales --reprocess-behavior completed over {len(windows[0])} days: {redo:.1f} s")
+    print("where the time goes, per task process (median seconds; startup = fork to task start):")
+    print(
+        f"  {'dag.task':<22}{'n':>5}{'startup cpu':>13}{'startup wall':>14}{'execute cpu':>13}{'execute wall':>14}"
+    )
+    for (dag_id, task_id), c in costs.items():
+        print(
+            f"  {dag_id + '.' + task_id:<22}{int(c['n']):>5}{c['startup_cpu']:13.2f}{c['startup_wall']:14.2f}"
+            f"{c['execute_cpu']:13.2f}{c['execute_wall']:14.2f}"
+        )
+    print(f"row counts and net totals of the day-by-day pass equal plain SQL over the shop: {sql_agrees}")
+    print(f"stored partitions (read back) equal to the day-by-day pass: {same} ({len(loaded)} partitions)")
+    ok = same and sql_agrees
     if redo:
         print(
-            f"--reprocess-behavior completed: checksums unchanged: {unchanged}; "
-            f"{refenced} of {len(reloaded)} partitions re-loaded under a newer fence token"
+            f"after --reprocess-behavior completed: stored partitions equal: {unchanged}; "
+            f"{refenced} of {len(tokens_after)} partitions re-loaded under a newer fence token"
         )
-        same = same and unchanged and refenced == len(reloaded)
-    return 0 if same else 1
+        ok = ok and unchanged and refenced == len(tokens_after)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,62 @@
+"""Import daily_sales' task-side libraries once in the process that forks the task processes.
+
+Where the time of a daily_sales run goes (``benchmarks/bench_backfill.py`` measures it per task):
+each of its three task processes imports pandas (with numpy and pyarrow), about 1.5 s of CPU on
+our 2-core VM, while the work itself is a few tenths of a second. Airflow 3 on Linux starts every
+task process with ``os.fork()`` from an executor worker (LocalExecutor workers are forked from the
+scheduler; Celery workers fork their own), so whatever that process imported is already loaded in
+every task, for free: the pages are shared copy-on-write.
+
+:func:`preload_for_task_forks` imports :data:`TASK_MODULES` when the current process is one that
+forks tasks (``airflow scheduler`` or ``airflow celery worker``) and does nothing elsewhere. Call
+it from ``airflow_local_settings.py`` (Airflow imports that file in every process before the
+executor starts), e.g. ``$AIRFLOW_HOME/config/airflow_local_settings.py``::
+
+    from onceflow.preload import preload_for_task_forks
+
+    preload_for_task_forks()
+
+It is a deployment choice, not something the DAG does: the scheduler keeps ~100 MB more resident,
+and with one process per task (KubernetesExecutor) there is nothing to share.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
+
+#: The costly imports of the extract, clean and load tasks (pandas pulls in numpy and pyarrow).
+#: Third-party only: ``airflow_local_settings`` is imported while Airflow itself initialises, so
+#: modules that import Airflow (onceflow's hooks) must not load there; they cost milliseconds anyway.
+TASK_MODULES: tuple[str, ...] = ("pandas", "pyarrow.parquet", "sqlalchemy", "psycopg2")
+
+#: ``airflow <command>`` of the processes that fork task processes.
+FORKING_COMMANDS: tuple[tuple[str, ...], ...] = (("scheduler",), ("celery", "worker"))
+
+
+def forks_tasks(argv: Sequence[str] | None = None) -> bool:
+    """Whether this process is an ``airflow scheduler`` or ``airflow celery worker``."""
+    args = [a for a in (sys.argv if argv is None else argv)[1:] if not a.startswith("-")]
+    return any(tuple(args[: len(cmd)]) == cmd for cmd in FORKING_COMMANDS)
+
+
+def preload(modules: Sequence[str] = TASK_MODULES) -> list[str]:
+    """Import ``modules``; return the ones that are not installed (skipped, with a log line)."""
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            missing.append(name)
+            log.info("onceflow preload: %s not importable (%s); tasks will import it themselves", name, exc)
+    return missing
+
+
+def preload_for_task_forks(modules: Sequence[str] = TASK_MODULES) -> None:
+    """:func:`preload` in a process that forks tasks (see the module docstring); else nothing."""
+    if forks_tasks():
+        preload(modules)

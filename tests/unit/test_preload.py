@@ -1,0 +1,40 @@
+"""onceflow.preload: only processes that fork tasks preload, and a missing library is skipped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from onceflow.preload import forks_tasks, preload
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["airflow", "scheduler"], True),
+        (["airflow", "celery", "worker", "-q", "default"], True),
+        (["airflow", "api-server"], False),
+        (["airflow", "dag-processor"], False),
+        (["airflow", "triggerer"], False),
+        (["airflow", "celery", "flower"], False),
+    ],
+)
+def test_only_processes_that_fork_tasks_preload(argv: list[str], expected: bool) -> None:
+    assert forks_tasks(argv) is expected
+
+
+def test_a_library_that_is_not_installed_is_skipped() -> None:
+    assert preload(["json", "onceflow_no_such_module"]) == ["onceflow_no_such_module"]
+
+
+def test_an_airflow_scheduler_process_imports_pandas_from_local_settings(tmp_path: object) -> None:
+    """The way Airflow runs it: airflow_local_settings on the path, argv of the scheduler."""
+    code = (
+        "import sys; sys.argv = ['airflow', 'scheduler']\n"
+        "from onceflow.preload import preload_for_task_forks; preload_for_task_forks()\n"
+        "print('pandas' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

@@ -1,0 +1,52 @@
+"""The claim's request budget as a ``claim_rows`` task pays it, and the benchmark counting the same.
+
+Each Airflow task is a fresh process with a fresh :class:`~onceflow.sheets.protocol.SheetQueue`,
+so every wake-up pays the ``spreadsheets.get`` for the tab ids (a read under Google's quota);
+``benchmarks/bench_sheet_claims.py`` must count exactly what the task sends.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from onceflow.hooks.sheets import SheetQueueHook
+
+if TYPE_CHECKING:
+    from onceflow.testing.sheets_fixtures import SheetsEmulator
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sheet_claims.py"
+HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_sheet_claims", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_claim_task_pays_the_tab_ids_read_and_the_benchmark_counts_it(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    rows = [[f"https://budget.example.com/{i}", "NEW"] for i in range(100)]
+    sid = sheets_emulator.create_spreadsheet("articles", sheets={"queue": [HEADER, *rows]})
+    log = sheets_emulator.request_log
+    log.reset()
+    # what SheetClaimOperator.execute does with the sheet: a hook, its queue, one claim
+    claims = SheetQueueHook(spreadsheet_id=sid).queue("v1").claim(10).claims
+    assert len(claims) == 10
+    assert log.counts == {"spreadsheets.get": 1, "values.batchGet": 1, "spreadsheets.batchUpdate": 1}
+    task = (log.reads, log.writes)
+
+    # the benchmark's wake-up, on the same kind of sheet: the same requests, the get included
+    bench = _bench()
+    measured = bench.measure(sheets_emulator.server, 100, 10, 2)["protocol"]
+    assert measured["claimed"] == 20
+    assert (measured["reads_per_claim"] * 10, measured["writes_per_claim"] * 10) == task
+    assert measured["claims_per_min"] == 60 / (2 / 10)  # reads bind: 30 wake-ups a minute

@@ -216,6 +216,13 @@ class LedgerMachine(RuleBasedStateMachine):
             m.state, m.available_at, m.lease_expires_at = states.PENDING, self.now(), None
             m.attempts = max(m.attempts - 1, 0)
 
+    @rule(worker=st.sampled_from(WORKERS), lane=st.sampled_from(["new", "recheck"]))
+    def claim_then_crash(self, worker, lane):
+        """A poison item: whoever claims it dies, and its lease runs out."""
+        self.claim(worker, lane, 10.0)
+        self.crash(worker[0])
+        self.clock.advance(11.0)
+
     @rule(worker=st.sampled_from([w for w, _ in WORKERS]))
     def crash(self, worker):
         """The worker dies holding its leases: nothing is released, they can only expire."""

@@ -286,7 +286,7 @@ def test_a_zombie_process_with_an_old_try_is_refused_at_commit(
     _, stderr = zombie.communicate(timeout=120)
 
     assert zombie.returncode == 3, stderr
-    assert "REFUSED" in stderr and "holds ledger token 1" in stderr
+    assert "REFUSED" in stderr and "ledger token 1, the newest is 2" in stderr
     assert store.partition_checksum(DAY) == out.strip() == COMPLETE_CHECKSUM
     assert len(store.partition_rows(DAY)) == len(COMPLETE.rows)
     audit = store.audit(DAY)

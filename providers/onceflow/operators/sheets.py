@@ -33,8 +33,8 @@ def create_dag_run(dag_id: str, run_id: str, conf: dict[str, Any], *, reset: boo
     This is what ``TriggerDagRunOperator`` does in Airflow 3 (it raises ``DagRunTriggerException``
     and the task runner sends a ``TriggerDagRun`` message to its supervisor, which calls the
     Execution API); sending the message ourselves lets one task create many runs. A run id that
-    already exists comes back as ``DAGRUN_ALREADY_EXISTS``, which we treat as success: the run we
-    wanted is there.
+    already exists comes back as ``DAGRUN_ALREADY_EXISTS`` and is returned as ``"exists"``; whose
+    claim that run carries is for the caller to check (:func:`run_claim_token`).
 
     :param dag_id: the DAG to run.
     :param run_id: the deterministic run id.

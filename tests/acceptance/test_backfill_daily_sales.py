@@ -1,10 +1,12 @@
 """``airflow backfill create`` of daily_sales through the real scheduler, on PostgreSQL.
 
-Four local days around the 2021 spring-forward (a 23-hour day) are backfilled with four
-runs at a time. The warehouse must equal a day-by-day pass partition by partition (row counts,
-reject counts, checksums); backfilling again with ``--reprocess-behavior completed`` re-loads
-every partition (newer fence tokens) and changes no checksum. Along the way the Deadline Alert
-records each backfill day as suppressed (its 07:00 passed years ago), and the Asset wakes
+Two short backfills, two local days across each 2021 DST change (a 23-hour and a 25-hour day).
+What the warehouse holds, read back from the table (row counts, rejects, net totals and the
+checksum of the stored rows), must equal a day-by-day pass of the DAG's building blocks, and the
+row counts and net totals must equal plain SQL over the shop (no shared cleaning code).
+Backfilling again with ``--reprocess-behavior completed`` re-loads every partition (newer fence
+tokens) and changes no stored row. Along the way the Deadline Alert records each backfill day as
+suppressed, with its deadline at 07:00 local on the next day, and the Asset wakes
 sales_dashboard, whose page names the newest complete day.
 
 The 730-day version is ``test_backfill_of_two_years_equals_day_by_day`` (``slow``) and
@@ -16,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -29,7 +33,9 @@ from onceflow.testing.sales_backfill import (
     day_by_day_pass,
     local_days,
     partition_audits,
+    reference_totals,
     standalone_cluster,
+    stored_partitions,
     wait_for_backfill,
 )
 
@@ -115,65 +121,96 @@ def wait_for_page(page: Path, *texts: str, timeout: float = 600.0, explain: Call
     )
 
 
+# Two short windows, one across each 2021 DST change: 28 March has 23 hours, 31 October 25.
+WINDOWS = ((dt.date(2021, 3, 27), dt.date(2021, 3, 28)), (dt.date(2021, 10, 30), dt.date(2021, 10, 31)))
+
+
+def due_at_seven(day: str) -> str:
+    """07:00 Amsterdam time on the day after ``day``, in UTC: what each run's deadline must be."""
+    local = dt.datetime.combine(dt.date.fromisoformat(day) + dt.timedelta(days=1), dt.time(7), ZoneInfo(TZ))
+    return local.astimezone(dt.timezone.utc).isoformat()
+
+
 def test_a_backfill_equals_the_day_by_day_pass_and_reprocessing_changes_no_checksum(
     postgres_url_factory: Callable[..., str],
     shop_orders: Callable[..., Any],
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    first, last = dt.date(2021, 3, 27), dt.date(2021, 3, 30)  # 4 days, 28 March has 23 hours
-    days = local_days(first, last)
+    days = [d for first, last in WINDOWS for d in local_days(first, last)]
+    keys = [d.isoformat() for d in days]
     shop, warehouse, reference = (postgres_url_factory(tag) for tag in ("shop", "warehouse", "reference"))
-    # Three days before and after the window: refunds arrive up to 72 hours after the sale.
-    shop_orders(shop, first - dt.timedelta(days=3), last + dt.timedelta(days=3), **GENERATOR)
+    for first, last in WINDOWS:
+        # Three days before and after: refunds arrive up to 72 hours after the sale.
+        shop_orders(shop, first - dt.timedelta(days=3), last + dt.timedelta(days=3), **GENERATOR)
+    # Two references: the DAG's building blocks day by day (read back from the table), and plain
+    # SQL over the shop that shares no code with the cleaning (counts and net totals).
     expected = day_by_day_pass(shop, reference, days, timezone=TZ)
-    assert len(expected) == 4 and all(a.row_count > 0 for a in expected.values())
+    by_sql = reference_totals(shop, days, timezone=TZ)
+    assert sorted(expected) == keys and all(p.row_count > 0 for p in expected.values())
+    assert {k: (p.row_count, p.reject_count, p.net_cents) for k, p in expected.items()} == {
+        k: (t.row_count, t.reject_count, t.net_cents) for k, t in by_sql.items()
+    }
 
     with sales_cluster(request, tmp_path, shop, warehouse, slots=4) as cluster:
-        backfill = create_backfill(cluster, "daily_sales", first, last, timezone=TZ, max_active_runs=4)
-        runs = wait_for_backfill(cluster, backfill, timeout=900)
+        runs = []
+        for first, last in WINDOWS:  # one backfill at a time per DAG
+            backfill = create_backfill(cluster, "daily_sales", first, last, timezone=TZ, max_active_runs=4)
+            runs += wait_for_backfill(cluster, backfill, timeout=900)
         # First the runs: a failed day would also (rightly) show as "not loaded" on the page.
-        assert [r["state"] for r in runs] == ["success"] * 4, cluster.task_log_tails("daily_sales")
-        loaded = partition_audits(warehouse, days)
+        assert [r["state"] for r in runs] == ["success"] * len(days), cluster.task_log_tails("daily_sales")
+        loaded = stored_partitions(warehouse, days)
+        audits = partition_audits(warehouse, days)
         alerts = backfill_alerts(cluster, {r["run_id"] for r in runs})
         # The Asset woke the dashboard; its page names the newest complete day and the gap before
-        # the backfilled days (30-day window, 4 days loaded).
+        # it (30-day window ending 31 October, 2 days loaded in it).
         page = wait_for_page(
             tmp_path / "dashboard" / "index.html",
-            "Complete through Tuesday 30 March 2021",
-            "Not loaded (26 days of the window)",
+            "Complete through Sunday 31 October 2021",
+            "Not loaded (28 days of the window)",
             explain=lambda: (
                 f"sales_dashboard runs: {cluster.dag_runs('sales_dashboard')}\n"
                 f"{cluster.task_log_tails('sales_dashboard')}\n{cluster.log_tails()}"
             ),
         )
-        again = create_backfill(
-            cluster,
-            "daily_sales",
-            first,
-            last,
-            timezone=TZ,
-            max_active_runs=4,
-            reprocess_behavior="completed",
-        )
-        rerun = wait_for_backfill(cluster, again, timeout=900)
+        rerun = []
+        for first, last in WINDOWS:
+            again = create_backfill(
+                cluster,
+                "daily_sales",
+                first,
+                last,
+                timezone=TZ,
+                max_active_runs=4,
+                reprocess_behavior="completed",
+            )
+            rerun += wait_for_backfill(cluster, again, timeout=900)
         logs = cluster.log_tails()
 
-    assert sorted(loaded) == [d.isoformat() for d in days]
-    assert {k: a[:3] for k, a in loaded.items()} == {k: a[:3] for k, a in expected.items()}
-    assert {a.run_id for a in loaded.values()} == {r["run_id"] for r in runs}
+    # What the table holds equals both references, partition by partition.
+    assert sorted(loaded) == keys
+    assert loaded == expected
+    assert {k: (p.row_count, p.net_cents) for k, p in loaded.items()} == {
+        k: (t.row_count, t.net_cents) for k, t in by_sql.items()
+    }
+    # The audit rows describe the stored rows, and name the backfill runs.
+    assert {k: a.checksum for k, a in audits.items()} == {k: p.checksum for k, p in loaded.items()}
+    assert {a.run_id for a in audits.values()} == {r["run_id"] for r in runs}
 
-    # Every backfill day missed its 07:00 long ago: recorded, but suppressed.
-    assert sorted(a["data_day"] for a in alerts) == [d.isoformat() for d in days]
+    # Every backfill day missed its 07:00 long ago: recorded, but suppressed. Airflow computed each
+    # deadline at 07:00 local on the next day, the 23- and 25-hour days included.
+    assert sorted(a["data_day"] for a in alerts) == keys
     assert all(a["suppressed"] and a["run_type"] == "backfill" for a in alerts)
+    assert {a["data_day"]: a["deadline_time"] for a in alerts} == {k: due_at_seven(k) for k in keys}
 
-    assert page.count('<tr class="missing">') == 26
+    assert page.count('<tr class="missing">') == 28
 
-    # Backfilling again re-ran every day (same run ids, newer fence tokens): no checksum moved.
+    # Backfilling again re-ran every day (same run ids, newer fence tokens): the stored rows are
+    # the same.
     assert [(r["run_id"], r["state"]) for r in rerun] == [(r["run_id"], "success") for r in runs], logs
+    assert stored_partitions(warehouse, days) == loaded
     reloaded = partition_audits(warehouse, days)
-    assert {k: a.checksum for k, a in reloaded.items()} == {k: a.checksum for k, a in loaded.items()}
-    assert all(reloaded[k].fence_token > loaded[k].fence_token for k in loaded), "every day was re-loaded"
+    assert all(reloaded[k].fence_token > audits[k].fence_token for k in keys), "every day was re-loaded"
 
 
 @pytest.mark.slow
@@ -183,18 +220,22 @@ def test_backfill_of_two_years_equals_day_by_day(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    """The issue's done-when: 730 days, bounded max-active-runs, per-partition equality, idempotent redo."""
+    """The issue's done-when: 730 days, bounded max-active-runs, per-partition equality, idempotent redo.
+
+    ``ONCEFLOW_BACKFILL_DAYS`` shortens it (e.g. 5) to check the path without the two hours.
+    """
     first = dt.date(2021, 1, 1)
-    last = first + dt.timedelta(days=729)
+    last = first + dt.timedelta(days=int(os.environ.get("ONCEFLOW_BACKFILL_DAYS", "730")) - 1)
     days = local_days(first, last)
     shop, warehouse, reference = (postgres_url_factory(tag) for tag in ("shop2y", "wh2y", "ref2y"))
     shop_orders(shop, first - dt.timedelta(days=3), last + dt.timedelta(days=3), **GENERATOR)
     expected = day_by_day_pass(shop, reference, days, timezone=TZ)
+    by_sql = reference_totals(shop, days, timezone=TZ)
 
     with sales_cluster(request, tmp_path, shop, warehouse, slots=4) as cluster:
         backfill = create_backfill(cluster, "daily_sales", first, last, timezone=TZ, max_active_runs=8)
         runs = wait_for_backfill(cluster, backfill, timeout=4 * 3600, poll=10.0)
-        loaded = partition_audits(warehouse, days)
+        loaded = stored_partitions(warehouse, days)
         again = create_backfill(
             cluster,
             "daily_sales",
@@ -206,8 +247,10 @@ def test_backfill_of_two_years_equals_day_by_day(
         )
         rerun = wait_for_backfill(cluster, again, timeout=4 * 3600, poll=10.0)
 
-    assert len(runs) == 730 and {r["state"] for r in runs} == {"success"}
-    assert {k: a[:3] for k, a in loaded.items()} == {k: a[:3] for k, a in expected.items()}
-    assert {r["state"] for r in rerun} == {"success"}
-    reloaded = partition_audits(warehouse, days)
-    assert {k: a.checksum for k, a in reloaded.items()} == {k: a.checksum for k, a in loaded.items()}
+    assert len(runs) == len(days) and {r["state"] for r in runs} == {"success"}
+    assert loaded == expected
+    assert {k: (p.row_count, p.net_cents) for k, p in loaded.items()} == {
+        k: (t.row_count, t.net_cents) for k, t in by_sql.items()
+    }
+    assert len(rerun) == len(days) and {r["state"] for r in rerun} == {"success"}
+    assert stored_partitions(warehouse, days) == expected

@@ -9,8 +9,14 @@ usable for your own DAGs the same way:
 * :func:`create_backfill` runs ``airflow backfill create`` and :func:`wait_for_backfill` waits
   until the scheduler marks that backfill complete.
 * :func:`day_by_day_pass` loads each day with the same hook, cleaning and fenced overwrite the
-  DAG uses, one day after the other, outside Airflow; :func:`partition_audits` reads
-  ``load_audit`` so two warehouses can be compared partition by partition.
+  DAG uses, one day after the other, outside Airflow, and returns what the warehouse then holds.
+* :func:`stored_partitions` reads each partition **back from the table** (row count, net total,
+  rejects, and the checksum of the stored rows), so two warehouses are compared by what they
+  hold, not by what a loader computed before writing; :func:`partition_audits` reads
+  ``load_audit`` (fence tokens, run ids).
+* :func:`reference_totals` computes each day's row count, reject count and net total with plain
+  SQL over the shop database (``testing/sql/sales_reference.sql``), an independent path that
+  shares no code with the cleaning.
 """
 
 from __future__ import annotations
@@ -27,6 +33,24 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from onceflow.testing.airflow_cluster import AirflowCluster
+
+
+class StoredPartition(NamedTuple):
+    """One partition as read back from the warehouse (not what the loader computed)."""
+
+    row_count: int
+    reject_count: int
+    net_cents: int
+    checksum: str
+
+
+class DayTotals(NamedTuple):
+    """One business day computed by plain SQL over the shop (:func:`reference_totals`)."""
+
+    source_rows: int
+    reject_count: int
+    row_count: int
+    net_cents: int
 
 
 class PartitionAudit(NamedTuple):
@@ -83,7 +107,23 @@ def create_backfill(
     ]
     if reprocess_behavior:
         args += ["--reprocess-behavior", reprocess_behavior]
-    cluster.cli(*args)
+    # On a SQLite metadata DB the scheduler's writes can lock the CLI out ("database is locked").
+    # Retried only when no backfill came of it; one that was created stands (or fails) as it is.
+    for attempt in range(6):
+        proc = cluster.cli(*args, check=False)
+        locked = "database is locked" in proc.stderr + proc.stdout
+        if (
+            proc.returncode == 0
+            or not locked
+            or attempt == 5
+            or _latest_backfill_id(cluster, dag_id) != before
+        ):
+            break
+        time.sleep(1.0 + attempt)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"airflow {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
     backfill_id = _latest_backfill_id(cluster, dag_id)
     if backfill_id is None or backfill_id == before:
         raise RuntimeError(f"airflow backfill create made no backfill for {dag_id} {start}..{end}")
@@ -144,6 +184,72 @@ def partition_audits(
         engine.dispose()
 
 
+def stored_partitions(
+    url: str, days: Sequence[dt.date], table: str = "daily_sales"
+) -> dict[str, StoredPartition]:
+    """What the warehouse holds for ``days`` (partitions without an audit row are absent).
+
+    Rows, net total and checksum come from the sales table itself
+    (``PartitionStore.partition_checksum`` hashes the rows read back), rejects from the rejects
+    table; ``load_audit`` only says which partitions were loaded.
+    """
+    from onceflow.sales.engine import make_engine
+    from onceflow.sales.partition_store import PartitionStore
+    from onceflow.sales.schema import SALES_COLUMNS
+
+    net = SALES_COLUMNS.index("net_cents")
+    engine = make_engine(url)
+    try:
+        store = PartitionStore(engine, table)
+        found = {}
+        for day in days:
+            if store.audit(day) is None:
+                continue
+            rows = store.partition_rows(day)
+            found[day.isoformat()] = StoredPartition(
+                row_count=len(rows),
+                reject_count=len(store.partition_rejects(day)),
+                net_cents=sum(int(r[net]) for r in rows),
+                checksum=store.partition_checksum(day),
+            )
+        return found
+    finally:
+        engine.dispose()
+
+
+def reference_totals(shop_url: str, days: Sequence[dt.date], *, timezone: str) -> dict[str, DayTotals]:
+    """Each day's expected totals by plain SQL over the shop's ``orders`` (PostgreSQL only).
+
+    The query restates the cleaning rules (rejects, dedupe, rates, half-even cents, netting) in
+    SQL; it does not use :mod:`onceflow.sales.clean`, so a bug there cannot hide in both.
+    """
+    from importlib import resources
+
+    import sqlalchemy as sa
+
+    from onceflow.sales.engine import make_engine
+    from onceflow.sales.partitions import day_bounds_utc
+
+    text = resources.files("onceflow.testing").joinpath("sql", "sales_reference.sql").read_text("utf-8")
+    query = sa.text(text.split("-- name: day_totals_postgresql", 1)[1])
+    engine = make_engine(shop_url)
+    if engine.dialect.name != "postgresql":
+        engine.dispose()
+        raise ValueError(f"reference_totals runs on PostgreSQL, not {engine.dialect.name}")
+    try:
+        totals = {}
+        with engine.connect() as conn:
+            for day in days:
+                start, end = (
+                    b.astimezone(dt.timezone.utc).replace(tzinfo=None) for b in day_bounds_utc(day, timezone)
+                )
+                row = conn.execute(query, {"start_utc": start, "end_utc": end}).one()
+                totals[day.isoformat()] = DayTotals(*(int(v) for v in row))
+        return totals
+    finally:
+        engine.dispose()
+
+
 def day_by_day_pass(
     shop_url: str,
     warehouse_url: str,
@@ -152,11 +258,11 @@ def day_by_day_pass(
     timezone: str,
     table: str = "daily_sales",
     reporting_currency: str = "EUR",
-) -> dict[str, PartitionAudit]:
+) -> dict[str, StoredPartition]:
     """Load ``days`` one after the other into ``warehouse_url`` with the DAG's own building blocks.
 
     Read [D 00:00, D+1 00:00) local from the shop, clean, overwrite the partition under a fresh
-    lease: what one ``daily_sales`` run does, minus Airflow.
+    lease: what one ``daily_sales`` run does, minus Airflow. Returns :func:`stored_partitions`.
     """
     from airflow.sdk import Connection
 
@@ -185,7 +291,7 @@ def day_by_day_pass(
     finally:
         shop.engine.dispose()
         warehouse.dispose()
-    return partition_audits(warehouse_url, days, table)
+    return stored_partitions(warehouse_url, days, table)
 
 
 @contextlib.contextmanager

@@ -69,7 +69,7 @@ def copy_text(rows: pd.DataFrame, columns: Sequence[str] = SALES_COLUMNS) -> io.
     if rows.empty:
         return buf
     texts = [_copy_text_column(rows[name]) for name in columns]
-    lines = texts[0].str.cat(texts[1:], sep="\t")
+    lines = texts[0].str.cat(pd.concat(texts[1:], axis=1), sep="\t")
     buf.write("\n".join(lines.tolist()))
     buf.write("\n")
     buf.seek(0)

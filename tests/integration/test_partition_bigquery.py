@@ -190,3 +190,28 @@ def test_an_injection_shaped_dataset_is_refused_before_any_request(
     with pytest.raises(InvalidNameError):
         hook.overwrite_bigquery_partition(table="daily$sales", lease=lease, rows=RESULT.rows, dataset="sales")
     assert bigquery_stub.received == []
+
+
+def test_bigquery_refuses_an_extract_older_than_the_one_it_holds(
+    bigquery_stub: BigQueryStub, tmp_path: Path
+) -> None:
+    from onceflow.hooks.warehouse import WarehouseHook
+    from onceflow.sales.partition_store import OlderExtractError
+
+    hook, store = WarehouseHook("onceflow_warehouse_bq"), audit_store(tmp_path)
+    late, early = dt.datetime(2024, 10, 28, 9, 30), dt.datetime(2024, 10, 27, 23, 5)
+    newer = store.acquire_lease(DAY, run_id="reprocess", try_number=1, lease_seconds=0)
+    hook.overwrite_bigquery_partition(
+        table="daily_sales", lease=newer, rows=RESULT.rows, dataset="sales", source_watermark_utc=late
+    )
+    stale = store.acquire_lease(
+        DAY, run_id="scheduled", try_number=2, lease_seconds=0
+    )  # newer token, older data
+    with pytest.raises(OlderExtractError, match="onceflow-older-extract"):
+        hook.overwrite_bigquery_partition(
+            table="daily_sales", lease=stale, rows=NIGHTLY.rows, dataset="sales", source_watermark_utc=early
+        )
+    assert rows_checksum(bigquery_stub.partition_rows(TARGET, DAY)) == rows_checksum(
+        [tuple(r) for r in RESULT.rows.itertuples(index=False)]
+    )
+    assert not [t for t in bigquery_stub.tables if "__onceflow_stage_" in t]

@@ -1,8 +1,11 @@
-"""Claims per second for 1, 4, 16 and 64 concurrent claimers: SKIP LOCKED against the naive ways.
+"""Claims per second for 1, 4, 16 and 64 concurrent claimers: SKIP LOCKED against the naive ways,
+and the full ledger claim against the bare one.
 
-Run: ``.venv/bin/python benchmarks/bench_ledger_claims.py [--items N] [--claimers 1,4,16,64]``
-(PostgreSQL on 127.0.0.1:5432, or ``ONCEFLOW_TEST_DATABASE_URL``). It creates its own database
-and drops it at the end.
+Run: ``.venv/bin/python benchmarks/bench_ledger_claims.py [--items N] [--claimers 1,4,16,64]
+[--repeat R] [--batch B] [--quick]`` (PostgreSQL on 127.0.0.1:5432, or
+``ONCEFLOW_TEST_DATABASE_URL``). It creates its own databases and drops them at the end. The
+load average is printed before and after every claimer count: figures measured while other jobs
+load the machine are not comparable with an idle machine's.
 
 The seed's story as numbers: "add more workers" (no lock: duplicates), "add a DB lock" (one
 lock: correct but serial), and the answer (``FOR UPDATE SKIP LOCKED``). Every claimer is a thread
@@ -15,8 +18,20 @@ is left. Strategies, on the same ``jobs`` table:
   ``empty``) and must try again;
 * ``lock_table``: ``LOCK TABLE jobs IN EXCLUSIVE MODE`` around read-then-update (one at a time);
 * ``no_lock``: read the first pending job, then update it: duplicates;
-* ``ledger``: the real :class:`onceflow.ledger.Ledger` (SKIP LOCKED claim with its audit row,
-  fenced ``commit_result`` with result and transition rows), to show what the bookkeeping costs.
+* ``ledger``: the real :class:`onceflow.ledger.Ledger` (SKIP LOCKED batch claim of ``--batch``
+  items with their audit rows, then a fenced ``commit_result`` with result and transition rows
+  per item), to show what the whole bookkeeping costs.
+
+Claims alone, side by side (each claimer claims until nothing is left; nothing is completed):
+
+* ``bare_claim``: the ``skip_locked`` statement alone: one item, its state and token;
+* ``ledger_claim``: ``Ledger.claim()``: one item per round trip, with lease expiry from the
+  database clock, fencing token + 1, attempts + 1 and its ``claim`` transition row, checked
+  against the state table;
+* ``ledger_batch``: ``Ledger.claim_many(limit=--batch)``: the same per item (one lease, one
+  token and one audit row each), ``--batch`` items per round trip.
+
+The ratio ``bare_claim / ledger_batch`` is what the full ledger claim costs over the bare one.
 
 Printed per strategy and claimer count: claims/s, duplicates (jobs processed more than once),
 deadlocks (``DeadlockDetected`` caught and retried), empty claims, then the ratios.
@@ -25,6 +40,7 @@ deadlocks (``DeadlockDetected`` caught and retried), empty claims, then the rati
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -42,6 +58,8 @@ from sqlalchemy.engine import make_url
 from onceflow.testing import postgres
 
 STRATEGIES = ["skip_locked", "for_update", "lock_table", "no_lock", "ledger"]
+CLAIM_ONLY = ["bare_claim", "ledger_claim", "ledger_batch"]
+LEDGER_STRATEGIES = {"ledger", "ledger_claim", "ledger_batch"}
 
 CLAIM_SKIP_LOCKED = """
 UPDATE jobs SET state = 'leased', owner = %s, token = token + 1
@@ -95,8 +113,13 @@ def sql_claimer(url: str, strategy: str, owner: str, tally: Tally, start: thread
     try:
         while True:
             try:
-                claimed = _claim_one(cur, strategy, owner)
+                claimed = _claim_one(cur, "skip_locked" if strategy == "bare_claim" else strategy, owner)
                 conn.commit()
+                if strategy == "bare_claim":  # claims alone: nothing is completed
+                    if claimed is None:
+                        return
+                    tally.processed.append(claimed[0])
+                    continue
                 if claimed is None:
                     cur.execute(ANY_PENDING)
                     more = cur.fetchone()[0]
@@ -120,15 +143,20 @@ def sql_claimer(url: str, strategy: str, owner: str, tally: Tally, start: thread
         conn.close()
 
 
-def ledger_claimer(ledger: Any, owner: str, tally: Tally, start: threading.Barrier) -> None:
+def ledger_claimer(
+    ledger: Any, strategy: str, batch: int, owner: str, tally: Tally, start: threading.Barrier
+) -> None:
+    limit = 1 if strategy == "ledger_claim" else batch
     start.wait()
     while True:
         try:
-            lease = ledger.claim("job", owner, 60, "v1")
-            if lease is None:
+            leases = ledger.claim_many("job", owner, 60, "v1", limit=limit)
+            if not leases:
                 return
-            ledger.commit_result(lease, "bench", {"by": owner})
-            tally.processed.append(int(lease.work_key))
+            for lease in leases:
+                if strategy == "ledger":
+                    ledger.commit_result(lease, "bench", {"by": owner})
+                tally.processed.append(int(lease.work_key))
         except Exception as exc:
             orig = getattr(exc, "orig", exc)
             if isinstance(orig, psycopg2.errors.DeadlockDetected):
@@ -156,32 +184,22 @@ def prepare_jobs(url: str, items: int) -> None:
     conn.close()
 
 
-def prepare_ledger(url: str, items: int) -> Any:
+def prepare_ledger(items: int) -> Any:
+    """A fresh ledger database per run (the schema as migrations make it), ``items`` pending."""
     from onceflow.ledger import Ledger, create_ledger_engine
 
-    conn = _connect(url)
-    with conn.cursor() as cur:
-        for table in (
-            "transitions",
-            "results",
-            "outbox",
-            "work_items",
-            "rechecks",
-            "relay_status",
-            "schema_version",
-            "onceflow_ledger_alembic_version",
-        ):
-            cur.execute(f"DROP TABLE IF EXISTS {table}")
-    conn.commit()
-    conn.close()
+    url = postgres.create_database("bench_ledger")
     engine = create_ledger_engine(url, pool_size=70, max_overflow=10)
     ledger = Ledger(engine)
     ledger.add_many("job", [str(i) for i in range(1, items + 1)], batch=5000)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("ANALYZE work_items")
+    ledger.bench_url = url  # type: ignore[attr-defined]
     return ledger
 
 
-def run(url: str, strategy: str, claimers: int, items: int) -> dict[str, Any]:
-    ledger = prepare_ledger(url, items) if strategy == "ledger" else None
+def run(url: str, strategy: str, claimers: int, items: int, batch: int = 1) -> dict[str, Any]:
+    ledger = prepare_ledger(items) if strategy in LEDGER_STRATEGIES else None
     if ledger is None:
         prepare_jobs(url, items)
     tallies = [Tally() for _ in range(claimers)]
@@ -189,7 +207,7 @@ def run(url: str, strategy: str, claimers: int, items: int) -> dict[str, Any]:
     threads = []
     for n, tally in enumerate(tallies):
         target, args = (
-            (ledger_claimer, (ledger, f"c{n}", tally, start))
+            (ledger_claimer, (ledger, strategy, batch, f"c{n}", tally, start))
             if ledger is not None
             else (sql_claimer, (url, strategy, f"c{n}", tally, start))
         )
@@ -203,6 +221,7 @@ def run(url: str, strategy: str, claimers: int, items: int) -> dict[str, Any]:
     elapsed = time.perf_counter() - began
     if ledger is not None:
         ledger.engine.dispose()
+        postgres.drop_database(ledger.bench_url)
     processed = [job for t in tallies for job in t.processed]
     counts = Counter(processed)
     errors = sum((t.errors for t in tallies), Counter())
@@ -229,25 +248,39 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return mid
 
 
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cpus)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=2000, help="jobs per run (default 2000)")
     parser.add_argument("--claimers", default="1,4,16,64", help="comma-separated claimer counts")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES))
-    parser.add_argument("--repeat", type=int, default=2, help="runs per cell; the median is printed")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES + CLAIM_ONLY))
+    parser.add_argument("--repeat", type=int, default=3, help="runs per cell; the median is printed")
+    parser.add_argument("--batch", type=int, default=16, help="items per ledger batch claim (default 16)")
+    parser.add_argument(
+        "--quick", action="store_true", help="300 items, 1,4,16 claimers, 1 run: a smoke test"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.items, args.claimers, args.repeat = 300, "1,4,16", 1
     levels = [int(x) for x in args.claimers.split(",")]
     strategies = args.strategies.split(",")
+    unknown = set(strategies) - set(STRATEGIES + CLAIM_ONLY)
+    if unknown:
+        parser.error(f"unknown strategies {sorted(unknown)}; choose from {STRATEGIES + CLAIM_ONLY}")
 
     url = postgres.create_database("bench_claims")
     results: list[dict[str, Any]] = []
     try:
         print(
             f"{args.items} jobs per run; one thread and one connection per claimer; strategies interleaved,"
-            f" median of {args.repeat} run(s) (the machine may be shared: compare within a claimer count)\n"
+            f" median of {args.repeat} run(s); ledger batch {args.batch}\n{load()}\n"
         )
         header = (
-            f"{'strategy':<12}{'claimers':>9}{'claims/s':>11}{'seconds':>9}{'dups':>7}{'missed':>8}"
+            f"{'strategy':<13}{'claimers':>9}{'claims/s':>11}{'seconds':>9}{'dups':>7}{'missed':>8}"
             f"{'deadlocks':>10}{'empty':>8}  errors"
         )
         print(header)
@@ -256,34 +289,44 @@ def main() -> None:
             runs: dict[str, list[dict[str, Any]]] = {s: [] for s in strategies}
             for _ in range(args.repeat):
                 for strategy in strategies:
-                    runs[strategy].append(run(url, strategy, n, args.items))
+                    runs[strategy].append(run(url, strategy, n, args.items, args.batch))
             for strategy in strategies:
                 r = median_run(runs[strategy])
                 results.append(r)
                 print(
-                    f"{r['strategy']:<12}{r['claimers']:>9}{r['claims_per_s']:>11.0f}{r['seconds']:>9.2f}"
+                    f"{r['strategy']:<13}{r['claimers']:>9}{r['claims_per_s']:>11.0f}{r['seconds']:>9.2f}"
                     f"{r['duplicates']:>7}{r['missed']:>8}{r['deadlocks']:>10}{r['empty']:>8}  {r['errors'] or ''}",
                     flush=True,
                 )
+            print(f"  ({load()})", flush=True)
     finally:
         postgres.drop_database(url)
 
     by = {(r["strategy"], r["claimers"]): r for r in results}
-    print("\nratios (claims/s of skip_locked over the other strategy, same claimer count)")
-    for other in [s for s in strategies if s != "skip_locked"]:
-        cells = []
-        for n in levels:
-            if ("skip_locked", n) in by and (other, n) in by and by[(other, n)]["claims_per_s"]:
-                cells.append(
-                    f"{n}: {by[('skip_locked', n)]['claims_per_s'] / by[(other, n)]['claims_per_s']:.2f}x"
-                )
-        print(f"  skip_locked / {other:<11} " + "  ".join(cells))
-    if "skip_locked" in strategies and len(levels) > 1:
+
+    def ratio_line(base: str, other: str) -> None:
+        cells = [
+            f"{n}: {by[(base, n)]['claims_per_s'] / by[(other, n)]['claims_per_s']:.2f}x"
+            for n in levels
+            if (base, n) in by and (other, n) in by and by[(other, n)]["claims_per_s"]
+        ]
+        if cells:
+            print(f"  {base} / {other:<13} " + "  ".join(cells))
+
+    print(
+        "\nratios (claims/s of the first over the second, same claimer count; above 1: the first is faster)"
+    )
+    for other in [s for s in STRATEGIES if s != "skip_locked"]:
+        ratio_line("skip_locked", other)
+    for other in ("ledger_claim", "ledger_batch"):
+        ratio_line("bare_claim", other)
+    if len(levels) > 1:
         lo, hi = levels[0], levels[-1]
         for s in strategies:
             if (s, lo) in by and (s, hi) in by:
                 scale = by[(s, hi)]["claims_per_s"] / by[(s, lo)]["claims_per_s"]
-                print(f"  {s:<12} {hi} claimers vs {lo}: {scale:.2f}x")
+                print(f"  {s:<13} {hi} claimers vs {lo}: {scale:.2f}x")
+    print(f"\n{load()}")
 
 
 if __name__ == "__main__":

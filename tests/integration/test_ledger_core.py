@@ -202,3 +202,11 @@ def test_every_recorded_transition_is_one_the_state_table_allows(ledger, fake_cl
         rows = conn.execute(sa.text("SELECT event, from_state, to_state, actor FROM transitions")).all()
     assert len(rows) >= 12
     assert [r for r in rows if not states.allowed(*r)] == []
+
+
+@pytest.mark.parametrize(("lease_seconds", "limit", "why"), [(0, 1, "lease_seconds"), (30, 0, "limit")])
+def test_a_claim_without_a_lease_length_or_a_limit_is_refused_clearly(ledger, lease_seconds, limit, why):
+    ledger.add("fetch", "a:1")
+    with pytest.raises(ValueError, match=why):
+        ledger.claim_many("fetch", "w", lease_seconds, "v1", limit=limit)
+    assert ledger.item("a:1").state == "pending"

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
     from sqlalchemy.engine import Connection, Engine
 
+GAVE_UP = "give_up_expired"
+
 
 def claim(
     engine: Engine,
@@ -50,7 +52,11 @@ def claim(
     :param now: ``None`` to use the database's clock (the default); a test's injected time.
     """
     if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
+        raise ValueError(f"claim limit must be at least 1, got {limit}")
+    if not lease_seconds > 0:
+        raise ValueError(
+            f"lease_seconds must be positive, got {lease_seconds}: the lease would be expired at once"
+        )
     granted: list[Lease] = []
     while len(granted) < limit:
         params = {
@@ -76,9 +82,6 @@ def claim(
         if not any(row["event"] == GAVE_UP for row in rows):
             break  # no poison item used up a slot: there is nothing more to lease
     return granted
-
-
-GAVE_UP = "give_up_expired"
 
 
 def _claim_sqlite(conn: Connection, params: dict[str, Any]) -> list[dict[str, Any]]:

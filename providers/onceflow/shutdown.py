@@ -30,18 +30,21 @@ class GracefulShutdown:
     """A stop flag that signals set; install it for the duration of the work."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        # A plain attribute, not a threading.Event: request() runs in signal handlers, and a signal
+        # landing while the main thread is inside Event.set() (which holds a plain lock) would
+        # make the nested handler wait for that lock forever.
+        self._requested = False
         # No lock: request() runs in a signal handler on the main thread, which may be the thread
         # inside on_request(); dict pop is atomic, so each callback runs once.
         self._callbacks: dict[object, Callable[[], None]] = {}
 
     @property
     def requested(self) -> bool:
-        return self._event.is_set()
+        return self._requested
 
     def request(self, *_: Any) -> None:
         """Set the flag and run each registered callback once (signal-handler safe if they are)."""
-        self._event.set()
+        self._requested = True
         for key in list(self._callbacks):
             callback = self._callbacks.pop(key, None)
             if callback is not None:

@@ -215,3 +215,54 @@ def test_bigquery_refuses_an_extract_older_than_the_one_it_holds(
         [tuple(r) for r in RESULT.rows.itertuples(index=False)]
     )
     assert not [t for t in bigquery_stub.tables if "__onceflow_stage_" in t]
+
+
+# A load attempt in its own process: stage the rows, then (with "kill") SIGKILL itself between the
+# staging load job and the swap, as a worker killed at that point would.
+_ATTEMPT = """
+import datetime as dt, os, signal, sys
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import bigquery
+from onceflow.sales.bigquery import fenced_overwrite
+from onceflow.sales.fencing import Lease
+from onceflow.sales.generator import GeneratorConfig
+from onceflow.testing.sales_fixtures import clean_day
+
+day = dt.date(2024, 10, 27)
+token, mode = int(sys.argv[1]), sys.argv[2]
+client = bigquery.Client(project="onceflow-test", credentials=AnonymousCredentials(),
+                         client_options={"api_endpoint": os.environ["BIGQUERY_EMULATOR_HOST"]})
+
+def crash(stage):
+    if mode == "kill" and stage == "staged":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+fenced_overwrite(client, dataset="sales", table="daily_sales",
+                 lease=Lease("daily_sales", day, token, f"run_{token}", 1, dt.datetime(2030, 1, 1)),
+                 rows=clean_day(day, GeneratorConfig(seed=4, orders_per_day=40)).rows,
+                 source_watermark_utc=dt.datetime(2024, 10, 28, 9), checkpoint=crash)
+"""
+
+
+def test_a_staging_table_left_by_an_attempt_killed_before_its_swap_is_dropped_by_the_next_commit(
+    bigquery_stub: BigQueryStub,
+) -> None:
+    """kill -9 between the staging load job and the swap: the dead attempt's staging table (named
+    by its token, so never reused) must not stay in the dataset for good."""
+    import os
+    import subprocess
+    import sys
+
+    def attempt(token: int, mode: str) -> int:
+        env = {**os.environ, "BIGQUERY_EMULATOR_HOST": bigquery_stub.url}
+        proc = subprocess.run([sys.executable, "-c", _ATTEMPT, str(token), mode], env=env, timeout=300)
+        return proc.returncode
+
+    assert attempt(1, "kill") == -9
+    dead = f"{PROJECT}.sales.daily_sales__onceflow_stage_20241027_t1"
+    assert dead in bigquery_stub.tables  # staged, never swapped
+    assert attempt(2, "load") == 0
+    assert rows_checksum(bigquery_stub.partition_rows(TARGET, DAY)) == rows_checksum(
+        [tuple(r) for r in RESULT.rows.itertuples(index=False)]
+    )
+    assert not [t for t in bigquery_stub.tables if "__onceflow_stage_" in t]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import logging
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
     from onceflow.sales.fencing import Lease
 
+_log = logging.getLogger(__name__)
 _DATASET_RE = re.compile(r"^[A-Za-z0-9_]{1,1024}$")
 FENCE_TABLE = "onceflow_load_fence"
 STALE_MARKER = "onceflow-stale-attempt"
@@ -133,6 +135,24 @@ def _table_ids(client: Client, dataset: str, table: str, partition: dt.date, tok
     }
 
 
+def _drop_older_staging(client: Client, dataset: str, table: str, lease: Lease) -> None:
+    """Drop this partition's staging tables of older tokens (attempts killed before their swap).
+
+    Safe once this swap committed: BigQuery refuses every older token from now on, so no older
+    attempt can still use its staging table. A failure here leaves them for the next commit.
+    """
+    from google.api_core.exceptions import GoogleAPICallError
+
+    prefix = f"{table}__onceflow_stage_{lease.partition:%Y%m%d}_t"
+    try:
+        for item in client.list_tables(f"{client.project}.{dataset}"):
+            token = item.table_id.removeprefix(prefix)
+            if item.table_id.startswith(prefix) and token.isdigit() and int(token) < lease.fence_token:
+                client.delete_table(f"{client.project}.{dataset}.{item.table_id}", not_found_ok=True)
+    except GoogleAPICallError as exc:
+        _log.warning("could not drop older staging tables of %s.%s: %s", dataset, prefix, exc)
+
+
 def fenced_overwrite(
     client: Client,
     *,
@@ -204,6 +224,7 @@ def fenced_overwrite(
         if OLDER_MARKER in message:
             raise OlderExtractError(f"{where}: {message}") from exc
         raise
+    _drop_older_staging(client, dataset, table, lease)
     return {
         "load_job_id": load.job_id,
         "swap_job_id": swap.job_id,

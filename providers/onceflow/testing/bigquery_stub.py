@@ -10,7 +10,7 @@ BigQuery does with them:
   a whole (under one lock, as BigQuery serialises two transactions on one table by aborting one):
   the fence table's check and its ``RAISE``, the delete and insert of the partition, the fence
   update, the staging table's drop. Any other query fails, as an unsupported statement;
-* ``jobs.get``, ``jobs.getQueryResults`` and ``tables.delete``;
+* ``jobs.get``, ``jobs.getQueryResults``, ``tables.list`` (one page) and ``tables.delete``;
 * **failing jobs**: :meth:`BigQueryStub.fail_next` makes the next job of a kind finish ``DONE``
   with an ``errorResult`` and change nothing; :meth:`BigQueryStub.hold_next_write` holds the next
   job that would change a table until released (a stalled writer).
@@ -234,6 +234,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
+        listing = re.fullmatch(r"/bigquery/v2/projects/([^/]+)/datasets/([^/]+)/tables", path)
+        if listing is not None:
+            self._list_tables(*listing.groups())
+            return
         job_id = path.rsplit("/", 1)[-1]
         job = self.server.jobs.get(job_id)
         if job is None:
@@ -254,6 +258,22 @@ class _Handler(BaseHTTPRequestHandler):
                 )
         else:
             self._reply(job)
+
+    def _list_tables(self, project: str, dataset: str) -> None:
+        """``tables.list``: every table of the dataset, in one page."""
+        prefix = f"{project}.{dataset}."
+        with self.server.lock:
+            names = sorted(t.removeprefix(prefix) for t in self.server.tables if t.startswith(prefix))
+        tables = [
+            {
+                "kind": "bigquery#table",
+                "id": f"{project}:{dataset}.{name}",
+                "tableReference": {"projectId": project, "datasetId": dataset, "tableId": name},
+                "type": "TABLE",
+            }
+            for name in names
+        ]
+        self._reply({"kind": "bigquery#tableList", "tables": tables, "totalItems": len(tables)})
 
     def do_DELETE(self) -> None:
         match = re.fullmatch(

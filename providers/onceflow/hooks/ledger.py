@@ -13,13 +13,16 @@ Sinks (``onceflow.ledger.outbox.AirflowSink``):
 * :class:`TaskSdkSink` works inside a running task (real workers and ``dag.test``): DAG runs go
   through the Task SDK's supervisor channel to the Execution API; Asset events are added to the
   task's ``AssetAlias`` outlet and recorded when the task succeeds (the relay operators confirm
-  those outbox rows in their success callback, after Airflow recorded them).
+  those outbox rows in their success callback, for the events :func:`events_recorded_by_task`
+  finds recorded in Airflow).
 * :class:`MetadataDbSink` writes Airflow's metadata database through its ORM, for code that may
   (the scheduler side, plugins, tests, maintenance scripts); Airflow 3 workers may not.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -127,6 +130,33 @@ class TaskSdkSink:
             raise RuntimeError("TaskSdkSink needs the task's outlet_events to emit Asset events")
         self.outlet_events[AssetAlias(OUTBOX_ASSET_ALIAS)].add(Asset(uri=uri), extra=extra)
         return False
+
+
+def events_recorded_by_task(ti: Any, uris: Iterable[str], id_key: str) -> set[str]:
+    """The event ids (``extra[id_key]``) Airflow has recorded for ``uris`` from the task ``ti``.
+
+    Asked of the Execution API through the running task's supervisor channel. Airflow runs
+    success callbacks even when it did not take the task's success report (the instance was
+    marked failed or success meanwhile: a 409, or a 200 that records nothing), so an outlet's
+    events are confirmed by finding them, never by the callback having run.
+    """
+    from airflow.sdk.execution_time.comms import AssetEventsResult, GetAssetEventByAsset
+    from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
+
+    # the API server's clock stamps both; the margin covers servers whose clocks differ
+    after = ti.start_date - dt.timedelta(minutes=5) if ti.start_date is not None else None
+    source = (ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+    found: set[str] = set()
+    for uri in sorted(set(uris)):
+        response = SUPERVISOR_COMMS.send(GetAssetEventByAsset(name=None, uri=uri, after=after))
+        if not isinstance(response, AssetEventsResult):
+            continue  # an unknown asset holds no event of ours
+        for event in response.asset_events:
+            mine = (event.source_dag_id, event.source_run_id, event.source_task_id, event.source_map_index)
+            event_id = (event.extra or {}).get(id_key)
+            if mine == source and isinstance(event_id, str):
+                found.add(event_id)
+    return found
 
 
 class MetadataDbSink:

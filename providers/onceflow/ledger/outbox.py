@@ -204,6 +204,16 @@ def confirm_relayed(ledger: Ledger, row_ids: Sequence[int]) -> int:
         return int(conn.execute(stmt, {"ids": list(row_ids), "now": ledger.clock.now()}).rowcount)
 
 
+def rows_by_id(ledger: Ledger, row_ids: Sequence[int]) -> list[OutboxRow]:
+    """The outbox rows with these ids (any state), oldest first."""
+    if not row_ids:
+        return []
+    o = schema.outbox
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(o.select().where(o.c.id.in_(list(row_ids))).order_by(o.c.id)).mappings().all()
+    return [_row(m) for m in rows]
+
+
 def unique_events(events: Iterable[T], extra: Callable[[T], Mapping[str, Any] | None]) -> list[T]:
     """Keep the first of each outbox event id (``extra["onceflow_dedup_key"]``): a consumer's
     deduplication of an at-least-once delivery. Events without the key are all kept.

@@ -28,19 +28,32 @@ DAY = 86400.0
 
 
 def confirm_outbox_deliveries(context: Context) -> None:
-    """Success callback of the relaying operators: Airflow has now recorded the Asset events this
-    task handed to its outlet, so their outbox rows are marked relayed. It runs after the task's
-    other success callbacks; if the worker dies before it, the rows stay pending and the next
-    pass delivers them again (same event id, ``extra["onceflow_dedup_key"]``)."""
-    from onceflow.hooks.ledger import LedgerHook
-    from onceflow.ledger.outbox import confirm_relayed
+    """Success callback of the relaying operators: marks relayed the outbox rows whose Asset
+    events this task handed to its outlet and Airflow recorded with its success.
+
+    Airflow runs success callbacks even when it did not take the success report (the task
+    instance was marked failed or success meanwhile, by a user or the scheduler's heartbeat
+    timeout), so each event is looked up in Airflow first; one not found stays pending. It runs
+    after the task's other success callbacks; if the worker dies before it, the rows stay pending
+    too. Either way the next pass delivers them again (same event id, ``extra["onceflow_dedup_key"]``).
+    """
+    from onceflow.hooks.ledger import LedgerHook, events_recorded_by_task
+    from onceflow.ledger.outbox import EVENT_ID_KEY, confirm_relayed, rows_by_id
 
     task = context["task"]
     awaiting = list(getattr(task, "outbox_awaiting", ()))
     if awaiting:
         ledger = LedgerHook(getattr(task, "ledger_conn_id", LedgerHook.default_conn_name)).get_ledger()
-        confirmed = confirm_relayed(ledger, awaiting)
+        rows = rows_by_id(ledger, awaiting)
+        recorded = events_recorded_by_task(context["ti"], {r.target for r in rows}, EVENT_ID_KEY)
+        confirmed = confirm_relayed(ledger, [r.id for r in rows if r.dedup_key in recorded])
         task.log.info("confirmed %d of %d outbox Asset event(s) as relayed", confirmed, len(awaiting))
+        missing = sorted(r.dedup_key for r in rows if r.dedup_key not in recorded)
+        if missing:
+            task.log.warning(
+                "Airflow did not record %d Asset event(s) of this task (its success report was not "
+                "taken); they stay pending for the next relay pass: %s", len(missing), missing,
+            )  # fmt: skip
 
 
 def _confirming(kwargs: dict[str, Any]) -> dict[str, Any]:

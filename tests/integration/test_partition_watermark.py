@@ -182,3 +182,57 @@ def test_through_the_ledger_an_older_extract_leaves_the_item_done_with_the_newer
     assert ledger.item(key).state == "done"
     latest = ledger.results(key)[-1]
     assert (latest.payload["run_id"], latest.payload["checksum"]) == ("reprocess", newer.checksum)
+
+
+def test_an_older_extract_refused_for_its_rejects_leaves_the_newer_loads_rejects(
+    store: PartitionStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sales_db_url: str
+) -> None:
+    """Too many rejects only records them (``record_rejects``), but an older extract must not.
+
+    The nightly run's load (old extract, one more malformed row) passes the operator's early age
+    check; the reprocess commits right then; the nightly load takes the newest token and, over the
+    reject ratio, would replace the reprocess's rejects and the audit's reject count with its own.
+    """
+    import dataclasses
+
+    import pandas as pd
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from onceflow.operators.partition import PartitionOverwriteOperator
+    from onceflow.sales import staging
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ONCEFLOW_WAREHOUSE",
+        json.dumps({"conn_type": "sqlite" if sales_db_url.startswith("sqlite") else "postgres",
+                    "extra": {"sqlalchemy_url": sales_db_url}}),
+    )  # fmt: skip
+    complete = clean_day(DAY, CONFIG)
+    nightly = clean_day(DAY, CONFIG, ingested_before=NIGHTLY_CUTOFF)
+    extra = pd.DataFrame([{"source_row_id": 10**6, "order_id": "x", "reason": "bad_amount", "raw": "{}"}])
+    nightly = dataclasses.replace(nightly, rejects=pd.concat([nightly.rejects, extra], ignore_index=True))
+    folder = tmp_path / "nightly"
+    folder.mkdir()
+    (folder / "extract.json").write_text(json.dumps({"rows": 0, "source_watermark_utc": str(EARLY)}))
+    staging.write_clean(folder, nightly, partition=DAY, processing_version=PROCESSING_VERSION)
+
+    real_check = PartitionStore.check_extract_age
+
+    def check_then_reprocess_commits(self: PartitionStore, *args: Any, **kwargs: Any) -> None:
+        real_check(self, *args, **kwargs)
+        lease = store.acquire_lease(DAY, run_id="reprocess", try_number=1)
+        store.overwrite(lease, complete.rows, complete.rejects, processing_version=PROCESSING_VERSION,
+                        source_watermark_utc=LATER)  # fmt: skip
+
+    monkeypatch.setattr(PartitionStore, "check_extract_age", check_then_reprocess_commits)
+    load = PartitionOverwriteOperator(
+        task_id="load", partition=DAY.isoformat(), staging_dir=str(folder), ledger_conn_id=None,
+        max_reject_ratio=0.01,
+    )  # fmt: skip
+    context: Any = {"run_id": "scheduled", "ti": types.SimpleNamespace(try_number=2, dag_id="daily_sales")}
+    with pytest.raises(AirflowFailException, match="which is newer"):
+        load.execute(context)
+
+    audit = store.audit(DAY)
+    assert audit is not None and (audit.run_id, audit.reject_count) == ("reprocess", len(complete.rejects))
+    stored = [r["source_row_id"] for r in store.partition_rejects(DAY)]
+    assert stored == sorted(complete.rejects["source_row_id"].tolist())

@@ -195,7 +195,7 @@ class PartitionOverwriteOperator(BaseOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         if staged.reject_ratio > self.max_reject_ratio:
-            store.record_rejects(lease, staged.rejects)
+            store.record_rejects(lease, staged.rejects, source_watermark_utc=staged.source_watermark_utc)
             raise AirflowFailException(
                 f"{len(staged.rejects)} of {staged.source_rows} source rows rejected for {day} "
                 f"({staged.reject_ratio:.1%} > max_reject_ratio {self.max_reject_ratio:.1%}); "

@@ -190,17 +190,24 @@ class PartitionStore:
         notify("committed")
         return audit
 
-    def record_rejects(self, lease: Lease, rejects: pd.DataFrame) -> None:
+    def record_rejects(
+        self, lease: Lease, rejects: pd.DataFrame, *, source_watermark_utc: dt.datetime | None = None
+    ) -> None:
         """Replace only the partition's rejects (fenced), leaving its rows untouched.
 
         Used when a load is refused for too many rejects: the reasons land where users look. The
         partition's audit row, if any, gets the new reject count in the same transaction, so
         ``load_audit.reject_count`` always counts the partition's rows in ``rejects``.
+
+        :param source_watermark_utc: when the extract behind ``rejects`` read the shop; checked
+            like :meth:`overwrite`'s, so an older extract never replaces a newer load's rejects.
+        :raises StaleAttemptError: a newer attempt holds the partition; nothing is written.
+        :raises OlderExtractError: the committed load read the shop later; nothing is written.
         """
         key = partition_key(lease.partition)
         records = frame_records(rejects, REJECT_COLUMNS)
         with self.engine.begin() as conn:
-            self.fencing.check(conn, lease)
+            self._check(conn, lease, source_watermark_utc)
             self._replace_rejects(conn, key, records)
             at = self.audit_table
             conn.execute(

@@ -14,7 +14,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from onceflow.ledger import Ledger, create_ledger_engine
+from onceflow.ledger import LeaseHeld, Ledger, create_ledger_engine
 from onceflow.ledger.clock import DatabaseClock
 from onceflow.ledger.reconcile import reconcile
 from onceflow.testing.ledger_processes import read_json, spawn, stop_all
@@ -113,3 +113,12 @@ def test_the_database_clock_is_the_servers_not_this_processs(db_ledger, monkeypa
     before = clock.now()
     monkeypatch.setattr(time, "time", lambda real=time.time: real() + MINUTES)
     assert abs(clock.now() - before) < 30
+
+
+def test_a_task_whose_clock_runs_minutes_ahead_does_not_take_over_a_live_keyed_lease(db_ledger, monkeypatch):
+    """``lease_key`` (an Airflow task leasing its own partition or step) judges by the database too."""
+    held = db_ledger.lease_key("load", "day:1", "run-1", 60, "v1", reopen_reason="rerun")
+    monkeypatch.setattr(time, "time", lambda real=time.time: real() + MINUTES)  # this process runs ahead
+    with pytest.raises(LeaseHeld):
+        db_ledger.lease_key("load", "day:1", "run-2", 60, "v1", reopen_reason="rerun")
+    assert lease_row(db_ledger, "day:1")[:2] == ("run-1", held.token)

@@ -9,8 +9,8 @@ database server's clock *in the same statement* (PostgreSQL ``clock_timestamp()`
 test injected a clock (``onceflow.testing.clock.FakeClock``), which then decides instead.
 
 Times that are only recorded or compared later (audit ``at``, a retry's ``available_at``, a new
-item's ``available_at``) come from :class:`DatabaseClock` as well: the same clock, read every
-few seconds and carried forward by the process's monotonic clock. Times are float seconds since the Unix epoch (UTC) on both databases.
+item's ``available_at``) come from :class:`DatabaseClock` as well: one small read of the same
+clock before the write. Times are float seconds since the Unix epoch (UTC) on both databases.
 """
 
 from __future__ import annotations
@@ -49,35 +49,27 @@ class DatabaseClock:
     """The ledger database's clock, the default of :class:`~onceflow.ledger.Ledger`.
 
     PostgreSQL: ``clock_timestamp()`` of the server, read on a connection of its own (so it can
-    be asked while a ledger transaction is open) at most every ``resync_seconds``, and carried
-    forward in between by this process's monotonic clock, which a wrong or stepped wall clock
-    does not move (an error of half a round trip plus the monotonic clock's drift, a few
-    milliseconds; these times are recorded, never used to decide a lease). SQLite is embedded:
-    its clock is the clock of the host the file lives on, read the way SQLite reads it (an
-    in-memory database, so the ledger file's write lock is never touched).
+    be asked while a ledger transaction is open), every time. Not extrapolated locally: a time
+    read this way is never later than what a statement run afterwards reads, so an item added
+    "now" is claimable by the next claim (a locally carried-forward estimate can run a few
+    milliseconds ahead of the server and make it wait). SQLite is embedded: its clock is the
+    clock of the host the file lives on, read the way SQLite reads it (an in-memory database,
+    so the ledger file's write lock is never touched).
     """
 
-    def __init__(self, engine: Engine, *, resync_seconds: float = 10.0) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.resync_seconds = resync_seconds
         self._sqlite: sqlite3.Connection | None = None
         self._lock = threading.Lock()
-        self._base: tuple[float, float] | None = None  # (database time, monotonic time) of the last read
         if engine.dialect.name == "sqlite":
             self._sqlite = sqlite3.connect(":memory:", check_same_thread=False)
 
     def now(self) -> float:
-        with self._lock:
-            if self._sqlite is not None:
+        if self._sqlite is not None:
+            with self._lock:
                 return float(self._sqlite.execute(f"SELECT {SQLITE_NOW}").fetchone()[0])
-            mono = time.monotonic()
-            if self._base is None or mono - self._base[1] > self.resync_seconds:
-                with self.engine.connect() as conn:
-                    server = float(conn.execute(sa.text(f"SELECT {POSTGRESQL_NOW}")).scalar_one())
-                after = time.monotonic()
-                self._base = (server, (mono + after) / 2)  # read somewhere in between: take the middle
-                mono = after
-            return self._base[0] + (mono - self._base[1])
+        with self.engine.connect() as conn:
+            return float(conn.execute(sa.text(f"SELECT {POSTGRESQL_NOW}")).scalar_one())
 
 
 def statement_now(clock: Clock) -> float | None:

@@ -175,7 +175,7 @@ class Ledger:
             owner=owner,
             lease_seconds=lease_seconds,
             worker_version=worker_version,
-            now=self.clock.now(),
+            now=statement_now(self.clock),
             payload=payload,
             reopen_reason=reopen_reason,
         )
@@ -193,7 +193,7 @@ class Ledger:
             processing_version=processing_version,
             token=token,
             payload=payload,
-            now=self.clock.now(),
+            now=statement_now(self.clock),
             reason=reason,
         )
 

@@ -18,6 +18,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from onceflow.ledger import items, states
+from onceflow.ledger.clock import db_now
 from onceflow.ledger.commit import _stored_result, _upsert_result
 from onceflow.ledger.errors import LeaseHeld, StaleFenceError, WrongVersion
 from onceflow.ledger.models import Lease
@@ -38,13 +39,15 @@ def lease_key(
     owner: str,
     lease_seconds: float,
     worker_version: str,
-    now: float,
+    now: float | None,
     payload: Any = None,
     reopen_reason: str,
     max_attempts: int = 1000,
 ) -> Lease:
     """Lease ``work_key`` (created or re-opened as needed), fencing token + 1, in one transaction.
 
+    :param now: ``None``: the database's clock decides (read in the transaction, after the row
+        lock); a test's injected time otherwise.
     :param reopen_reason: recorded on the ``recheck`` transition when a finished item re-opens.
     :param max_attempts: attempt budget of a new item (Airflow's retries are the real budget).
     :raises LeaseHeld: another owner's lease is current.
@@ -57,7 +60,7 @@ def lease_key(
             conn,
             kind=kind,
             work_key=work_key,
-            now=now,
+            now=db_now(conn, now),
             actor=states.PRODUCER,
             payload=payload,
             max_attempts=max_attempts,
@@ -65,6 +68,8 @@ def lease_key(
         )
         item = items.lock_item(conn, work_key)
         assert item is not None
+        # Read after the lock: a wait for the row must not make the holder's lease look younger.
+        now = db_now(conn, now)
         required = item["required_version"]
         if required is not None and required != worker_version:
             raise WrongVersion(work_key, required, worker_version)  # rolls back: nothing written
@@ -121,7 +126,7 @@ def record_result(
     processing_version: str,
     token: int,
     payload: Any,
-    now: float,
+    now: float | None,
     reason: str,
 ) -> bool:
     """Record a result a sink committed under ``token`` (actor ``reconciler``); idempotent.
@@ -133,6 +138,7 @@ def record_result(
         item = items.lock_item(conn, work_key)
         if item is None:
             return False
+        now = db_now(conn, now)  # whether a newer lease is current: the database's clock decides
         stored = _stored_result(conn, work_key, step, processing_version)
         if stored is not None and stored.fencing_token >= token:
             return False

@@ -266,3 +266,20 @@ def test_a_staging_table_left_by_an_attempt_killed_before_its_swap_is_dropped_by
         [tuple(r) for r in RESULT.rows.itertuples(index=False)]
     )
     assert not [t for t in bigquery_stub.tables if "__onceflow_stage_" in t]
+
+
+def test_rows_of_another_day_are_refused_before_any_job(bigquery_stub: BigQueryStub, tmp_path: Path) -> None:
+    """The swap deletes one day and inserts every staged row: a row of another day would be added
+    to that day's partition beside its rows. Refused as the SQL overwrite refuses it."""
+    from onceflow.hooks.warehouse import WarehouseHook
+
+    lease = audit_store(tmp_path).acquire_lease(DAY, run_id="r", try_number=1)
+    rows = RESULT.rows.copy()
+    rows.loc[0, "partition_date"] = DAY + dt.timedelta(days=1)
+    with pytest.raises(
+        ValueError, match=r"rows for partitions \['2024-10-28'\] in a load of partition 2024-10-27"
+    ):
+        WarehouseHook("onceflow_warehouse_bq").overwrite_bigquery_partition(
+            table="daily_sales", lease=lease, rows=rows, dataset="sales"
+        )
+    assert bigquery_stub.received == []

@@ -180,6 +180,12 @@ def fenced_overwrite(
     from google.cloud import bigquery
 
     ids = _table_ids(client, dataset, table, lease.partition, lease.fence_token)
+    # The swap deletes only lease.partition but inserts every staged row (as overwrite() refuses).
+    wrong = {d for d in rows["partition_date"].unique() if d != lease.partition}
+    if wrong:
+        raise ValueError(
+            f"rows for partitions {sorted(map(str, wrong))} in a load of partition {partition_key(lease.partition)}"
+        )
     data = ndjson(rows)
     load = client.load_table_from_file(
         io.BytesIO(data),

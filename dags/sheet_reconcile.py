@@ -71,7 +71,10 @@ def sheet_reconcile() -> None:
         def run_state(run_id: str) -> str | None:
             if not ti.get_dr_count(dag_id=ARTICLE_PIPELINE, run_ids=[run_id]):
                 return None
-            return str(ti.get_dagrun_state(dag_id=ARTICLE_PIPELINE, run_id=run_id))
+            state = ti.get_dagrun_state(dag_id=ARTICLE_PIPELINE, run_id=run_id)
+            # the Task SDK answers with its DagRunState enum, whose str() is "DagRunState.FAILED":
+            # the plan compares the value ("failed", "success", ...)
+            return str(getattr(state, "value", state))
 
         # the lease is about the real present, not the data interval
         now = datetime.now(timezone.utc)
@@ -105,9 +108,7 @@ def sheet_reconcile() -> None:
         # row anchors of rows finished without onceflow's final transition (by hand, or by an
         # older onceflow that kept them), and of rows whose run has succeeded (nothing writes
         # through their anchor any more): Google caps developer metadata, so they must not pile up
-        queue.sweep_anchors(
-            released=[a.row.token for a in plan.actions if a.reason == rec.SUCCESS_NOT_DONE and a.row.token]
-        )
+        queue.sweep_anchors(released=plan.released)
         return entries
 
     reconcile()

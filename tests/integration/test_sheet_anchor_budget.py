@@ -196,3 +196,52 @@ def test_the_sweep_releases_anchors_of_rows_whose_run_is_over(sheets_emulator: S
     # a later write to the released row (a recheck's) still lands: it adopts a fresh anchor
     row = queue.write_fields(claims[0].token, {"score": "0.7"})
     assert row.get("score") == "0.7" and row.status is Status.PROCESSING
+
+
+def test_reconcile_releases_a_succeeded_rows_anchor_on_every_pass_not_only_the_first(
+    run_dag: Any, sheets_emulator: SheetsEmulator, monkeypatch: Any
+) -> None:
+    # The "run succeeded but the row is still PROCESSING" flag is written once, but the row's
+    # anchor must be released on every pass: a recheck's write adopts a fresh anchor after the
+    # first release, and a pass killed between its audit append and its sweep releases nothing.
+    # Released only with the flag, such anchors stayed for good and filled the cap again.
+    import uuid
+
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from sqlalchemy import update
+
+    from onceflow.sheets import reconcile as rec
+
+    url = f"https://{uuid.uuid4().hex[:8]}.example.com/a"
+    sid = sheets_emulator.create_spreadsheet("q", sheets={"queue": [HEADER, [url, "NEW"]]})
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid))
+    claimed = run_dag("sheet_claim", conf={"max_rows": 1, "processing_version": "v1"})
+    assert claimed.state == "success", claimed.ti_states
+    ((token, run_id),) = [(c["claim_token"], c["run_id"]) for c in claimed.xcom("claim_rows")["claims"]]
+    # dag.test() does not execute the runs it creates: the run's success is set in the metadata
+    # DB, as the scheduler would once article_pipeline finished
+    with create_session() as session:
+        session.execute(
+            update(DagRun)
+            .where(DagRun.dag_id == "article_pipeline", DagRun.run_id == run_id)
+            .values(state=DagRunState.SUCCESS)
+        )
+    lease_passed = {"lease_minutes": 0, "processing_version": "v1", "max_redrives": 3}
+
+    first = run_dag("sheet_reconcile", conf=lease_passed)
+    assert first.state == "success", first.ti_states
+    assert [e["reason"] for e in first.xcom("reconcile") if e["action"] == "flag"].count(
+        rec.SUCCESS_NOT_DONE
+    ) == 1
+    assert _anchors(sheets_emulator, sid) == []
+
+    # a recheck writes to the row (it is still PROCESSING): it adopts a fresh anchor
+    _queue(sheets_emulator, sid).write_fields(token, {"score": "0.7"})
+    assert [m.value for m in _anchors(sheets_emulator, sid)] == [token]
+
+    second = run_dag("sheet_reconcile", conf=lease_passed)
+    assert second.state == "success", second.ti_states
+    assert rec.SUCCESS_NOT_DONE not in [e["reason"] for e in second.xcom("reconcile")], "flagged twice"
+    assert _anchors(sheets_emulator, sid) == [], "the adopted anchor of a row whose run is over stayed"

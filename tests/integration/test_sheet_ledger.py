@@ -72,6 +72,20 @@ def key_of(url: str) -> str:
     return ledger_link.work_key(row_key(normalise_url(url)))
 
 
+def _end_run(run_id: str, state: str) -> None:
+    """Set an ``article_pipeline`` run's state in the metadata DB (``dag.test()`` does not run it)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    with create_session() as session:
+        session.execute(
+            update(DagRun)
+            .where(DagRun.dag_id == "article_pipeline", DagRun.run_id == run_id)
+            .values(state=state)
+        )
+
+
 def urls(n: int) -> list[str]:
     tag = uuid.uuid4().hex[:8]
     return [f"https://news.example/{tag}/{i}" for i in range(n)]
@@ -166,8 +180,15 @@ def test_reconcile_settles_the_row_from_the_ledger_verdict_once(
 ) -> None:
     [url] = urls(1)
     sid, _ = sheet([[url, "NEW"]])
-    assert run_dag("sheet_claim", conf={"max_rows": 5, "processing_version": "v1"}).state == "success"
+    claimed = run_dag("sheet_claim", conf={"max_rows": 5, "processing_version": "v1"})
+    assert claimed.state == "success"
     key = key_of(url)
+    # the row is settled only once no run is active (a queued run may still settle it); dag.test()
+    # does not execute the run sheet_claim created, so its end is set in the metadata DB, as the
+    # scheduler would record it. (This test used to pass with the run still queued only because
+    # sheet_reconcile compared the Task SDK's DagRunState enum by str(): no state ever matched.)
+    [run_id] = claimed.xcom("claim_rows")["runs"]
+    _end_run(run_id, "failed")
     # stand-in for a later chain step (see the module docstring)
     lease = article_ledger.lease_key("article", key, "fetch-step", 60, "v1", reopen_reason="-")
     if outcome == "needs_correction":

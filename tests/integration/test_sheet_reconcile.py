@@ -318,3 +318,38 @@ def test_read_audit_keys_columns_by_the_known_order_wherever_the_header_is(
     # so re-drives are counted: three re-drives of the claim t1
     row = Snapshot.from_values([HEADER, ["https://x.example/1", "PROCESSING #t1"]]).rows[0]
     assert reconcile._already_logged(audit, reconcile.Action("reset_run", reconcile.REDRIVE_FAILED, row)) == 3
+
+
+def test_reconcile_re_drives_a_run_that_failed_in_the_metadata_db(
+    run_dag: Any, queue_sheet: Any, sheets_emulator: SheetsEmulator
+) -> None:
+    # The run states come from the Task SDK as its DagRunState enum, whose str() is
+    # "DagRunState.FAILED": compared as such, no state matched and a failed run was never
+    # re-driven or given up on (nor a succeeded one flagged). The plan tests pass plain strings,
+    # so only the DAG shows it.
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from sqlalchemy import update
+
+    (url,) = _urls(uuid.uuid4().hex[:8], 1)
+    queue_sheet([[url, "NEW"]])
+    claimed = run_dag("sheet_claim", conf={"max_rows": 1, "processing_version": "v1"})
+    assert claimed.state == "success", claimed.ti_states
+    ((token, run_id),) = [(c["claim_token"], c["run_id"]) for c in claimed.xcom("claim_rows")["claims"]]
+    # dag.test() does not execute the runs it creates: the run's failure is set in the metadata
+    # DB, as the scheduler would record it
+    with create_session() as session:
+        session.execute(
+            update(DagRun)
+            .where(DagRun.dag_id == "article_pipeline", DagRun.run_id == run_id)
+            .values(state=DagRunState.FAILED)
+        )
+    repaired = run_dag(
+        "sheet_reconcile", conf={"lease_minutes": 0, "processing_version": "v1", "max_redrives": 3}
+    )
+    assert repaired.state == "success", repaired.ti_states
+    assert [(e["action"], e["claim_token"], e["run_id"]) for e in repaired.xcom("reconcile")] == [
+        ("reset_run", token, run_id)
+    ]
+    assert _runs("article_pipeline")[run_id][0] == "queued", "the failed run was not cleared"

@@ -102,6 +102,10 @@ class Action:
 @dataclass
 class Plan:
     actions: list[Action] = field(default_factory=list)
+    #: claim tokens of PROCESSING rows whose run succeeded: nothing writes through their row
+    #: anchors any more, so the sweep may remove them. Listed on every pass, unlike their flag
+    #: (written once): a later write adopts a fresh anchor, and a pass can stop before its sweep.
+    released: list[str] = field(default_factory=list)
 
     def of(self, kind: str) -> list[Action]:
         return [a for a in self.actions if a.kind == kind]
@@ -217,6 +221,7 @@ def plan(
             else:
                 add(Action("reset_run", REDRIVE_FAILED, row, run_id))
         elif state == "success":
+            result.released.append(row.token)
             add(Action("flag", SUCCESS_NOT_DONE, row, run_id), once=True)
     return result
 

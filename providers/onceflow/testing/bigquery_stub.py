@@ -8,8 +8,10 @@ BigQuery does with them:
   of it when the table id carries a ``$YYYYMMDD`` decorator; ``WRITE_APPEND`` appends;
 * **query jobs** running the ``-- onceflow:partition_swap`` script: the transaction is modelled as
   a whole (under one lock, as BigQuery serialises two transactions on one table by aborting one):
-  the fence table's check and its ``RAISE``, the delete and insert of the partition, the fence
-  update, the staging table's drop. Any other query fails, as an unsupported statement;
+  the fence table's checks and their ``RAISE``, the delete and insert of the partition, the fence
+  update, the staging table's drop. Each check and each fence or drop step is applied only if
+  the script carries its statement, so a script that lost one is not rescued by the stub. Any
+  other query fails, as an unsupported statement;
 * ``jobs.get``, ``jobs.getQueryResults``, ``tables.list`` (one page) and ``tables.delete``;
 * **failing jobs**: :meth:`BigQueryStub.fail_next` makes the next job of a kind finish ``DONE``
   with an ``errorResult`` and change nothing; :meth:`BigQueryStub.hold_next_write` holds the next
@@ -141,7 +143,13 @@ class BigQueryStub(ThreadingHTTPServer):
         match = _SWAP_HEADER.match(query.get("query", ""))
         if match is None:
             return "invalidQuery: the stub only runs the onceflow partition swap"
-        target, staging, _fence = match.groups()
+        target, staging, fence = match.groups()
+        script = query["query"]
+        # Model only what the script says: a check or step the script lost is not made here either.
+        checks_token = re.search(r"IF newest_token > @fence_token THEN\s+RAISE", script) is not None
+        checks_watermark = re.search(r"IF newest_watermark > @source_watermark_utc\b", script) is not None
+        records_fence = f"MERGE `{fence}`" in script
+        drops_staging = f"DROP TABLE IF EXISTS `{staging}`" in script
         params = {
             p["name"]: p.get("parameterValue", {}).get("value") for p in query.get("queryParameters", [])
         }
@@ -153,23 +161,25 @@ class BigQueryStub(ThreadingHTTPServer):
             token = int(params["fence_token"])
             watermark = _timestamp(params.get("source_watermark_utc"))
             row = self.fence.get(key)
-            if row is not None and row["committed_token"] > token:
+            if checks_token and row is not None and row["committed_token"] > token:
                 return f"{STALE_MARKER}: fence token {row['committed_token']} committed, this attempt holds {token}"
             newest = None if row is None else row["source_watermark_utc"]
-            if newest is not None and (watermark is None or newest > watermark):
+            if checks_watermark and newest is not None and (watermark is None or newest > watermark):
                 return f"{OLDER_MARKER}: the partition holds an extract read at {newest.isoformat()}"
             if staging not in self.tables:
                 return f"notFound: Not found: Table {staging}"
             day = params["day"]
             kept = [r for r in self.tables.get(target, []) if r["partition_date"] != day]
             self.tables[target] = kept + [dict(r) for r in self.tables[staging]]
-            self.fence[key] = {
-                "committed_token": token,
-                "source_watermark_utc": watermark,
-                "run_id": params["run_id"],
-                "try_number": int(params["try_number"]),
-            }
-            del self.tables[staging]
+            if records_fence:
+                self.fence[key] = {
+                    "committed_token": token,
+                    "source_watermark_utc": watermark,
+                    "run_id": params["run_id"],
+                    "try_number": int(params["try_number"]),
+                }
+            if drops_staging:
+                del self.tables[staging]
         return None
 
 

@@ -183,3 +183,24 @@ def test_a_sheet_of_50000_rows_is_read_in_one_call_and_claimed_in_constant_reque
     counts = sheets_emulator.request_log.counts
     assert counts == {"spreadsheets.get": 1, "values.batchGet": 1, "spreadsheets.batchUpdate": 1}, counts
     assert sum(1 for r in _rows(sheets_emulator, sid).rows if r.status is Status.PROCESSING) == 100
+
+
+@pytest.mark.parametrize("version", ["v 2", "v2#x", "v2/x", "", "v" * 41, "v1\n"])
+def test_a_processing_version_no_run_id_can_carry_is_refused_before_any_claim(
+    sheets_emulator: SheetsEmulator, version: str
+) -> None:
+    # The version rides in the claim token. Checked only when the run id was built, after the
+    # claim batch, it left rows "PROCESSING #...-v 2" (a token the status parser cannot read, so
+    # no claimer, sensor or reconciler ever touched them again) and runs never created.
+    sid = sheets_emulator.create_spreadsheet(
+        "articles",
+        sheets={"queue": [HEADER, ["https://ok.example/a", "NEW"], ["https://ok.example/b", "NEW"]]},
+    )
+    transport = GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid)
+    sheets_emulator.request_log.reset()
+    with pytest.raises(ValueError, match="processing version must match") as refused:
+        SheetQueue(transport, version=version).claim(5)
+    assert repr(version) in str(refused.value)
+    assert sheets_emulator.request_log.writes == 0
+    assert [r.status_cell.raw for r in _rows(sheets_emulator, sid).rows] == ["NEW", "NEW"]
+    assert not list(sheets_emulator.server.store.spreadsheets[sid].all_metadata())

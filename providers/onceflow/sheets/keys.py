@@ -64,7 +64,7 @@ def row_key(normalised_url: str) -> str:
 
 
 def check_version(version: str) -> str:
-    if not _VERSION_RE.match(version):
+    if not _VERSION_RE.fullmatch(version):  # fullmatch: "$" alone lets a trailing newline through
         raise ValueError(f"processing version must match {_VERSION_RE.pattern}, got {version!r}")
     return version
 

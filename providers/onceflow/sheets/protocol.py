@@ -36,7 +36,7 @@ from onceflow.sheets import anchors, settle
 from onceflow.sheets.a1 import a1_sheet, column_letter
 from onceflow.sheets.anchored import AnchoredRows
 from onceflow.sheets.audit import AUDIT_HEADER, AuditTab
-from onceflow.sheets.keys import article_run_conf, pipeline_run_id
+from onceflow.sheets.keys import article_run_conf, check_version, pipeline_run_id
 from onceflow.sheets.model import (
     ColumnMap,
     Row,
@@ -118,7 +118,8 @@ class SheetQueue:
 
     :param transport: the Sheets API calls (one transport per thread).
     :param sheet: tab title of the queue.
-    :param version: processing version, part of every run id.
+    :param version: processing version, part of every run id and claim token (``ValueError``
+        unless it matches ``[A-Za-z0-9_.-]{1,40}``).
     :param audit_sheet: tab title of the audit log.
     :param backoff: retry policy for 429s and failed reads.
     :param clock: returns the current aware time (a fake clock in tests).
@@ -144,7 +145,9 @@ class SheetQueue:
     ) -> None:
         self.transport = transport
         self.sheet = sheet
-        self.version = version
+        # checked before any claim: the version rides in every claim token, and one a run id
+        # cannot carry would leave rows PROCESSING under a token nothing can parse or repair
+        self.version = check_version(version)
         self.audit_sheet = audit_sheet
         self.backoff = backoff or Backoff()
         self.clock = clock

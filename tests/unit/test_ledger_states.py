@@ -65,9 +65,13 @@ def test_allowed_matches_recorded_rows():
 
 def test_every_named_query_loads():
     names = query_names()
-    assert {"claim_postgresql", "pick_sqlite", "lease_sqlite", "heartbeat_postgresql", "outbox_pick_postgresql"} <= set(
-        names
-    )
+    assert {
+        "claim_postgresql",
+        "pick_sqlite",
+        "lease_sqlite",
+        "heartbeat_postgresql",
+        "outbox_pick_postgresql",
+    } <= set(names)
     for name in names:
         assert query(name).text.strip()
     with pytest.raises(KeyError):

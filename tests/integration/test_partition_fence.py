@@ -151,3 +151,35 @@ def test_an_existing_warehouse_is_upgraded_in_place_and_old_tokens_stay_fenced(s
     with pytest.raises(StaleAttemptError):
         store.check_fence(old_warehouse)
     engine.dispose()
+
+
+def test_an_old_release_warehouse_lease_attempt_in_flight_across_the_upgrade_is_refused_at_its_commit(
+    sales_db_url: str, ledger: Ledger
+) -> None:
+    """A load of the previous release (warehouse-lease mode, token 7 in ``load_lease``) is still
+    running when a worker of this release upgrades the warehouse, then registers a ledger lease
+    of the same partition and commits. The old process's own commit check (``_check_fence`` of
+    f3cd951, verbatim below: it reads only ``load_lease``) must now refuse it, or it would
+    overwrite the newer commit."""
+    engine = make_engine(sales_db_url)
+    with engine.begin() as conn:
+        for statement in OLD_TABLES.split(";"):
+            if statement.strip():
+                conn.exec_driver_sql(statement)
+    store = PartitionStore(engine, "daily_sales")
+    store.create_schema()  # the upgrade, while old_run (token 7 of load_lease) is loading DAY
+    ledger_lease = ledger.lease_key(KIND, KEY, "daily_sales/new/1", 60, PROCESSING_VERSION, reopen_reason="x")
+    newer = store.register_ledger_token(
+        DAY, token=ledger_lease.token, work_key=KEY, run_id="new", try_number=1
+    )
+    store.overwrite(newer, COMPLETE.rows, COMPLETE.rejects, processing_version=PROCESSING_VERSION)
+
+    lock = " FOR UPDATE" if engine.dialect.name == "postgresql" else ""
+    with engine.begin() as conn:  # the previous release's warehouse-mode check, as SQL
+        row = conn.execute(
+            sa.text(f"SELECT fence_token FROM load_lease WHERE table_name = :t AND partition_key = :k{lock}"),
+            {"t": "daily_sales", "k": DAY.isoformat()},
+        ).one_or_none()
+    old_release_would_commit = row is not None and int(row.fence_token) == 7
+    assert not old_release_would_commit
+    engine.dispose()

@@ -10,8 +10,10 @@ or has a server default), then moves the data the new columns describe:
   fence token and run was written by a ledger-fenced load, under that ledger token.
 * the old ``load_lease`` table (warehouse-mode tokens, a second sequence that ``load_fence`` did
   not see) is folded into ``load_fence``: the partition's token becomes the newer of the two, so
-  an attempt holding an old token of either table is refused afterwards. ``load_lease`` itself is
-  left in place, unused.
+  an attempt holding an old token of either table is refused afterwards. Then every
+  ``load_lease`` token is moved on by one, so a warehouse-lease load of the previous release
+  still running (its commit checks ``load_lease`` only) is refused at its commit. ``load_lease``
+  itself is left in place, unused by this release.
 
 Runs inside :meth:`PartitionStore.create_schema`'s transaction and lock; a second run finds
 nothing missing and changes nothing. Attempts in flight during an upgrade are refused at commit and
@@ -110,3 +112,6 @@ def _fold_load_lease(conn: Connection, ft: sa.Table) -> None:
                 .where(ft.c.table_name == row.table_name, ft.c.partition_key == row.partition_key)
                 .values(**holder)
             )
+    # A load of the previous release still running checks only load_lease at its commit: move
+    # every token on, so that check refuses it (its retry fences through load_fence).
+    conn.execute(lease.update().values(fence_token=lease.c.fence_token + 1))

@@ -149,8 +149,9 @@ class ShopDbHook(_SqlConnectionHook):
         """The orders of ``[start, end)`` and the shop's clock, read in one snapshot.
 
         The watermark is the shop database's own time at the start of the read (naive UTC), so
-        every row committed before it is in the frame and extracts of one shop compare without
-        trusting the workers' clocks.
+        every row committed before it is in the frame. On PostgreSQL extracts of one shop compare
+        without trusting the workers' clocks; SQLite computes ``'now'`` in the reading process, so
+        there it is the worker's clock (readers of one SQLite shop must share one clock).
         """
         import pandas as pd
         import sqlalchemy as sa

@@ -13,6 +13,7 @@ import pendulum
 from airflow.sdk import dag
 
 from onceflow.operators.dashboard import SalesDashboardOperator
+from onceflow.priority import AHEAD_OF_RECENT_FIRST
 from onceflow.sales.config import SalesConfig
 
 CONFIG = SalesConfig.from_env()
@@ -57,9 +58,11 @@ def sales_dashboard() -> None:
         output_dir=OUTPUT_DIR,
         currency=CONFIG.reporting_currency,
         title="Daily sales",
-        # A short read of the warehouse: it takes a warehouse slot, ahead of backfill loads.
+        # A short read of the warehouse: it takes a warehouse slot ahead of the waiting loads,
+        # whose recency weights (RecentFirstWeightStrategy) are in the tens of millions.
         pool="onceflow_warehouse",
-        priority_weight=10,
+        priority_weight=AHEAD_OF_RECENT_FIRST,
+        weight_rule="absolute",
     )
 
 

@@ -37,6 +37,9 @@ EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
 RECENCY_STEP = 100
 #: Airflow stores weights as 32-bit integers (``db_safe_priority``); stay inside.
 _MAX_WEIGHT = 2**31 - 1
+#: An ``absolute`` weight above every :class:`RecentFirstWeightStrategy` weight (those reach about
+#: 88 million by 2100): for short tasks that share the pool and must not wait behind a backfill.
+AHEAD_OF_RECENT_FIRST = _MAX_WEIGHT
 
 
 class RecentFirstWeightStrategy(PriorityWeightStrategy):

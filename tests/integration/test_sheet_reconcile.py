@@ -353,3 +353,38 @@ def test_reconcile_re_drives_a_run_that_failed_in_the_metadata_db(
         ("reset_run", token, run_id)
     ]
     assert _runs("article_pipeline")[run_id][0] == "queued", "the failed run was not cleared"
+
+
+def test_a_re_drive_whose_audit_append_was_resent_counts_once(sheets_emulator: SheetsEmulator) -> None:
+    # httplib2 resends a request whose connection closed before any reply (whatever num_retries
+    # says): a values.append applied, then dropped, is appended twice. Re-drives are counted from
+    # the audit tab, so one re-drive counted as two and the row was given up on early.
+    (url,) = _urls(uuid.uuid4().hex[:8], 1)
+    sid = sheets_emulator.create_spreadsheet(
+        "articles", sheets={"queue": [HEADER, [url, "NEW"]], "audit": [AUDIT_HEADER]}
+    )
+    queue = SheetQueue(GoogleSheetsTransport(anonymous_service(sheets_emulator.endpoint), sid), spread=1)
+    (claim,) = queue.claim(1).claims
+    row = queue.find(claim.token)
+    assert row is not None
+    redrive = reconcile.Action("reset_run", reconcile.REDRIVE_FAILED, row, claim.run_id)
+    queue.sheet_id(queue.audit_sheet)  # the tab ids first, so the fault hits the append
+    sheets_emulator.faults.add("apply_then_drop", count=1, methods=["values.append"])
+    reconcile.apply([redrive], queue, now=datetime.now(timezone.utc), create_run=lambda *_: "created")
+    assert sheets_emulator.request_log["values.append"] == 2, (
+        "httplib2 did not resend: the test proves nothing"
+    )
+    audit = queue.read_audit()
+    assert [e["action"] for e in audit] == ["reset_run", "reset_run"], "the resent copy was appended too"
+    assert reconcile._already_logged(audit, redrive) == 1
+    # so with max_redrives=2 the next pass re-drives once more instead of giving the row up
+    again = reconcile.plan(
+        queue.snapshot(),
+        now=datetime.now(timezone.utc),
+        lease=timedelta(0),
+        version="v1",
+        run_state={claim.run_id: "failed"}.get,
+        audit=audit,
+        max_redrives=2,
+    )
+    assert [a.kind for a in again.actions] == ["reset_run"]

@@ -112,14 +112,22 @@ class Plan:
 
 
 def _already_logged(audit: list[dict[str, str]], action: Action) -> int:
-    return sum(
-        1
+    """How many passes audited ``action`` (its row, kind and reason).
+
+    Counted by distinct audit times: httplib2 resends a ``values.append`` whose connection closed
+    before the reply, so one pass's entry can be in the tab twice, and a re-drive counted twice
+    would give its row up early. One pass audits an action once, and passes are seconds apart.
+    An entry without a time (typed by hand) counts on its own.
+    """
+    times = [
+        e.get("time", "")
         for e in audit
         if e.get("action") == action.kind
         and e.get("reason") == action.reason
         and e.get("claim_token", "") == (action.row.token or "")
         and e.get("url", "") == action.row.url
-    )
+    ]
+    return len({t for t in times if t}) + times.count("")
 
 
 def plan(

@@ -9,6 +9,7 @@ after a newer attempt of the other. Also: an existing warehouse of the earlier l
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from typing import TYPE_CHECKING
 
 import pytest
@@ -182,4 +183,54 @@ def test_an_old_release_warehouse_lease_attempt_in_flight_across_the_upgrade_is_
         ).one_or_none()
     old_release_would_commit = row is not None and int(row.fence_token) == 7
     assert not old_release_would_commit
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_the_upgrade_waits_for_an_old_release_load_mid_transaction_without_a_deadlock(
+    postgres_url: str,
+) -> None:
+    """A warehouse-lease load of the previous release is inside its overwrite (it locked its
+    ``load_lease`` row, is writing rows, has not touched ``load_audit`` yet) when the upgrade
+    starts. The upgrade ALTERs ``load_audit`` and moves ``load_lease`` tokens on: if it took the
+    ALTER's lock first, the old load would wait on it for ``load_audit`` while it waited on the
+    old load's row (PostgreSQL aborts one as a deadlock). Both must finish, in that order."""
+    engine = make_engine(postgres_url)
+    with engine.begin() as conn:
+        for statement in OLD_TABLES.split(";"):
+            if statement.strip():
+                conn.exec_driver_sql(statement)
+    old = engine.connect()  # the previous release's overwrite transaction, statement by statement
+    old.exec_driver_sql(
+        "SELECT * FROM load_lease WHERE table_name = 'daily_sales' AND partition_key = '2024-10-27' FOR UPDATE"
+    )
+    old.exec_driver_sql("DELETE FROM daily_sales WHERE partition_date = '2024-10-27'")
+    upgrade_error: list[BaseException] = []
+
+    def run_upgrade() -> None:
+        try:
+            PartitionStore(engine, "daily_sales").create_schema()
+        except BaseException as exc:
+            upgrade_error.append(exc)
+
+    upgrading = threading.Thread(target=run_upgrade)
+    upgrading.start()
+    upgrading.join(timeout=3)  # the upgrade is under way (waiting on the old load, with the fix)
+    old.exec_driver_sql(
+        "INSERT INTO load_audit VALUES ('daily_sales', '2024-10-27', 0, 0, 'x', 'old_run', 1, 7, 'v1', "
+        "'2024-10-28 00:10:00')"
+    )
+    old.exec_driver_sql(
+        "UPDATE load_lease SET expires_at_utc = '2024-10-28 00:10:00' "
+        "WHERE table_name = 'daily_sales' AND partition_key = '2024-10-27'"
+    )
+    old.commit()  # raised DeadlockDetected here or in the upgrade before the fix
+    old.close()
+    upgrading.join(timeout=120)
+    assert not upgrading.is_alive() and upgrade_error == []
+    with engine.connect() as conn:
+        token = conn.exec_driver_sql(
+            "SELECT fence_token FROM load_lease WHERE partition_key = '2024-10-27'"
+        ).scalar_one()
+    assert token == 8  # moved on after the old load committed
     engine.dispose()

@@ -56,7 +56,17 @@ def upgrade(conn: Connection, tables: WarehouseTables) -> dict[str, list[str]]:
 
     :return: the columns added per table (a table created from scratch is not listed).
     """
-    fence_existed = sa.inspect(conn).has_table(tables.fence.name)
+    inspector = sa.inspect(conn)
+    fence_existed = inspector.has_table(tables.fence.name)
+    if conn.dialect.name == "postgresql" and inspector.has_table("load_lease"):
+        fence_columns = (
+            {c["name"] for c in inspector.get_columns(tables.fence.name)} if fence_existed else set()
+        )
+        if "ledger_token" not in fence_columns:
+            # The fold below updates every load_lease row. Lock them before any ALTER: a load of
+            # the previous release holding one then finishes first, instead of waiting for a
+            # table this transaction ALTERed while this transaction waits for its row (deadlock).
+            conn.exec_driver_sql("SELECT 1 FROM load_lease FOR UPDATE")
     added = {t.name: add_missing_columns(conn, t) for t in (tables.fence, tables.audit)}
     ft, at = tables.fence, tables.audit
     if "ledger_token" in added[ft.name]:

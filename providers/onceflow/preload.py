@@ -45,7 +45,12 @@ def forks_tasks(argv: Sequence[str] | None = None) -> bool:
 
 
 def preload(modules: Sequence[str] = TASK_MODULES) -> list[str]:
-    """Import ``modules``; return the ones that are not installed (skipped, with a log line)."""
+    """Import ``modules``; return the ones that would not import (skipped, with a log line).
+
+    Any error is skipped, not only ImportError: this runs inside ``airflow_local_settings``, and
+    Airflow lets anything else out of it, so a broken install (pandas built against another numpy
+    raises ValueError) would stop the scheduler from starting for the sake of a speed-up.
+    """
     missing = []
     for name in modules:
         try:
@@ -53,6 +58,11 @@ def preload(modules: Sequence[str] = TASK_MODULES) -> list[str]:
         except ImportError as exc:
             missing.append(name)
             log.info("onceflow preload: %s not importable (%s); tasks will import it themselves", name, exc)
+        except Exception:
+            missing.append(name)
+            log.warning(
+                "onceflow preload: importing %s failed; tasks will import it themselves", name, exc_info=True
+            )
     return missing
 
 

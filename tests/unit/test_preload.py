@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,16 @@ def test_only_processes_that_fork_tasks_preload(argv: list[str], expected: bool)
 
 def test_a_library_that_is_not_installed_is_skipped() -> None:
     assert preload(["json", "onceflow_no_such_module"]) == ["onceflow_no_such_module"]
+
+
+def test_a_library_that_fails_to_import_is_skipped_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken install (e.g. pandas built against another numpy: ValueError) must not stop the scheduler."""
+    (tmp_path / "onceflow_broken_lib.py").write_text("raise ValueError('numpy.dtype size changed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    assert preload(["json", "onceflow_broken_lib"]) == ["onceflow_broken_lib"]
 
 
 def test_an_airflow_scheduler_process_imports_pandas_from_local_settings(tmp_path: object) -> None:

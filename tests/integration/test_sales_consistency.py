@@ -121,3 +121,26 @@ def test_the_dashboard_reads_audit_rows_and_sums_in_one_snapshot(postgres_url: s
     assert seen == expected  # both outcomes happened: the load really raced the read
     reader.dispose()
     writer_engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_shop_is_read_in_read_only_snapshots(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onceflow.hooks.warehouse import ShopDbHook
+
+    engine = make_engine(postgres_url)
+    write_orders(engine, generate_orders(DAY, DAY + dt.timedelta(days=1), CONFIG))
+    engine.dispose()
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ONCEFLOW_SHOP_DB",
+        json.dumps({"conn_type": "postgres", "extra": {"sqlalchemy_url": postgres_url}}),
+    )
+    hook = ShopDbHook()
+    start = pendulum.datetime(DAY.year, DAY.month, DAY.day, tz="Europe/Amsterdam")
+    assert len(hook.read_interval(start, start.add(days=1))) > 0
+    with hook.engine.begin() as conn:
+        assert conn.exec_driver_sql("SHOW transaction_isolation").scalar() == "repeatable read"
+        with pytest.raises(sa.exc.DBAPIError, match="read-only transaction"):
+            conn.exec_driver_sql("DELETE FROM orders")
+    hook.engine.dispose()

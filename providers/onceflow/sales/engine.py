@@ -32,7 +32,8 @@ def make_source_engine(url: str, **kwargs: Any) -> Engine:
 
     SQLite files are opened read-only (``mode=ro``) with a plain deferred ``BEGIN``: no write lock,
     no ``journal_mode`` switch, so the shop's file is exactly as the shop left it. PostgreSQL
-    transactions are ``REPEATABLE READ``, so the watermark and the rows come from one snapshot.
+    transactions are ``REPEATABLE READ READ ONLY``: the watermark and the rows come from one
+    snapshot, and a write through this engine is refused by the server.
 
     :param url: SQLAlchemy URL of the shop database.
     :param kwargs: passed to :func:`sqlalchemy.create_engine`.
@@ -46,7 +47,8 @@ def make_source_engine(url: str, **kwargs: Any) -> Engine:
     parsed = sa.engine.make_url(url)
     if parsed.get_backend_name() != "sqlite":
         kwargs.setdefault("isolation_level", "REPEATABLE READ")
-        return sa.create_engine(url, **kwargs)
+        options = {"postgresql_readonly": True, **kwargs.pop("execution_options", {})}
+        return sa.create_engine(url, execution_options=options, **kwargs)
     database = parsed.database or ""
     if database in ("", ":memory:"):
         raise ValueError(f"the shop database must be a SQLite file, not {url!r}")

@@ -66,7 +66,9 @@ class Ledger:
                 conn,
                 kind=kind,
                 work_key=work_key,
-                now=self.clock.now(),
+                # on this connection: DatabaseClock.now() would check out a second one while this
+                # transaction holds the first (a pool of one, or a full pool, would wait forever)
+                now=db_now(conn, statement_now(self.clock)),
                 actor=actor,
                 priority=priority,
                 payload=payload,

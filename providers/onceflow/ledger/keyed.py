@@ -21,6 +21,7 @@ from onceflow.ledger import items, states
 from onceflow.ledger.clock import db_now
 from onceflow.ledger.commit import _stored_result, _upsert_result
 from onceflow.ledger.errors import LeaseHeld, StaleFenceError, WrongVersion
+from onceflow.ledger.leases import GAVE_UP, check_lease_seconds, poison_reason
 from onceflow.ledger.models import Lease
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ def lease_key(
         left for a worker running that version).
     :raises IllegalTransition: the item cannot run (cancelled).
     """
+    check_lease_seconds(lease_seconds)
     with engine.begin() as conn:
         items.create_item(
             conn,
@@ -73,6 +75,19 @@ def lease_key(
         required = item["required_version"]
         if required is not None and required != worker_version:
             raise WrongVersion(work_key, required, worker_version)  # rolls back: nothing written
+        if _poison(item, now):
+            # The lease of its last attempt expired: given up as a claim gives it up (recorded, the
+            # attempt budget kept), then re-opened below like any failed item this task re-runs.
+            reason = poison_reason({f"from_{k}": item[k] for k in _POISON_FIELDS})
+            item = items.apply(
+                conn,
+                item,
+                GAVE_UP,
+                states.WORKER,
+                {"now": now, "reason": reason},
+                {"lease_expires_at": None, "last_error_class": "LeaseExpired", "last_error": reason},
+                owner=owner,
+            )
         if item["state"] in REOPENABLE:
             item = items.apply(
                 conn,
@@ -115,6 +130,20 @@ def lease_key(
         lane=after["lane"],
         recheck_id=after["recheck_id"],
         reason=after["reason"],
+    )
+
+
+_POISON_FIELDS = ("lease_owner", "fencing_token", "attempts", "max_attempts")
+
+
+def _poison(item: dict[str, Any], now: float) -> bool:
+    """Leased, its lease expired, and that lease was the item's last attempt."""
+    expires = item["lease_expires_at"]
+    return (
+        item["state"] == states.LEASED
+        and expires is not None
+        and expires <= now
+        and item["attempts"] >= item["max_attempts"]
     )
 
 

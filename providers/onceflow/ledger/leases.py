@@ -53,10 +53,7 @@ def claim(
     """
     if limit < 1:
         raise ValueError(f"claim limit must be at least 1, got {limit}")
-    if not lease_seconds > 0:
-        raise ValueError(
-            f"lease_seconds must be positive, got {lease_seconds}: the lease would be expired at once"
-        )
+    check_lease_seconds(lease_seconds)
     granted: list[Lease] = []
     while len(granted) < limit:
         params = {
@@ -82,6 +79,15 @@ def claim(
         if not any(row["event"] == GAVE_UP for row in rows):
             break  # no poison item used up a slot: there is nothing more to lease
     return granted
+
+
+def check_lease_seconds(lease_seconds: float) -> None:
+    """Refuse a lease length that is not positive: such a lease is expired at once, so the next
+    claimer (or keyed lease) would take the item over while its holder is still working."""
+    if not lease_seconds > 0:
+        raise ValueError(
+            f"lease_seconds must be positive, got {lease_seconds}: the lease would be expired at once"
+        )
 
 
 def _claim_sqlite(conn: Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -165,6 +171,7 @@ def heartbeat(
 ) -> Lease:
     """Extend ``lease`` from the database's clock (or ``now``); ``StaleFenceError`` if a newer lease exists."""
     seconds = lease.lease_seconds if lease_seconds is None else float(lease_seconds)
+    check_lease_seconds(seconds)
     with engine.begin() as conn:
         name = "heartbeat_sqlite" if is_sqlite(conn) else "heartbeat_postgresql"
         row = conn.execute(

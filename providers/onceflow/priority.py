@@ -129,6 +129,11 @@ def _run_from_scoped_session(dag_id: str, run_id: str) -> tuple[Any, ...] | None
     from sqlalchemy import select
 
     session = scoped()
+    # The session creating a run has flushed it, so it is in a transaction. An idle one (the API
+    # server creates runs in its own session) must stay idle: a query would begin a transaction
+    # that holds a pooled connection, and a lock on dag_run, until the thread next uses it.
+    if not session.in_transaction():
+        return None
     with session.no_autoflush:
         row = session.execute(
             select(DagRun.data_interval_end, DagRun.logical_date, DagRun.run_after).where(

@@ -133,28 +133,27 @@ class TaskSdkSink:
 
 
 def events_recorded_by_task(ti: Any, uris: Iterable[str], id_key: str) -> set[str]:
-    """The event ids (``extra[id_key]``) Airflow has recorded for ``uris`` from the task ``ti``.
+    """The event ids (``extra[id_key]``) Airflow holds for ``uris`` since the task ``ti`` started.
 
     Asked of the Execution API through the running task's supervisor channel. Airflow runs
     success callbacks even when it did not take the task's success report (the instance was
     marked failed or success meanwhile: a 409, or a 200 that records nothing), so an outlet's
-    events are confirmed by finding them, never by the callback having run.
+    events are confirmed by finding them, never by the callback having run. Any recorded event
+    with the id will do (an earlier pass's too): the delivery is durable either way.
     """
     from airflow.sdk.execution_time.comms import AssetEventsResult, GetAssetEventByAsset
     from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
 
     # the API server's clock stamps both; the margin covers servers whose clocks differ
     after = ti.start_date - dt.timedelta(minutes=5) if ti.start_date is not None else None
-    source = (ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
     found: set[str] = set()
     for uri in sorted(set(uris)):
         response = SUPERVISOR_COMMS.send(GetAssetEventByAsset(name=None, uri=uri, after=after))
         if not isinstance(response, AssetEventsResult):
             continue  # an unknown asset holds no event of ours
         for event in response.asset_events:
-            mine = (event.source_dag_id, event.source_run_id, event.source_task_id, event.source_map_index)
             event_id = (event.extra or {}).get(id_key)
-            if mine == source and isinstance(event_id, str):
+            if isinstance(event_id, str):
                 found.add(event_id)
     return found
 

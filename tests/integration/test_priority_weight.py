@@ -61,3 +61,25 @@ def test_an_idle_scoped_session_is_left_idle(airflow_db: object) -> None:
     assert not session.in_transaction(), "the strategy began a transaction in the thread's idle session"
     # No run to read: ranked as due now.
     assert weight >= (before - EPOCH) // dt.timedelta(hours=1) * RECENCY_STEP
+
+
+def test_a_dag_serialized_with_the_former_strategy_name_still_loads(airflow_db: object) -> None:
+    """DAGs stored before issue 12 name ``NightlyFirstWeightStrategy``; the scheduler must load them."""
+    import json
+
+    import pendulum
+    from airflow.sdk import DAG
+    from airflow.sdk.bases.operator import BaseOperator
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    with DAG("former_weight_name", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC")) as dag:
+        BaseOperator(task_id="load", weight_rule=RecentFirstWeightStrategy())
+    text = json.dumps(DagSerialization.to_dict(dag))
+    new, old = "onceflow.priority.RecentFirstWeightStrategy", "onceflow.priority.NightlyFirstWeightStrategy"
+    assert new in text
+
+    loaded = DagSerialization.from_dict(json.loads(text.replace(new, old)))
+
+    rule = loaded.get_task("load").weight_rule
+    assert type(rule).__name__ == "NightlyFirstWeightStrategy"
+    assert isinstance(rule, RecentFirstWeightStrategy)

@@ -107,3 +107,27 @@ def test_an_interval_in_the_wrong_timezone_is_refused() -> None:
     # A UTC day is not an Amsterdam day.
     with pytest.raises(ValueError, match="not one whole day"):
         partition_for_interval(dt.datetime(2024, 6, 1, tzinfo=UTC), dt.datetime(2024, 6, 2, tzinfo=UTC), AMS)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review of issue 12, not fixed: where local midnight happens twice (Cuba ends DST at "
+    "01:00 -> 00:00), Airflow's timetable ends the day at the second midnight and "
+    "partition_for_interval (first midnight) refuses two days' runs",
+)
+def test_every_interval_airflow_schedules_around_a_repeated_midnight_is_a_partition() -> None:
+    import pendulum
+    from airflow.timetables.base import TimeRestriction
+    from airflow.timetables.interval import CronDataIntervalTimetable
+
+    tz = "America/Havana"  # 2024-11-03: 01:00 CDT -> 00:00 CST, so 00:00-01:00 happens twice
+    timetable = CronDataIntervalTimetable("0 0 * * *", timezone=tz)
+    restriction = TimeRestriction(earliest=pendulum.datetime(2024, 11, 1, tz=tz), latest=None, catchup=True)
+    last, days = None, []
+    for _ in range(4):
+        info = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
+        assert info is not None
+        last = info.data_interval
+        days.append(partition_for_interval(last.start, last.end, tz))
+
+    assert days == [dt.date(2024, 11, d) for d in (1, 2, 3, 4)]

@@ -10,6 +10,7 @@ request, after its read and before its write reaches the emulator.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -243,6 +244,89 @@ def test_reconcile_keeps_the_row_whose_claim_token_is_in_the_run(
     assert rows[a_claim.token].status is Status.DUPLICATE
     assert rows[a_claim.token].get("reason") == f"duplicate of row 3 ({b.url})"
     assert _runs("article_pipeline")[b.run_id][1]["claim_token"] == b.token
+
+
+def test_a_recheck_works_on_the_row_that_owns_the_run_not_the_claim_the_item_was_registered_with(
+    run_dag: Any, sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """B registers ``article:K`` with its claim and dies; A's registration changes nothing, A's run
+    carries A's token; reconcile makes B's row DUPLICATE. The item's payload still names B's claim,
+    and a recheck must work on A's row (before the fix it wrote its run id beside B's DUPLICATE)."""
+    from onceflow.ledger import Ledger, create_ledger_engine
+    from onceflow.ledger.recheck import RecheckRequest, start_recheck
+    from onceflow.sheets import ledger_link
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ONCEFLOW_LEDGER",
+        json.dumps({"conn_type": "postgres", "extra": {"sqlalchemy_url": url}}),
+    )
+    ledger = Ledger(create_ledger_engine(url))
+    tag = uuid.uuid4().hex[:8]
+
+    def b_registers_then_dies(claim: Claim) -> None:
+        # B's sheet_claim registered the article with its own claim, then died before its run
+        record = ledger_link.ClaimRecord(
+            claim.row_key, claim.row_number, claim.token, claim.conf(sid, "queue", "v1")
+        )
+        assert ledger_link.register_claims(ledger, [record]) == [ledger_link.work_key(claim.row_key)]
+
+    sid, seen = _the_race(sheets_emulator, monkeypatch, tag, b_registers_then_dies)
+    claimed = run_dag("sheet_claim", conf={"max_rows": 10, "processing_version": "v1"})  # claimer A
+    assert claimed.state == "success", claimed.ti_states
+    b = seen["B"]
+    key = ledger_link.work_key(b.row_key)
+    assert claimed.xcom("claim_rows")["runs"][b.run_id] == "created"
+    assert key not in claimed.xcom("claim_rows")["ledger_items_created"]
+    a_conf = _runs("article_pipeline")[b.run_id][1]
+    a_token = a_conf["claim_token"]
+    assert a_token != b.token
+
+    repaired = run_dag("sheet_reconcile", conf=LEASE_PASSED)  # keeps A's row: its token is in the run
+    assert repaired.state == "success", repaired.ti_states
+    assert {r.token: r.status for r in _rows(sheets_emulator, sid)}[b.token] is Status.DUPLICATE
+    assert ledger.item(key).payload["claim_token"] == b.token, "the interleaving did not happen"
+
+    # the owner's run does its step (dag.test runs it under a manual run id, with the run's conf)
+    owner = run_dag("article_pipeline", conf=a_conf)
+    assert owner.state == "success", owner.ti_states
+    assert ledger.item(key).state == "done"
+
+    started = start_recheck(ledger, RecheckRequest("quality_sample", "weekly QA", "article"))
+    assert started.work_keys == [key]
+    # the conf RecheckDispatchOperator gives the run it creates in the recheck lane
+    recheck_conf = {"work_key": key, "recheck_id": started.recheck_id, "reason": "weekly QA",
+                    "target_version": "v1", "onceflow_lane": "recheck"}  # fmt: skip
+    recheck = run_dag("article_pipeline_recheck", conf=recheck_conf)
+    assert recheck.state == "success", (recheck.ti_states, ledger.item(key))
+    assert recheck.xcom("read_claimed_row")["claim_token"] == a_token
+    rows = {r.token: r for r in _rows(sheets_emulator, sid) if r.token}
+    assert rows[a_token].get("run_id") == recheck.run_id, "the recheck did not write to the owner row"
+    assert rows[b.token].status is Status.DUPLICATE and not rows[b.token].get("run_id")
+    assert ledger.item(key).state == "done"
+
+    # the article's run was cleaned from Airflow's metadata (``airflow db clean``): the claim the
+    # owner's step committed in the ledger still names the owner row
+    _delete_run("article_pipeline", b.run_id)
+    again = start_recheck(ledger, RecheckRequest("quality_sample", "QA after clean-up", "article"))
+    assert again.work_keys == [key]
+    second = run_dag("article_pipeline_recheck", conf={**recheck_conf, "recheck_id": again.recheck_id})
+    assert second.state == "success", (second.ti_states, ledger.item(key))
+    assert second.xcom("read_claimed_row")["claim_token"] == a_token
+    rows = {r.token: r for r in _rows(sheets_emulator, sid) if r.token}
+    assert rows[a_token].get("run_id") == second.run_id
+    assert not rows[b.token].get("run_id")
+    ledger.engine.dispose()
+
+
+def _delete_run(dag_id: str, run_id: str) -> None:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete
+
+    with create_session() as session:
+        session.execute(delete(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    assert run_id not in _runs(dag_id)
 
 
 # -- defect 5: a claimed bad row left PROCESSING ---------------------------------------------------

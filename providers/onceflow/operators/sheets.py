@@ -61,10 +61,16 @@ def run_claim_token(dag_id: str, run_id: str) -> str | None:
     """The claim token in an existing run's conf; ``None`` when there is no such run or its conf
     carries no token (a recheck run). Asked from inside a running task, like :func:`create_dag_run`.
     """
+    from airflow.sdk.api.client import ServerResponseError
     from airflow.sdk.execution_time import task_runner
     from airflow.sdk.execution_time.comms import ErrorResponse, GetDagRun
 
-    response = task_runner.SUPERVISOR_COMMS.send(GetDagRun(dag_id=dag_id, run_id=run_id))
+    try:
+        response = task_runner.SUPERVISOR_COMMS.send(GetDagRun(dag_id=dag_id, run_id=run_id))
+    except ServerResponseError as err:  # dag.test's in-process supervisor raises what a real one replies
+        if err.response.status_code == 404:
+            return None
+        raise
     if isinstance(response, ErrorResponse):
         if (response.detail or {}).get("status_code") == 404:
             return None
@@ -227,7 +233,8 @@ class ClaimedRowOperator(BaseOperator):
 
     The run's conf comes from ``sheet_claim`` or ``sheet_reconcile`` (claim token, row key, URL,
     spreadsheet, tab, processing version); a recheck run carries only ``work_key`` and
-    ``target_version``, and the claim comes from the item's payload.
+    ``target_version``, and the claim comes from the item's payload with the token of the claim
+    that owns the article's run (:func:`onceflow.sheets.ledger_link.owner_claim`).
 
     A run made for another lane (conf ``onceflow_lane``, see :mod:`onceflow.lanes`) fails at once
     without a retry. When Airflow stops the task (``on_kill``: marked failed, killed, a worker's
@@ -273,11 +280,11 @@ class ClaimedRowOperator(BaseOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         from onceflow.hooks.ledger import LedgerHook
-        from onceflow.lanes import WrongLane, check_run_lane
+        from onceflow.lanes import LANES, WrongLane, check_run_lane
         from onceflow.ledger import WrongVersion
         from onceflow.ledger.steps import InvalidInput, run_keyed_step
         from onceflow.sheets.keys import RUN_CONF_KEYS
-        from onceflow.sheets.ledger_link import CLAIM_STEP, KIND, conf_payload, work_key
+        from onceflow.sheets.ledger_link import CLAIM_STEP, KIND, owner_claim, work_key
         from onceflow.shutdown import GracefulShutdown
 
         dag_run = context["dag_run"]
@@ -289,8 +296,11 @@ class ClaimedRowOperator(BaseOperator):
         self._shutdown = GracefulShutdown()
         ledger = LedgerHook(self.ledger_conn_id).get_ledger()
         if not conf.get("claim_token") and conf.get("work_key"):
-            # a recheck run: the claim is on the ledger item
-            conf = {**conf_payload(ledger.item(str(conf["work_key"])).payload), **conf}
+            # a recheck run: the claim is on the ledger item, its token the one of the article's
+            # run (the payload's may be a claimer's that died or stepped aside: a DUPLICATE row)
+            chain = self.dag_id.removesuffix(LANES[self.lane].dag_suffix)  # the new lane's DAG
+            owner = owner_claim(ledger, str(conf["work_key"]), lambda run: run_claim_token(chain, run))
+            conf = {**owner, **conf}
         if not conf.get("claim_token") or not conf.get("row_key"):
             raise AirflowFailException(
                 "run conf has no claim_token/row_key: article_pipeline runs are created by sheet_claim, "

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.ledger import states
 from onceflow.ledger.errors import IllegalTransition, UnknownWorkItem
+from onceflow.sheets.keys import pipeline_run_id
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from onceflow.ledger.core import Ledger
 
@@ -97,6 +98,30 @@ def conf_payload(item_payload: Any) -> dict[str, str]:
     if not isinstance(item_payload, dict):
         return {}
     return {str(k): str(v) for k, v in item_payload.items()}
+
+
+def owner_claim(ledger: Ledger, key: str, run_claim: Callable[[str], str | None]) -> dict[str, str]:
+    """The claim conf a run started with only a work key (a recheck) works on.
+
+    The item's payload is the conf of whichever claimer registered the article first, and that
+    need not be the claim that owns it: a claimer B can register ``article:K`` and die (or step
+    aside) before creating its run, while claimer A of the same URL creates the run with its own
+    token; B's row is then marked DUPLICATE, and a recheck following the payload would work on it.
+    So the token is the one in the article's run conf (``run_claim``: run id -> token, the same
+    authority ``sheet_reconcile`` keeps a row by), else the one the newest committed claim step
+    recorded (the owner run's row; it outlives Airflow's metadata clean-up), else the payload's.
+    """
+    conf = conf_payload(ledger.item(key).payload)
+    row_key, version = conf.get("row_key", ""), conf.get("processing_version", "")
+    token = run_claim(pipeline_run_id(row_key, version)) if row_key and version else None
+    if not token:
+        done = [r for r in ledger.results(key) if r.step == CLAIM_STEP and isinstance(r.payload, dict)]
+        newest = max(done, key=lambda r: (r.committed_at, r.fencing_token), default=None)
+        token = str((newest.payload if newest else {}).get("claim_token") or "")
+    if token and token != conf.get("claim_token"):
+        log.info("%s: the payload names claim %s; the run's claim is %s", key, conf.get("claim_token"), token)
+        conf["claim_token"] = token
+    return conf
 
 
 def repair(

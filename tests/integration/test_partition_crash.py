@@ -451,6 +451,10 @@ def test_kill_9_and_a_zombie_as_real_airflow_tasks_under_the_scheduler(
     zombie_run = run_of(cluster, zombie)
 
     assert zombie_run["state"] == "failed"
+    # Refused by the partition's fence, not only by the extract's age (its extract is older too,
+    # so the watermark check alone would also stop it and hide a missing fence).
+    zombie_log = cluster.task_log_tails("sales_zombie", lines=200)
+    assert "refusing to overwrite daily_sales partition" in zombie_log, zombie_log
     audit = store.audit(DAY)
     assert audit is not None and audit.run_id == rival_run["run_id"]
     assert store.partition_checksum(DAY) == COMPLETE_CHECKSUM

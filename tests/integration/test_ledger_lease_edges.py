@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from onceflow.ledger import LeaseHeld, Ledger, create_ledger_engine, states
+from onceflow.ledger.reconcile import reconcile
 
 
 def stored(ledger: Ledger, work_key: str) -> tuple[str, int, int, int]:
@@ -111,3 +112,28 @@ def test_the_ledger_works_on_a_pool_of_one_connection(ledger_url):
         ]  # fmt: skip
     finally:
         engine.dispose()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review of issue 11, not fixed: record_result refuses a failed item, so a sink commit under "
+    "the given-up lease's (still current) token cannot be recorded; before the poison fix the "
+    "reconciler expired the lease to pending and record_result took it",
+)
+def test_a_sink_commit_under_a_given_up_last_attempt_is_still_recorded(ledger, fake_clock):
+    """The holder's sink (the warehouse, the sheet) committed under its token, then the holder died
+    before ``commit_result`` on the item's last attempt. The reconciler gives the item up; its
+    sink-result check must still be able to record the committed result (no newer lease exists),
+    or the ledger says failed while the sink holds the work done."""
+    ledger.add("load", "day:1", max_attempts=1)
+    lease = ledger.claim("load", "loader", 30, "v1")
+    assert lease is not None  # ... the warehouse commits under lease.token; the loader dies
+    fake_clock.advance(31)
+    reconcile(ledger)  # gives the poison item up
+    assert stored(ledger, "day:1")[0] == states.FAILED
+
+    recorded = ledger.record_result(
+        "day:1", "load", "v1", lease.token, {"rows": 3}, reason="warehouse committed under token 1"
+    )
+
+    assert recorded and stored(ledger, "day:1")[0] == states.DONE

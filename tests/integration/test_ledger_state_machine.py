@@ -165,6 +165,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert result.fencing_token == lease.token
             m.state, m.lease_expires_at = states.DONE, None
             m.result_tokens[lease.worker_version] = lease.token
+            m.required_version = None  # met (the claim checked it): the pin ends with the item's completion
         elif m.result_tokens.get(lease.worker_version) == lease.token:
             before = self.snapshot()
             assert self.ledger.commit_result(lease, STEP, {"token": lease.token}).fencing_token == lease.token
@@ -315,6 +316,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert row.state in states.STATES
             got = (row.state, row.fencing_token, row.attempts, row.lane, row.available_at)
             assert got == (m.state, m.token, m.attempts, m.lane, m.available_at), key
+            assert row.required_version == m.required_version, key
             assert (row.lease_expires_at is not None) == (row.state == states.LEASED)
             if row.state == states.LEASED:
                 assert row.lease_expires_at == m.lease_expires_at

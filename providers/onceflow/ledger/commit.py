@@ -19,6 +19,7 @@ from onceflow.ledger import items, schema, states
 from onceflow.ledger.db import is_sqlite
 from onceflow.ledger.errors import StaleFenceError, UnknownWorkItem
 from onceflow.ledger.models import WORK_ITEM, FollowUp, Lease, ResultRecord
+from onceflow.ledger.recheck import RECHECK_LANE
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -94,6 +95,69 @@ def write_follow_up(
     )
 
 
+def requirement_met(
+    item: dict[str, Any], version: str, reason: str | None
+) -> tuple[dict[str, Any], str | None]:
+    """Clear the item's version requirement when ``version`` met it (updates, completion reason).
+
+    A requirement pins the item for the recheck (or ``add``) that set it: once a result at that
+    version completes the item, any deployment may lease it again. The clearing is recorded in
+    the completing transition's reason, so the old pin stays in the audit trail.
+    """
+    required = item.get("required_version")
+    if required is None or required != version:
+        return {}, reason
+    note = f"required version {required} met: requirement cleared"
+    return {"required_version": None}, f"{reason}; {note}" if reason else note
+
+
+def _replaces_earlier_result(conn: Connection, work_key: str, step: str, token: int) -> bool:
+    """Whether ``step`` of ``work_key`` was committed before, by an older lease (any version)."""
+    r = schema.results.c
+    stmt = sa.select(sa.literal(1)).where(r.work_key == work_key, r.step == step, r.fencing_token < token)
+    return conn.execute(stmt.limit(1)).first() is not None
+
+
+def reopen_next_item(
+    conn: Connection, spec: dict[str, Any], *, parent: dict[str, Any], step: str, token: int, now: float
+) -> bool:
+    """Re-open the finished next item of a re-committed result, once per committing lease.
+
+    The next item read the replaced result, so it runs again: a ``recheck`` transition into the
+    recheck lane with the parent's priority and recheck id (a recheck's priority is carried on its
+    items), a fresh attempt budget and the follow-up's own version requirement. A pending or
+    leased next item is left alone: it has not committed yet (a holder that read the old result
+    before this commit still commits it; docs/ledger.md, Outbox); a cancelled one stays cancelled.
+    :return: whether it re-opened the item.
+    """
+    reason = f"follow-up of {parent['work_key']} {step} re-committed under token {token}"
+    t = schema.transitions.c
+    seen = sa.select(sa.literal(1)).where(t.work_key == spec["key"], t.event == "recheck", t.reason == reason)
+    if conn.execute(seen.limit(1)).first() is not None:
+        return False  # this attempt's re-open happened already
+    item = items.lock_item(conn, spec["key"])
+    if item is None or item["state"] not in states.BY_EVENT["recheck"].sources:
+        return False
+    items.apply(
+        conn,
+        item,
+        "recheck",
+        states.RECHECK,
+        {"now": now, "reason": reason},
+        {
+            "available_at": now,
+            "priority": parent["priority"],
+            "lane": RECHECK_LANE,
+            "recheck_id": parent["recheck_id"],
+            "reason": reason,
+            "required_version": spec["required_version"],
+            "attempts": 0,
+            "lease_expires_at": None,
+        },
+    )
+    return True
+
+
 def commit_result(
     engine: Engine,
     lease: Lease,
@@ -123,17 +187,24 @@ def commit_result(
                 return stored  # this lease's commit already happened: a retry changes nothing
         else:
             assert item is not None
+            # Read before the upsert: at the same version it overwrites the earlier result.
+            recommitted = _replaces_earlier_result(conn, lease.work_key, step, lease.token)
             _upsert_result(conn, lease, step, version, payload, specs, now)
             for spec in specs:
-                write_follow_up(conn, spec, work_key=lease.work_key, step=step, now=now, actor=states.WORKER)
+                created = write_follow_up(
+                    conn, spec, work_key=lease.work_key, step=step, now=now, actor=states.WORKER
+                )
+                if spec["type"] == WORK_ITEM and not created and recommitted:
+                    reopen_next_item(conn, spec, parent=item, step=step, token=lease.token, now=now)
             if complete:
+                cleared, done_reason = requirement_met(item, version, reason)
                 items.apply(
                     conn,
                     item,
                     "complete",
                     states.WORKER,
-                    {"now": now, "token": lease.token, "result_written": True, "reason": reason},
-                    {"lease_expires_at": None, "last_error_class": None, "last_error": None},
+                    {"now": now, "token": lease.token, "result_written": True, "reason": done_reason},
+                    {"lease_expires_at": None, "last_error_class": None, "last_error": None, **cleared},
                     owner=lease.owner,
                 )
             return ResultRecord(

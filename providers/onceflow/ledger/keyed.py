@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.ledger import items, states
 from onceflow.ledger.clock import db_now
-from onceflow.ledger.commit import _stored_result, _upsert_result
+from onceflow.ledger.commit import _stored_result, _upsert_result, requirement_met
 from onceflow.ledger.errors import LeaseHeld, StaleFenceError, WrongVersion
 from onceflow.ledger.leases import GAVE_UP, check_lease_seconds, poison_reason
 from onceflow.ledger.models import Lease
@@ -179,13 +179,14 @@ def record_result(
             return False
         lease = Lease(work_key, item["kind"], states.RECONCILER, token, now, processing_version, 0.0, 0)
         _upsert_result(conn, lease, step, processing_version, payload, [], now)
+        cleared, done_reason = requirement_met(item, processing_version, reason)
         items.apply(
             conn,
             item,
             "record_result",
             states.RECONCILER,
-            {"now": now, "reason": reason, "result_written": True, "token": token},
-            {"lease_expires_at": None},
+            {"now": now, "reason": done_reason, "result_written": True, "token": token},
+            {"lease_expires_at": None, **cleared},
         )
     return True
 

@@ -10,8 +10,9 @@ Scopes:
 * ``stale``: ``done`` items not updated for ``stale_after_seconds``, oldest first.
 * ``failed_window``: ``failed`` items that gave up between ``window_start`` and ``window_end``
   (a provider outage), oldest first.
-* ``new_version``: ``done`` items with no result at ``target_version`` (required from then on,
-  so only workers running that version take them).
+* ``new_version``: ``done`` items with no result at ``target_version`` (required until a result at
+  that version completes them, so only workers running that version take them). A recheck
+  without a ``target_version`` pins nothing: an earlier pin is not inherited.
 * ``quality_sample``: a uniform sample of ``done`` items, seeded by ``seed`` (default: the
   reason), so the same request selects the same items.
 """
@@ -144,7 +145,8 @@ def start_recheck(ledger: Ledger, request: RecheckRequest) -> RecheckResult:
                         "lane": RECHECK_LANE,
                         "recheck_id": recheck_id,
                         "reason": request.reason,
-                        "required_version": request.target_version or item["required_version"],
+                        # A pin belongs to the recheck that set it: none here unless this one sets it.
+                        "required_version": request.target_version,
                         "attempts": 0,
                         "lease_expires_at": None,
                     },

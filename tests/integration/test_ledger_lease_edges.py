@@ -114,12 +114,6 @@ def test_the_ledger_works_on_a_pool_of_one_connection(ledger_url):
         engine.dispose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review of issue 11, not fixed: record_result refuses a failed item, so a sink commit under "
-    "the given-up lease's (still current) token cannot be recorded; before the poison fix the "
-    "reconciler expired the lease to pending and record_result took it",
-)
 def test_a_sink_commit_under_a_given_up_last_attempt_is_still_recorded(ledger, fake_clock):
     """The holder's sink (the warehouse, the sheet) committed under its token, then the holder died
     before ``commit_result`` on the item's last attempt. The reconciler gives the item up; its
@@ -137,3 +131,22 @@ def test_a_sink_commit_under_a_given_up_last_attempt_is_still_recorded(ledger, f
     )
 
     assert recorded and stored(ledger, "day:1")[0] == states.DONE
+
+
+def test_a_failed_item_refuses_the_result_of_an_attempt_older_than_its_last(ledger, fake_clock):
+    """Only the last attempt's sink commit may turn a failed item done: an older attempt's was
+    overtaken by a newer lease, whose outcome (the give-up) stands."""
+    ledger.add("load", "day:2", max_attempts=2)
+    first = ledger.claim("load", "loader", 30, "v1")
+    assert first is not None
+    fake_clock.advance(31)
+    second = ledger.claim("load", "loader", 30, "v1")  # takes the expired lease over: attempt 2 of 2
+    assert second is not None and second.token > first.token
+    fake_clock.advance(31)
+    reconcile(ledger)  # the last attempt expired: given up
+    assert stored(ledger, "day:2")[0] == states.FAILED
+
+    assert not ledger.record_result("day:2", "load", "v1", first.token, {"rows": 1}, reason="old attempt")
+    assert stored(ledger, "day:2")[0] == states.FAILED
+    assert ledger.record_result("day:2", "load", "v1", second.token, {"rows": 2}, reason="last attempt")
+    assert stored(ledger, "day:2")[0] == states.DONE

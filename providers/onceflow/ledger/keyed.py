@@ -175,7 +175,12 @@ def record_result(
             expires = item["lease_expires_at"]
             if expires is None or expires > now:
                 return False
-        if item["state"] not in (states.PENDING, states.LEASED, states.DONE):
+        if item["state"] not in (states.PENDING, states.LEASED, states.DONE, states.FAILED):
+            return False
+        if item["state"] == states.FAILED and item["fencing_token"] != token:
+            # a failed item takes only the result of its last attempt (a poison give-up whose
+            # holder's sink committed before it died): the sink holds that work done, and no
+            # newer lease exists; an older attempt's result stays refused
             return False
         lease = Lease(work_key, item["kind"], states.RECONCILER, token, now, processing_version, 0.0, 0)
         _upsert_result(conn, lease, step, processing_version, payload, [], now)

@@ -202,7 +202,7 @@ STATE_TABLE: tuple[Transition, ...] = (
     ),
     _t(
         "record_result",
-        {PENDING, LEASED, DONE},
+        {PENDING, LEASED, DONE, FAILED},
         DONE,
         {RECONCILER},
         ("result_written", "has_reason"),

@@ -39,7 +39,8 @@ def test_airflow_evaluates_the_deadline_to_seven_local_on_the_next_day(
 
     alert = daily_load_deadline(business_timezone=TZ)
     start, end = local_midnight(day), local_midnight(day + dt.timedelta(days=1))
-    dag_id, run_id = "deadline_dst_probe", f"scheduled__{start.isoformat()}"
+    # not the acceptance test's deadline_dst_probe: both write dag_run rows to the session's DB
+    dag_id, run_id = "deadline_dst_reference", f"scheduled__{start.isoformat()}"
     with create_session() as session:
         session.add(
             DagRun(

@@ -16,8 +16,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -173,6 +174,10 @@ def _the_race(
             won = b.claim(1).claims
             assert [(c.url, c.row_number) for c in won] == [(url, 3)], won
             seen["B"] = won[0]
+            # B's token is stamped a second after A's, so it can lie up to a second ahead of now:
+            # wait it out, or a reconcile in between() sees B's lease (0 minutes) as not yet passed
+            while datetime.now(timezone.utc) <= won[0].claimed_at:
+                time.sleep(0.05)
             between(won[0])
         return original(self, requests)
 

@@ -23,7 +23,7 @@ $(VENV)/.synced: pyproject.toml uv.lock
 
 install: system-deps $(VENV)/.synced
 
-# Debian packages the tests use (unshare for the parse guard; apertium comes with the article chain).
+# Debian packages the tests use (unshare for the parse guard, apertium and apertium-eng-spa for the article chain).
 system-deps:
 	@bash .ci/system-deps
 

@@ -38,18 +38,18 @@ PRIVATE_REDIRECT = "http://10.0.0.1/"
 _FILLER = ("<p>" + "relleno " * 120 + "</p>\n").encode("ascii")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Access:
-    """One request the site answered (or began to answer).
+    """One request, logged when it arrives; ``status`` and ``bytes_sent`` fill in as it is answered.
 
-    :ivar bytes_sent: body bytes written before the response ended or the client went away.
+    :ivar bytes_sent: body bytes written so far (final once the response ended or the client left).
     """
 
     method: str
     path: str
     host: str
-    status: int
-    bytes_sent: int
+    status: int = 0
+    bytes_sent: int = 0
 
 
 class _Server(ThreadingHTTPServer):
@@ -115,7 +115,10 @@ class ArticleSite:
     def start(self) -> ArticleSite:
         """Serve in a daemon thread and return self."""
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name=f"article-site-{self.port}", daemon=True
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"article-site-{self.port}",
+            daemon=True,
         )
         self._serving = True
         self._thread.start()
@@ -181,19 +184,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self) -> None:
-        self._status = 0
-        self._sent = 0
+        # logged on arrival, so a client that saw an answer always finds its request in the log
+        self._access = Access(self.command, self.path, self.headers.get("Host", ""))
+        self.server.site._record(self._access)
         parts = urlsplit(self.path)
-        path = parts.path
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         try:
-            self._route(path, query)
+            self._route(parts.path, query)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             self.close_connection = True  # the client hung up: normal for a capped or cut fetch
-        finally:
-            self.server.site._record(
-                Access(self.command, self.path, self.headers.get("Host", ""), self._status, self._sent)
-            )
 
     # -- routing ---------------------------------------------------------------------------------
 
@@ -226,7 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(
         self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
     ) -> None:
-        self._status = status
+        self._access.status = status
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -235,7 +234,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-            self._sent = len(body)
+            self._access.bytes_sent = len(body)
 
     def _error(self, status: int, headers: dict[str, str] | None = None) -> None:
         phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Status"
@@ -243,7 +242,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, body.encode("utf-8"), "text/html; charset=utf-8", headers)
 
     def _redirect(self, location: str, status: int = 302) -> None:
-        self._status = status
+        self._access.status = status
         self.send_response(status)
         self.send_header("Location", location)
         self.send_header("Content-Length", "0")
@@ -276,21 +275,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _huge(self, size: int, declare: bool) -> None:
         """Generate ``size`` bytes of HTML as they are sent: never more than one chunk in memory."""
-        self._status = 200
+        self._access.status = 200
         self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         if declare:
             self.send_header("Content-Length", str(size))
         self.end_headers()
         self.close_connection = True
-        while self._sent < size and not self.server.site._stopping.is_set():
-            chunk = _FILLER[: size - self._sent]
+        while self._access.bytes_sent < size and not self.server.site._stopping.is_set():
+            chunk = _FILLER[: size - self._access.bytes_sent]
             self.wfile.write(chunk)
-            self._sent += len(chunk)
+            self._access.bytes_sent += len(chunk)
 
     def _slow(self, interval: float, site: ArticleSite) -> None:
         """HTML headers at once, then a byte every ``interval`` seconds until the client leaves."""
-        self._status = 200
+        self._access.status = 200
         self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.end_headers()
@@ -300,7 +299,7 @@ class _Handler(BaseHTTPRequestHandler):
         while not site._stopping.wait(interval):
             self.wfile.write(b".")
             self.wfile.flush()
-            self._sent += 1
+            self._access.bytes_sent += 1
 
     def _published(self, path: str, site: ArticleSite) -> None:
         root = site.published_dir

@@ -89,6 +89,14 @@ def _split(text: str, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
     return out
 
 
+def split_sentences(text: str) -> list[str]:
+    """The sentences of ``text``, paragraph by paragraph, without the whitespace between them."""
+    out: list[str] = []
+    for paragraph, _ in _split(text.strip(), _PARAGRAPH_BREAK):
+        out += [sentence for sentence, _ in _split(paragraph, _SENTENCE_END) if sentence.strip()]
+    return out
+
+
 def _hard_split(text: str, max_chars: int) -> list[tuple[str, str]]:
     """Cut at the last whitespace run before ``max_chars``, else at ``max_chars``."""
     out: list[tuple[str, str]] = []

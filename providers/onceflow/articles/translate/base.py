@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 _PARAGRAPH_BREAK = re.compile(r"[ \t\r\f\v]*\n[ \t\r\f\v]*\n\s*")
-# a sentence ends with . ! ? … (and closing quotes or brackets), then whitespace
-_SENTENCE_END = re.compile(r"(?<=[.!?\u2026])[\"'\u00bb\u201d\u2019)\]]*\s+")
+# a sentence ends with . ! ? … (and closing quotes or brackets, which stay with it), then whitespace
+_SENTENCE_END = re.compile(r"[.!?\u2026][\"'\u00bb\u201d\u2019)\]]*(\s+)")
 
 
 class Translator(Protocol):
@@ -78,13 +78,17 @@ class Chunks(list[str]):
 
 
 def _split(text: str, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
-    """``text`` (no outer whitespace) cut at ``pattern``: (piece, the separator after it)."""
+    """``text`` (no outer whitespace) cut at ``pattern``: (piece, the separator after it).
+
+    The separator is the pattern's group 1 if it has one (what comes before it stays in the piece).
+    """
     out: list[tuple[str, str]] = []
     start = 0
+    group = 1 if pattern.groups else 0
     for match in pattern.finditer(text):
-        if match.start() > start and match.end() < len(text):
-            out.append((text[start : match.start()], match.group()))
-            start = match.end()
+        if match.start(group) > start and match.end(group) < len(text):
+            out.append((text[start : match.start(group)], match.group(group)))
+            start = match.end(group)
     out.append((text[start:], ""))
     return out
 

@@ -12,7 +12,8 @@ models what the article chain depends on:
   than ``max_segments`` strings (1,024) in one request is a 400 ``INVALID_ARGUMENT``; a missing
   field is a 400; a project other than the stub's is a 403 ``PERMISSION_DENIED``;
 * **glossaries**: :meth:`TranslateStub.add_glossary`; a request naming one gets
-  ``glossaryTranslations`` with its terms replaced before translating; an unknown one is a 404;
+  ``glossaryTranslations`` in which each term (whole word, any case) became its target term and
+  was left alone by the translation; an unknown glossary is a 404;
 * **faults**: :meth:`TranslateStub.fail_next` answers the next requests with a 429 (and a
   ``Retry-After``) or a 503 instead;
 * a **request log**: :attr:`TranslateStub.log`, one :class:`StubRequest` per request, in order.
@@ -153,6 +154,17 @@ class TranslateStub(ThreadingHTTPServer):
         )
         return result.stdout.strip()
 
+    def _with_glossary(self, text: str, terms: dict[str, str], source: str, target: str) -> str:
+        """Translate with the glossary's terms kept: each term becomes a number the translation
+        leaves alone (as Google protects glossary terms), then the number becomes the target term."""
+        tokens: dict[str, str] = {}
+        for i, term in enumerate(sorted(terms, key=len, reverse=True)):
+            token = str(990_001 + i)
+            tokens[token] = terms[term]
+            text = re.sub(rf"(?<!\w){re.escape(term)}(?!\w)", token, text, flags=re.IGNORECASE)
+        translated = self._translate(text, source, target)
+        return re.sub(r"\b99\d{4}\b", lambda m: tokens.get(m.group(), m.group()), translated)
+
     def answer(self, project: str, location: str, body: dict[str, Any]) -> dict[str, Any]:
         """The response body for one request, or :class:`_Failure`."""
         with self.lock:
@@ -187,18 +199,12 @@ class TranslateStub(ThreadingHTTPServer):
             terms = self.glossaries[name]
             out["glossaryTranslations"] = [
                 {
-                    "translatedText": self._translate(_apply(c, terms), source, target),
+                    "translatedText": self._with_glossary(c, terms, source, target),
                     "glossaryConfig": {"glossary": glossary},
                 }
                 for c in contents
             ]
         return out
-
-
-def _apply(text: str, terms: dict[str, str]) -> str:
-    for term in sorted(terms, key=len, reverse=True):
-        text = re.sub(rf"(?<!\w){re.escape(term)}(?!\w)", terms[term], text)
-    return text
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -20,7 +20,7 @@ from onceflow.watchdog.incidents import DOWN, FAILING, LATE, UP, Verdict
 from onceflow.watchdog.schema import heartbeats, seen
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from sqlalchemy.engine import Engine
 
@@ -124,13 +124,13 @@ def business_freshness(check: CheckConfig, warehouse: Engine, now: float) -> Ver
             sa.text("SELECT MAX(partition_key) FROM load_audit WHERE table_name = :t"), {"t": table}
         ).scalar()
     fires = deadlines(check, now)
-    expected = expected_partition(check, fires[0])
-    evidence = {"table": table, "newest_partition": newest, "expected_partition": expected}
+    newest_fire = first = next(fires)
+    expected = expected_partition(check, newest_fire)
+    evidence: dict[str, Any] = {"table": table, "newest_partition": newest, "expected_partition": expected}
     if newest is not None and str(newest) >= expected:
         return Verdict(UP, f"{table} {expected} loaded", evidence)
     # The first deadline whose partition is missing: walk back while the partition is still missing.
-    first = fires[0]
-    for fire in fires[1:]:
+    for fire in fires:
         if newest is not None and expected_partition(check, fire) <= str(newest):
             break
         first = fire
@@ -146,17 +146,14 @@ def business_freshness(check: CheckConfig, warehouse: Engine, now: float) -> Ver
     )
 
 
-def deadlines(check: CheckConfig, now: float, count: int = 400) -> list[dt.datetime]:
-    """The passed deadlines, newest first, as aware local datetimes (DST-correct through croniter)."""
+def deadlines(check: CheckConfig, now: float, count: int = 400) -> Iterator[dt.datetime]:
+    """Up to ``count`` passed deadlines, newest first, as aware local datetimes (DST-correct)."""
     from croniter import croniter
 
     tz = check.options["timezone"]
     it = croniter(check.options["deadline_cron"], dt.datetime.fromtimestamp(now, tz))
-    out: list[dt.datetime] = []
     for _ in range(count):
-        prev = it.get_prev(dt.datetime)
-        out.append(prev.astimezone(tz))
-    return out
+        yield it.get_prev(dt.datetime).astimezone(tz)
 
 
 def expected_partition(check: CheckConfig, fire: dt.datetime) -> str:

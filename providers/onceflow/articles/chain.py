@@ -143,11 +143,12 @@ def fetch(run: StepRun, store: Any, policy: Any) -> dict[str, Any]:
 
 def extract(run: StepRun, store: Any) -> dict[str, Any]:
     """Title, main text and language of the fetched page (decoded with the fetch's charset)."""
+    from onceflow.articles.charset import decode_html
     from onceflow.articles.extract import extract_article
 
     fetched = run.result(FETCH)
-    body = load_output(store, fetched)
-    page = body.decode(fetched.get("charset") or "utf-8", errors="replace")
+    # the stored raw body, decoded exactly as the fetch decoded it (BOM, header, meta, sniffing)
+    page = decode_html(load_output(store, fetched), fetched.get("declared_charset")).text
     found = extract_article(page, fetched.get("final_url") or fetched["url"])
     if not found.text.strip():
         raise PermanentStepError("extract: no article text found on the page", step=EXTRACT)
@@ -239,9 +240,15 @@ def body_html(text: str) -> str:
 
 def publish(run: StepRun, store: Any, publisher: Any) -> dict[str, Any]:
     """Render the page and publish it create-only at the article's deterministic path."""
-    from onceflow.articles.publish import publish_path, render_page, sanitize
+    from onceflow.articles.page import render_page, sanitize
+    from onceflow.articles.publish import publish_path
+    from onceflow.articles.translate.apertium import strip_markers
 
     doc, value, _ = final_translation(run, store)
+    # the unknown-word markers were signals for the score and the reviewer, not for readers
+    text = strip_markers(doc["text"]) if doc.get("backend") == "apertium" else doc["text"]
+    title = doc.get("title") or ""
+    title = strip_markers(title) if doc.get("backend") == "apertium" else title
     fetched = run.result(FETCH)
     source_url = fetched.get("final_url") or fetched["url"]
     attribution = (
@@ -249,8 +256,8 @@ def publish(run: StepRun, store: Any, publisher: Any) -> dict[str, Any]:
         f"{doc.get('target', TARGET_LANGUAGE)}) of the article at its source link, by onceflow."
     )
     page = render_page(
-        doc.get("title") or source_url,
-        sanitize(body_html(doc["text"])),
+        title or source_url,
+        sanitize(body_html(text)),
         source_url,
         attribution,
         value,

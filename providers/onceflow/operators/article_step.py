@@ -217,10 +217,18 @@ class ArticleStepOperator(BaseOperator):
         if not isinstance(exc, PermanentStepError):
             return
         from onceflow.articles.writeback import write_failed
+        from onceflow.sheets.model import Status
 
         reason = exc.reason if exc.reason.startswith(f"{self.step}") else f"{self.step}: {exc.reason}"
         try:
-            write_failed(claimed_queue(conf), str(conf["claim_token"]), reason=reason)
+            queue = claimed_queue(conf)
+            # PROCESSING, or NEEDS_REVIEW when the failure came after a reviewer's approval
+            for old in (Status.PROCESSING, Status.NEEDS_REVIEW):
+                if write_failed(queue, str(conf["claim_token"]), reason=reason, old=old):
+                    return
+            self.log.warning(
+                "the row of claim %s was in neither state: FAILED not written", conf["claim_token"]
+            )
         except Exception:
             self.log.exception("could not write FAILED to the row; sheet_reconcile will")
 

@@ -29,10 +29,9 @@ THRESHOLD_TEMPLATE = "{{ var.value.get('onceflow_score_threshold', '" + str(SCOR
 
 
 def _step_store() -> Any:
-    from onceflow.articles.storage import StepStore
     from onceflow.hooks.storage import StorageHook
 
-    return StepStore(StorageHook(conn_id="onceflow_storage").steps_base())
+    return StorageHook().step_store()
 
 
 class FetchArticleOperator(ArticleStepOperator):
@@ -112,7 +111,10 @@ class PolishArticleOperator(ArticleStepOperator):
         from onceflow.articles import chain
         from onceflow.articles.polish import read_glossary
 
-        return chain.polish(run, _step_store(), read_glossary(claimed_queue(run.conf)))
+        queue = claimed_queue(run.conf)
+        return chain.polish(
+            run, _step_store(), read_glossary(queue.transport, queue.transport.spreadsheet_id)
+        )
 
 
 class PublishArticleOperator(ArticleStepOperator):
@@ -131,7 +133,7 @@ class PublishArticleOperator(ArticleStepOperator):
         from onceflow.articles import chain
         from onceflow.hooks.storage import StorageHook
 
-        return chain.publish(run, _step_store(), StorageHook(conn_id="onceflow_storage").get_publisher())
+        return chain.publish(run, _step_store(), StorageHook().publisher())
 
 
 class WriteBackOperator(ArticleStepOperator):

@@ -280,7 +280,8 @@ class ArticleReviewOperator(ApprovalOperator):
                 str((event.get("params_input") or {}).get("note") or "").strip() or "rejected by the reviewer"
             )
             value = float(run.result("polish")["value"])
-            who = (event.get("responded_by_user") or {}).get("name", "")
+            user = event.get("responded_by_user")
+            who = str(user.get("name", "") if isinstance(user, dict) else getattr(user, "name", "") or "")
             write_rejected(
                 claimed_queue(run.conf),
                 str(run.conf["claim_token"]),

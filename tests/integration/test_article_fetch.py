@@ -315,3 +315,64 @@ def _now() -> float:
     import time
 
     return time.time()
+
+
+# -- TLS: connect to the checked address, verify the certificate for the URL's name ----------------
+
+
+def _self_signed(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """A certificate for ``name`` and its key, written as PEM files."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_file, key_file
+
+
+def test_https_connects_to_the_checked_address_with_sni_and_verifies_the_name(tmp_path: Path) -> None:
+    import ssl
+
+    cert_file, key_file = _self_signed(tmp_path, "news.test")
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert_file, key_file)
+    sni: list[str | None] = []
+    server_tls.sni_callback = lambda sock, name, ctx: sni.append(name)  # type: ignore[assignment,misc,return-value]
+    client_tls = ssl.create_default_context(cafile=str(cert_file))
+    with serve(tls=server_tls) as tls_site:
+        resolver = FakeResolver(["127.0.0.1"])
+        policy = FetchPolicy(
+            allow=AllowList.parse([tls_site.address]), resolver=resolver, ssl_context=client_tls
+        )
+        page = fetch_page(f"https://news.test:{tls_site.port}/articles/gazpacho.html", policy)
+        assert page.address == "127.0.0.1" and "Gazpacho" in page.text
+        assert sni == ["news.test"]
+        assert [a.host for a in tls_site.log] == [f"news.test:{tls_site.port}"]
+        # the same address under a name the certificate does not carry: refused, no request sent
+        reason = _refused(f"https://other.test:{tls_site.port}/articles/gazpacho.html", policy)
+        assert reason.startswith("TLS certificate not valid for other.test")
+        assert len(tls_site.log) == 1

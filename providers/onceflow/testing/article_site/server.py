@@ -10,7 +10,7 @@ Routes (GET and HEAD):
 - ``/status/<code>``: that status, with ``Retry-After`` when ``?retry_after=`` is given.
 - ``/huge``: 50 MB of HTML generated while it is sent (``?bytes=N``; ``?declare=1`` sends a
   ``Content-Length``); ``/slow``: HTML headers, then one byte per second forever
-  (``?interval=s``).
+  (``?interval=s``); ``/slow-headers``: the same inside a header line that never ends.
 - ``/published/<path>``: files under ``published_dir`` and nothing outside it.
 
 Every accepted TCP connection is counted and every request is logged (:attr:`ArticleSite.log`):
@@ -235,6 +235,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._huge(int(query.get("bytes", HUGE_BYTES)), query.get("declare") == "1")
         elif path == "/slow":
             self._slow(float(query.get("interval", "1")), site)
+        elif path == "/slow-headers":
+            self._slow_headers(float(query.get("interval", "1")), site)
         elif path == "/published" or path.startswith("/published/"):
             self._published(path, site)
         else:
@@ -318,6 +320,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b".")
             self.wfile.flush()
             self._access.bytes_sent += 1
+
+    def _slow_headers(self, interval: float, site: ArticleSite) -> None:
+        """A status line, then a header that never ends, a byte every ``interval`` seconds."""
+        self.close_connection = True
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nX-Drip: ")
+        self.wfile.flush()
+        self._access.status = 200
+        while not site._stopping.wait(interval):
+            self.wfile.write(b"a")
+            self.wfile.flush()
 
     def _published(self, path: str, site: ArticleSite) -> None:
         root = site.published_dir

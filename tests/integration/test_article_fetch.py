@@ -95,6 +95,17 @@ def test_ipv6_loopback_is_refused_before_connecting() -> None:
         assert six.connections == 0
 
 
+def test_an_allowed_ipv6_site_is_fetched_over_ipv6() -> None:
+    try:
+        six = serve(host="::1")
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with six:
+        page = fetch_page(six.url("/articles/mercado-do-bolhao.html"), _allowing(six))
+        assert page.address == "::1" and "Mercado do Bolhão" in page.text
+        assert [a.host for a in six.log] == [f"[::1]:{six.port}"]
+
+
 def test_the_cloud_metadata_address_is_refused() -> None:
     reason = _refused("http://169.254.169.254/latest/meta-data/iam/security-credentials/")
     assert reason == "blocked: 169.254.169.254 (link-local, cloud metadata) for host 169.254.169.254"
@@ -184,6 +195,19 @@ def test_a_redirect_chain_is_followed_and_recorded(site: ArticleSite) -> None:
 def test_a_redirect_off_http_or_to_a_private_host_is_refused(site: ArticleSite, location: str) -> None:
     reason = _refused(site.url(f"/redirect-to?url={location}"), _allowing(site))
     assert reason.startswith(("only http and https URLs are fetched", "blocked: 10.0.0.1 (private)"))
+
+
+def test_a_url_with_accents_is_sent_percent_encoded(site: ArticleSite) -> None:
+    page = fetch_page(site.url("/articles/gazpacho.html?ref=campaña"), _allowing(site))
+    assert "Gazpacho" in page.text
+    moved = fetch_page(
+        site.url("/redirect-to?url=/articles/gazpacho.html%3Fref%3Dni%C3%B1os"), _allowing(site)
+    )
+    assert moved.final_url == site.url("/articles/gazpacho.html?ref=niños")
+    assert [a.path for a in site.log][::2] == [
+        "/articles/gazpacho.html?ref=campa%C3%B1a",
+        "/articles/gazpacho.html?ref=ni%C3%B1os",
+    ]
 
 
 def test_an_over_long_redirect_chain_is_refused(site: ArticleSite) -> None:

@@ -23,7 +23,7 @@ import ipaddress
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 from onceflow.articles.errors import PermanentStepError, TransientStepError
 
@@ -67,6 +67,8 @@ _RULES: tuple[tuple[IPNetwork, str], ...] = tuple(
     (ipaddress.ip_network(net), why) for net, why in _V4_RULES + _V6_RULES
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# RFC 3986 reserved and unreserved characters, and "%" so existing escapes stay as they are
+_SAFE = "/%:@!$&'()*+,;=-._~"
 
 
 def blocked_reason(addr: IPAddress) -> str | None:
@@ -150,7 +152,8 @@ class Target:
 
     :ivar host: the normalised host name or address text (lower case, no brackets, no trailing dot).
     :ivar literal: the address when the host is an IP literal, else ``None``.
-    :ivar request_target: path and query to send (``/a/b?c``), never empty.
+    :ivar request_target: path and query to send (``/a/b?c``), never empty, ASCII only: other
+        characters are percent-encoded as UTF-8 (``/España`` is sent as ``/Espa%C3%B1a``).
     :ivar written_host: the host as the URL spells it (``0x7f.1``), for reasons.
     """
 
@@ -195,9 +198,9 @@ def parse_url(url: str) -> Target:
     if port == 0:
         raise PermanentStepError(f"not a valid port in URL: {url}", step="fetch")
     port = port or (443 if scheme == "https" else 80)
-    target = parts.path or "/"
+    target = quote(parts.path or "/", safe=_SAFE)
     if parts.query:
-        target += "?" + parts.query
+        target += "?" + quote(parts.query, safe=_SAFE + "?")
     return Target(
         url=text,
         scheme=scheme,

@@ -193,6 +193,15 @@ def test_the_fetch_hook_takes_its_allow_list_from_the_connection(monkeypatch: py
     assert [a.path for a in site.log] == ["/articles/festa-major.html", "/articles/festa-major.html"]
 
 
+def test_the_article_site_fixture_serves_published_pages_and_allows_the_default_hook(
+    article_site: ArticleSite,
+) -> None:
+    assert article_site.published_dir is not None
+    (article_site.published_dir / "hola.html").write_text("<!doctype html><p>¡Hola!</p>", encoding="utf-8")
+    page = FetchHook().fetch(article_site.url("/published/hola.html"))
+    assert page.text == "<!doctype html><p>¡Hola!</p>"
+
+
 def test_the_fetch_hook_names_bad_extras(monkeypatch: pytest.MonkeyPatch) -> None:
     _connection(monkeypatch, "fetch_bad_t", {"allow": "127.0.0.1:notaport", "timeout": 5})
     with pytest.raises(ValueError) as caught:

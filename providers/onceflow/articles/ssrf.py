@@ -20,6 +20,7 @@ ranges through, optionally on one port only: the local demo site is ``127.0.0.1:
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -183,7 +184,10 @@ def parse_url(url: str) -> Target:
         raise PermanentStepError(
             f"not a valid URL (space, backslash or control character): {url!r}", step="fetch"
         )
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:
+        raise PermanentStepError(f"not a valid URL ({exc}): {url}", step="fetch") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         raise PermanentStepError(
@@ -216,7 +220,10 @@ def _parse_host(parts: SplitResult, url: str) -> tuple[str, IPAddress | None]:
     raw = parts.hostname  # userinfo dropped, brackets stripped, lower-cased
     if not raw:
         raise PermanentStepError(f"no host in URL: {url}", step="fetch")
-    if "[" in parts.netloc.rpartition("@")[2]:
+    hostport = parts.netloc.rpartition("@")[2]
+    if "[" in hostport:
+        if not re.fullmatch(r"\[[^\[\]]+\](:\d*)?", hostport):
+            raise PermanentStepError(f"not a valid IPv6 host in URL: {url}", step="fetch")
         try:
             v6 = ipaddress.IPv6Address(unquote(raw))
         except ValueError:

@@ -109,6 +109,9 @@ def test_a_public_name_passes_and_the_resolver_is_asked_once() -> None:
         ("http://127.0.0.1\\@example.com/", "not a valid URL (space, backslash or control character)"),
         ("http://exa mple.com/", "not a valid URL"),
         ("http://[fe80::1%25eth0]/", "IPv6 zone identifiers are not fetched"),
+        ("http://[::1/", "not a valid URL (Invalid IPv6 URL)"),
+        ("http://[127.0.0.1]/", "not a valid URL (An IPv4 address cannot be in brackets)"),
+        ("http://[::1]x/", "not a valid IPv6 host"),
     ],
 )
 def test_what_is_not_a_plain_http_url_is_refused(url: str, reason: str) -> None:

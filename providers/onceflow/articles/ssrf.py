@@ -20,10 +20,11 @@ ranges through, optionally on one port only: the local demo site is ``127.0.0.1:
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 from onceflow.articles.errors import PermanentStepError, TransientStepError
 
@@ -67,6 +68,8 @@ _RULES: tuple[tuple[IPNetwork, str], ...] = tuple(
     (ipaddress.ip_network(net), why) for net, why in _V4_RULES + _V6_RULES
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# RFC 3986 reserved and unreserved characters, and "%" so existing escapes stay as they are
+_SAFE = "/%:@!$&'()*+,;=-._~"
 
 
 def blocked_reason(addr: IPAddress) -> str | None:
@@ -150,7 +153,8 @@ class Target:
 
     :ivar host: the normalised host name or address text (lower case, no brackets, no trailing dot).
     :ivar literal: the address when the host is an IP literal, else ``None``.
-    :ivar request_target: path and query to send (``/a/b?c``), never empty.
+    :ivar request_target: path and query to send (``/a/b?c``), never empty, ASCII only: other
+        characters are percent-encoded as UTF-8 (``/España`` is sent as ``/Espa%C3%B1a``).
     :ivar written_host: the host as the URL spells it (``0x7f.1``), for reasons.
     """
 
@@ -180,7 +184,10 @@ def parse_url(url: str) -> Target:
         raise PermanentStepError(
             f"not a valid URL (space, backslash or control character): {url!r}", step="fetch"
         )
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:
+        raise PermanentStepError(f"not a valid URL ({exc}): {url}", step="fetch") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         raise PermanentStepError(
@@ -195,9 +202,9 @@ def parse_url(url: str) -> Target:
     if port == 0:
         raise PermanentStepError(f"not a valid port in URL: {url}", step="fetch")
     port = port or (443 if scheme == "https" else 80)
-    target = parts.path or "/"
+    target = quote(parts.path or "/", safe=_SAFE)
     if parts.query:
-        target += "?" + parts.query
+        target += "?" + quote(parts.query, safe=_SAFE + "?")
     return Target(
         url=text,
         scheme=scheme,
@@ -213,7 +220,10 @@ def _parse_host(parts: SplitResult, url: str) -> tuple[str, IPAddress | None]:
     raw = parts.hostname  # userinfo dropped, brackets stripped, lower-cased
     if not raw:
         raise PermanentStepError(f"no host in URL: {url}", step="fetch")
-    if "[" in parts.netloc.rpartition("@")[2]:
+    hostport = parts.netloc.rpartition("@")[2]
+    if "[" in hostport:
+        if not re.fullmatch(r"\[[^\[\]]+\](:\d*)?", hostport):
+            raise PermanentStepError(f"not a valid IPv6 host in URL: {url}", step="fetch")
         try:
             v6 = ipaddress.IPv6Address(unquote(raw))
         except ValueError:

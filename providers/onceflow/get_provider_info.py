@@ -38,6 +38,8 @@ def get_provider_info() -> dict[str, Any]:
                     "onceflow.hooks.ledger",
                     "onceflow.hooks.translate",
                     "onceflow.hooks.fetch",
+                    "onceflow.hooks.storage",
+                    "onceflow.hooks.heartbeat",
                 ],
             }
         ],

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceflow.articles.errors import PermanentStepError
+from onceflow.articles.errors import PermanentStepError, TransientStepError
 from onceflow.articles.translate import Translation, chunk_paragraphs, translate_text
 from onceflow.articles.translate.apertium import ApertiumTranslator, strip_markers
 from onceflow.hooks.translate import TranslateConfigError, TranslateHook
@@ -132,6 +132,22 @@ def test_apertium_marks_unknown_words_unless_told_not_to():
     assert "*zorblaxo" in marked
     assert "zorblaxo" in unmarked and "*" not in unmarked
     assert strip_markers(marked) == unmarked
+
+
+def test_apertium_keeps_the_characters_its_stream_format_reserves():
+    text = "Precio: 30 [oferta] <b>50%</b> ^ $ \\ @usuario #etiqueta / fin."
+
+    [out] = ApertiumTranslator("spa-eng").translate_chunks([text], "es", "en")
+
+    for kept in ("[", "]", "<", ">", "50%", "^", "$", "\\", "@", "#", "/"):
+        assert kept in out
+
+
+def test_apertium_past_its_timeout_is_transient():
+    with pytest.raises(TransientStepError) as failure:
+        ApertiumTranslator("spa-eng", timeout=0.001).translate_chunks([SPANISH], "es", "en")
+
+    assert "apertium spa-eng took over 0.001 s on chunk 1 of 1" in failure.value.reason
 
 
 def test_apertium_refuses_a_pair_its_mode_does_not_translate_and_names_the_installed_ones():

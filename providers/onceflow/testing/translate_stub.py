@@ -15,7 +15,7 @@ models what the article chain depends on:
   ``glossaryTranslations`` in which each term (whole word, any case) became its target term and
   was left alone by the translation; an unknown glossary is a 404;
 * **faults**: :meth:`TranslateStub.fail_next` answers the next requests with a 429 (and a
-  ``Retry-After``) or a 503 instead;
+  ``Retry-After``) or a 503 instead; :meth:`TranslateStub.delay_next` answers them late;
 * a **request log**: :attr:`TranslateStub.log`, one :class:`StubRequest` per request, in order.
 
 Use it with :func:`serve`::
@@ -32,6 +32,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -106,6 +107,7 @@ class TranslateStub(ThreadingHTTPServer):
         self.log: list[StubRequest] = []
         self.glossaries: dict[str, dict[str, str]] = {}
         self._faults: list[tuple[int, float | None]] = []
+        self._delays: list[float] = []
         self._modes: list[str] | None = None
 
     @property
@@ -127,6 +129,11 @@ class TranslateStub(ThreadingHTTPServer):
         """Answer the next ``count`` requests with ``status`` (429 or 503), with ``Retry-After`` if given."""
         with self.lock:
             self._faults += [(status, retry_after)] * count
+
+    def delay_next(self, seconds: float, *, count: int = 1) -> None:
+        """Answer the next ``count`` requests only after ``seconds`` (a slow or hung backend)."""
+        with self.lock:
+            self._delays += [seconds] * count
 
     def add_glossary(self, glossary_id: str, terms: dict[str, str]) -> None:
         """A glossary (source term -> target term) requests may name in ``glossaryConfig``."""
@@ -169,6 +176,8 @@ class TranslateStub(ThreadingHTTPServer):
         """The response body for one request, or :class:`_Failure`."""
         with self.lock:
             fault = self._faults.pop(0) if self._faults else None
+            delay = self._delays.pop(0) if self._delays else 0.0
+        time.sleep(delay)
         if fault is not None:
             status, retry_after = fault
             message = "Quota exceeded" if status == 429 else "The service is currently unavailable."

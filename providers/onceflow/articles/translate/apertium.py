@@ -104,9 +104,18 @@ class ApertiumTranslator:
         self.binary = binary
 
     @classmethod
-    def for_languages(cls, source: str, target: str, **kwargs: object) -> ApertiumTranslator:
+    def for_languages(
+        cls,
+        source: str,
+        target: str,
+        *,
+        mark_unknown: bool = True,
+        timeout: float = 120.0,
+        binary: str = "apertium",
+    ) -> ApertiumTranslator:
         """The translator for ``source`` -> ``target`` (ISO 639-1), mode ``<src3>-<tgt3>``."""
-        return cls(f"{apertium_code(source)}-{apertium_code(target)}", **kwargs)  # type: ignore[arg-type]
+        mode = f"{apertium_code(source)}-{apertium_code(target)}"
+        return cls(mode, mark_unknown=mark_unknown, timeout=timeout, binary=binary)
 
     def _command(self) -> str:
         path = shutil.which(self.binary)

@@ -260,3 +260,23 @@ def test_the_hook_names_the_bad_extra(monkeypatch, extra, message):
 
     assert "connection 'translate_bad_t'" in str(failure.value)
     assert message in str(failure.value)
+
+
+def test_apertium_keeps_the_layout_of_an_extracted_article_across_chunks():
+    paragraphs = [
+        "El mercado central abrirá una nueva sección de productos locales. Los agricultores de la comarca "
+        "venderán frutas y verduras de temporada todos los sábados.",
+        "- Horario de mañana: de ocho a dos\n- Horario de tarde: de cinco a ocho",
+        "Día | Puestos\nLunes | Doce\nSábado | Treinta",
+        "La concejala de comercio dijo que el proyecto costará poco dinero.",
+    ]
+    text = "\n\n".join(paragraphs)
+
+    result = translate_text(ApertiumTranslator("spa-eng"), text, "es", "en", max_chars=90)
+
+    out = result.text.split("\n\n")
+    assert result.chunks >= 4 and len(out) == len(paragraphs)
+    assert out[1].splitlines()[0].startswith("- ") and len(out[1].splitlines()) == 2
+    assert [line.count("|") for line in out[2].splitlines()] == [1, 1, 1]
+    assert out[2].startswith("Day | ") and "Saturday | " in out[2]
+    assert "market" in out[0] and "Saturdays" in out[0]

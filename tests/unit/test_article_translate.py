@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceflow.articles.errors import PermanentStepError
+from onceflow.articles.errors import PermanentStepError, TransientStepError
 from onceflow.articles.translate import Translation, chunk_paragraphs, translate_text
 from onceflow.articles.translate.apertium import ApertiumTranslator, strip_markers
 from onceflow.hooks.translate import TranslateConfigError, TranslateHook
@@ -134,6 +134,22 @@ def test_apertium_marks_unknown_words_unless_told_not_to():
     assert strip_markers(marked) == unmarked
 
 
+def test_apertium_keeps_the_characters_its_stream_format_reserves():
+    text = "Precio: 30 [oferta] <b>50%</b> ^ $ \\ @usuario #etiqueta / fin."
+
+    [out] = ApertiumTranslator("spa-eng").translate_chunks([text], "es", "en")
+
+    for kept in ("[", "]", "<", ">", "50%", "^", "$", "\\", "@", "#", "/"):
+        assert kept in out
+
+
+def test_apertium_past_its_timeout_is_transient():
+    with pytest.raises(TransientStepError) as failure:
+        ApertiumTranslator("spa-eng", timeout=0.001).translate_chunks([SPANISH], "es", "en")
+
+    assert "apertium spa-eng took over 0.001 s on chunk 1 of 1" in failure.value.reason
+
+
 def test_apertium_refuses_a_pair_its_mode_does_not_translate_and_names_the_installed_ones():
     with pytest.raises(PermanentStepError) as failure:
         ApertiumTranslator("spa-eng").translate_chunks(["Bonjour."], "fr", "en")
@@ -244,3 +260,23 @@ def test_the_hook_names_the_bad_extra(monkeypatch, extra, message):
 
     assert "connection 'translate_bad_t'" in str(failure.value)
     assert message in str(failure.value)
+
+
+def test_apertium_keeps_the_layout_of_an_extracted_article_across_chunks():
+    paragraphs = [
+        "El mercado central abrirá una nueva sección de productos locales. Los agricultores de la comarca "
+        "venderán frutas y verduras de temporada todos los sábados.",
+        "- Horario de mañana: de ocho a dos\n- Horario de tarde: de cinco a ocho",
+        "Día | Puestos\nLunes | Doce\nSábado | Treinta",
+        "La concejala de comercio dijo que el proyecto costará poco dinero.",
+    ]
+    text = "\n\n".join(paragraphs)
+
+    result = translate_text(ApertiumTranslator("spa-eng"), text, "es", "en", max_chars=90)
+
+    out = result.text.split("\n\n")
+    assert result.chunks >= 4 and len(out) == len(paragraphs)
+    assert out[1].splitlines()[0].startswith("- ") and len(out[1].splitlines()) == 2
+    assert [line.count("|") for line in out[2].splitlines()] == [1, 1, 1]
+    assert out[2].startswith("Day | ") and "Saturday | " in out[2]
+    assert "market" in out[0] and "Saturdays" in out[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from functools import lru_cache
 
 from onceflow.articles.errors import PermanentStepError, TransientStepError
 
@@ -71,6 +72,12 @@ def mode_pair(mode: str) -> tuple[str, str]:
     return match.group(1), match.group(2)
 
 
+@lru_cache(maxsize=4)
+def _installed_modes(command: str) -> tuple[str, ...]:
+    result = subprocess.run([command, "-l"], capture_output=True, text=True, timeout=60, check=False)
+    return tuple(sorted(line.strip() for line in result.stdout.splitlines() if line.strip()))
+
+
 class ApertiumTranslator:
     """:class:`~onceflow.articles.translate.base.Translator` running ``apertium`` locally.
 
@@ -97,9 +104,18 @@ class ApertiumTranslator:
         self.binary = binary
 
     @classmethod
-    def for_languages(cls, source: str, target: str, **kwargs: object) -> ApertiumTranslator:
+    def for_languages(
+        cls,
+        source: str,
+        target: str,
+        *,
+        mark_unknown: bool = True,
+        timeout: float = 120.0,
+        binary: str = "apertium",
+    ) -> ApertiumTranslator:
         """The translator for ``source`` -> ``target`` (ISO 639-1), mode ``<src3>-<tgt3>``."""
-        return cls(f"{apertium_code(source)}-{apertium_code(target)}", **kwargs)  # type: ignore[arg-type]
+        mode = f"{apertium_code(source)}-{apertium_code(target)}"
+        return cls(mode, mark_unknown=mark_unknown, timeout=timeout, binary=binary)
 
     def _command(self) -> str:
         path = shutil.which(self.binary)
@@ -111,11 +127,8 @@ class ApertiumTranslator:
         return path
 
     def installed_modes(self) -> list[str]:
-        """The modes ``apertium -l`` lists, sorted."""
-        result = subprocess.run(
-            [self._command(), "-l"], capture_output=True, text=True, timeout=self.timeout, check=False
-        )
-        return sorted(line.strip() for line in result.stdout.splitlines() if line.strip())
+        """The modes ``apertium -l`` lists, sorted (asked once per process and command)."""
+        return list(_installed_modes(self._command()))
 
     def _check(self, source: str, target: str) -> str:
         wanted = (apertium_code(source), apertium_code(target))

@@ -126,7 +126,7 @@ def test_svg_math_frames_and_forms_do_not_survive(attack: str) -> None:
 def test_article_structure_survives_with_safe_links() -> None:
     article = (
         "<h2>Título</h2><p>Un <strong>texto</strong> con <em>énfasis</em>.</p>"
-        "<figure><img src='https://img.example/a.png' alt='foto' width='640'><figcaption>Pie</figcaption></figure>"
+        "<figure><img src='https://img.example/a.png' alt='foto' width='640' height='100%;background:url(x)'><figcaption>Pie</figcaption></figure>"
         "<table><tr><th>Año</th><td colspan='2'>2026</td></tr></table>"
         "<ul><li>uno</li></ul><blockquote>cita</blockquote>"
         "<a href='https://fuente.example/nota'>fuente</a>"
@@ -151,6 +151,7 @@ def test_article_structure_survives_with_safe_links() -> None:
     ):
         assert kept in tags, kept
     attrs = dict(p.tags)
+    # sizes are numbers or nothing
     assert attrs["img"] == {"src": "https://img.example/a.png", "alt": "foto", "width": "640"}
     assert attrs["td"] == {"colspan": "2"}
     assert attrs["a"] == {"href": "https://fuente.example/nota", "rel": "noopener noreferrer nofollow"}

@@ -96,7 +96,7 @@ def _files(root: Path) -> dict[str, bytes]:
 def _race(
     kind: str, base: str, endpoint: str | None, jobs_per_worker: list[list[tuple[str, bytes]]]
 ) -> list[Any]:
-    barrier = CTX.Barrier(len(jobs_per_worker))
+    barrier = CTX.Barrier(len(jobs_per_worker), timeout=60)  # a worker that died breaks it
     out = CTX.Queue()
     procs = [
         CTX.Process(target=_race_worker, args=(kind, base, endpoint, jobs, barrier, out))
@@ -104,10 +104,16 @@ def _race(
     ]
     for p in procs:
         p.start()
-    results = [out.get(timeout=120) for _ in range(sum(len(j) for j in jobs_per_worker))]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    try:
+        results = [out.get(timeout=90) for _ in range(sum(len(j) for j in jobs_per_worker))]
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:  # a failed race leaves no worker behind
+            if p.is_alive():
+                p.kill()
+                p.join(10)
     return results
 
 

@@ -205,10 +205,15 @@ def test_a_local_writer_killed_mid_write_leaves_nothing_under_the_final_name(tmp
     mid = CTX.Event()
     child = CTX.Process(target=_stuck_local_writer, args=(root.as_uri(), rel, page, 1 << 20, mid))
     child.start()
-    assert mid.wait(60), "the writer never got going"
-    os.kill(child.pid or 0, signal.SIGKILL)
-    child.join(30)
-    assert child.exitcode == -signal.SIGKILL
+    try:
+        assert mid.wait(60), "the writer never got going"
+        os.kill(child.pid or 0, signal.SIGKILL)
+        child.join(30)
+        assert child.exitcode == -signal.SIGKILL
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(10)
     folder = root / "articles" / "killed" / "v1"
     assert not (folder / "index.html").exists(), "a partial page under the final name"
     temps = list(folder.iterdir())
@@ -233,6 +238,9 @@ def test_a_gcs_writer_killed_mid_upload_leaves_no_object(fake_gcs: FakeGcs) -> N
         assert child.exitcode == -signal.SIGKILL
     finally:
         proxy.close()
+        if child.is_alive():
+            child.kill()
+            child.join(10)
     assert fake_gcs.objects(bucket) == {}, "a partial object is visible"
     result = _publisher("gs", f"gs://{bucket}/site", fake_gcs.url).publish(rel, page)
     assert result.created and fake_gcs.objects(bucket) == {f"site/{rel}": page}

@@ -213,6 +213,8 @@ def test_gcs_defaults_and_emulator_host_spelling(monkeypatch: pytest.MonkeyPatch
     assert config.publish_base == "gs://bucket/steps/published"
     assert config.public_url == "https://storage.googleapis.com/bucket/steps/published"
     assert config.endpoint == "http://127.0.0.1:4443"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "default")  # the clients' spelling of "not set"
+    assert parse_config({"base": "gs://bucket"}, "file:///unused").endpoint is None
 
 
 # -- GCS (fake-gcs-server) ---------------------------------------------------------------------------

@@ -141,6 +141,19 @@ def last_beat(ledger: str) -> float | None:
         engine.dispose()
 
 
+def incident_since(ledger: str) -> float:
+    engine = sa.create_engine(ledger)
+    try:
+        with engine.connect() as conn:
+            return float(
+                conn.execute(
+                    sa.text("SELECT since FROM watchdog_incidents WHERE check_name = 'heartbeat'")
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
 def health(api: str) -> str:
     try:
         with urllib.request.urlopen(f"{api}/api/v2/monitor/health", timeout=5) as r:
@@ -211,12 +224,13 @@ def test_the_watchdog_sees_a_paused_dag_a_hung_and_a_killed_scheduler(
         recovery = alerts(receiver)[1]
         paused.mark("watchdog recovery received", recovery["received_at"])
         assert [(a["kind"], a["incident"]) for a in alerts(receiver)] == [("down", 1), ("recovery", 1)]
-        assert down["received_at"] - last_beat_before(down) <= PERIOD + GRACE + 3  # + loop and delivery
+        assert down["received_at"] - last_beat_before(down) <= PERIOD + GRACE + 10  # + loop, delivery
         paused.dump("TIMELINE heartbeat DAG paused")
 
         # -- 2. the scheduler hung (SIGSTOP) ---------------------------------------------------
         hung = Timeline()
         run_id = cluster.trigger("watchdog_probe", run_id="probe_during_hang")
+        hung.mark("probe run triggered", hung.t0)
         wait_until(
             lambda: any(ti["state"] == "running" for ti in cluster.task_instances("watchdog_probe", run_id)),
             120,
@@ -240,8 +254,13 @@ def test_the_watchdog_sees_a_paused_dag_a_hung_and_a_killed_scheduler(
             f"watchdog alert received: {hang_alert['kind']} incident {hang_alert['incident']}",
             hang_alert["received_at"],
         )
+        hung.mark(f"api-server health when the watchdog alerted: {health(cluster.api_url)}")
         assert (hang_alert["kind"], hang_alert["incident"]) == ("down", 2)
-        assert hang_alert["received_at"] - (last_beat(postgres_url) or 0) <= PERIOD + GRACE + 3
+        # The incident is dated from the evidence (last beat + period + grace), read by plain SQL;
+        # the loose bound on delivery only catches a watchdog that waits for something else.
+        beat_at = last_beat(postgres_url) or 0.0
+        assert incident_since(postgres_url) == pytest.approx(beat_at + PERIOD + GRACE)
+        assert hang_alert["received_at"] - beat_at <= PERIOD + GRACE + 10
         # hold the hang until well after the probe's deadline: Airflow says nothing
         wait_until(lambda: time.time() > due + 15, 120, "the probe's deadline to pass")
         hung.mark(f"api-server health, still hung: {health(cluster.api_url)}")

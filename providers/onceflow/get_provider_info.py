@@ -37,6 +37,7 @@ def get_provider_info() -> dict[str, Any]:
                     "onceflow.hooks.sheets",
                     "onceflow.hooks.ledger",
                     "onceflow.hooks.translate",
+                    "onceflow.hooks.heartbeat",
                 ],
             }
         ],

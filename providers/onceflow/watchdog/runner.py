@@ -141,7 +141,11 @@ class Watchdog:
                     self._blind(check.name, f"cannot evaluate {check.name}: {_short(exc)}", now, result)
                     continue
                 self._clear_blind(check.name, now)
-                stored = incidents.apply(ledger, check, verdict, self.outbox, now=now, actor=self.owner)
+                try:
+                    stored = incidents.apply(ledger, check, verdict, self.outbox, now=now, actor=self.owner)
+                except Exception as exc:  # the ledger went away between the probe and the write
+                    self._blind("ledger", f"cannot record {check.name}: {_short(exc)}", now, result)
+                    continue
                 result.states[check.name] = stored.state
             try:
                 self.outbox.deliver(ledger, self.clock())

@@ -281,3 +281,15 @@ def test_sixty_hours_of_nothing_fires_at_the_first_missed_deadline_across_dst(
     assert downs[0]["onceflow"]["evidence"]["first_missing_partition"] == missing
     # reminders every 600 s of the remaining hours, not a new incident each pass
     assert {m["onceflow"]["incident"] for m in receiver.webhooks()} == {1}
+
+
+def test_each_pass_pings_the_watchdogs_own_heartbeat_url(tmp_path: Path, receiver: AlertReceiver) -> None:
+    """Who watches the watchdog: an external healthchecks-style check hears from every pass."""
+    raw_config = make_config(tmp_path, receiver)
+    config = type(raw_config)(**{**raw_config.__dict__, "self_heartbeat_url": receiver.ping_url("wd-uuid")})
+    wd = Watchdog(config, clock=FakeClock(T0).now)
+    wd.run_once()
+    wd.run_once()
+    pings = [r for r in read_records(receiver.store) if r["kind"] == "ping"]
+    assert [(p["uuid"], p["signal"]) for p in pings] == [("wd-uuid", "success")] * 2
+    assert pings[0]["body"] == "replica=state"

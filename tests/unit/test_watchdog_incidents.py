@@ -293,3 +293,20 @@ def test_each_pass_pings_the_watchdogs_own_heartbeat_url(tmp_path: Path, receive
     pings = [r for r in read_records(receiver.store) if r["kind"] == "ping"]
     assert [(p["uuid"], p["signal"]) for p in pings] == [("wd-uuid", "success")] * 2
     assert pings[0]["body"] == "replica=state"
+
+
+def test_a_watchdog_first_started_60_hours_in_dates_the_incident_from_the_first_missed_deadline(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    """No memory of its own (a fresh ledger), only load_audit: the evidence dates the incident."""
+    _load_audit(tmp_path, ["2024-10-25"])
+    sales = {"kind": "business_freshness", "timezone": AMS, "grace_seconds": 1800}
+    clock = FakeClock(_utc("2024-10-26T06:00:00+00:00") + 60 * 3600)
+    assert Watchdog(make_config(tmp_path, receiver, sales=sales), clock=clock.now).run_once().states == {
+        "sales": "down"
+    }
+    row = incident_row(tmp_path, "sales")
+    assert row["since"] == _utc("2024-10-27T06:30:00+00:00")  # 07:00 CET + grace, the first miss
+    evidence = receiver.webhooks()[0]["onceflow"]["evidence"]
+    assert evidence["first_missing_partition"] == "2024-10-26"
+    assert evidence["expected_partition"] == "2024-10-27"  # due at 07:00 on the 28th

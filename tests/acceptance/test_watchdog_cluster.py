@@ -210,7 +210,7 @@ def test_the_watchdog_sees_a_paused_dag_a_hung_and_a_killed_scheduler(
 
         # -- 1. the heartbeat DAG paused ------------------------------------------------------
         paused = Timeline()
-        paused.mark("airflow dags pause heartbeat")
+        paused.mark("`airflow dags pause heartbeat` started (the CLI takes seconds to start)")
         cluster.cli("dags", "pause", "heartbeat")
         wait_until(lambda: alerts(receiver), PERIOD + GRACE + 60, "the paused alert", logs())
         [down] = alerts(receiver)
@@ -218,8 +218,8 @@ def test_the_watchdog_sees_a_paused_dag_a_hung_and_a_killed_scheduler(
         paused.mark(
             f"watchdog alert received: {down['kind']} incident {down['incident']}", down["received_at"]
         )
+        paused.mark("`airflow dags unpause heartbeat` started")
         cluster.cli("dags", "unpause", "heartbeat")
-        paused.mark("airflow dags unpause heartbeat")
         wait_until(lambda: len(alerts(receiver)) == 2, 120, "the recovery", logs())
         recovery = alerts(receiver)[1]
         paused.mark("watchdog recovery received", recovery["received_at"])

@@ -310,3 +310,17 @@ def test_a_watchdog_first_started_60_hours_in_dates_the_incident_from_the_first_
     evidence = receiver.webhooks()[0]["onceflow"]["evidence"]
     assert evidence["first_missing_partition"] == "2024-10-26"
     assert evidence["expected_partition"] == "2024-10-27"  # due at 07:00 on the 28th
+
+
+def test_beats_back_but_slow_end_the_incident_and_leave_the_check_late(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    """The first beat after a hang often starts late: the scheduler moves again (recovery), slowly."""
+    clock = FakeClock(T0)
+    beat(tmp_path, "r1", T0, T0)
+    wd = Watchdog(make_config(tmp_path, receiver), clock=clock.now)
+    clock.set(T0 + 600)
+    assert wd.run_once().states == {"heartbeat": "down"}
+    beat(tmp_path, "queued-before-the-hang", T0 + 555, T0 + 600)  # 45 s lag, max 30
+    assert wd.run_once().states == {"heartbeat": "late"}
+    assert received(receiver) == [("heartbeat", "down", 1), ("heartbeat", "recovery", 1)]

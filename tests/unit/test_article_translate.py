@@ -22,7 +22,8 @@ SPANISH = (
 )
 
 # text made of words, sentence ends, spaces, tabs, newlines and blank lines, in any mix
-_TEXT = st.text(alphabet=st.sampled_from(list("abc xyz.!?\n\t»\rñé")), max_size=400)
+# (and the Unicode whitespace real pages carry: no-break, ideographic and line-separator spaces)
+_TEXT = st.text(alphabet=st.sampled_from(list("abc xyz.!?\n\t»\rñé\u00a0\u3000\u2028")), max_size=400)
 
 
 class Upper:
@@ -65,6 +66,23 @@ def test_paragraphs_that_fit_are_never_cut_and_blank_lines_join_the_chunks(parag
     assert "\n\n".join(chunks) == text
     for chunk in chunks:  # every chunk is whole paragraphs
         assert all(p in paragraphs for p in chunk.split("\n\n"))
+
+
+def test_a_paragraph_ending_in_a_no_break_space_keeps_its_break_in_a_gap():
+    # "<p>Hola mundo&nbsp;</p>": the no-break space used to end a piece, which left an empty piece
+    # carrying the blank line, so the next chunk began with it and the backend's strip() lost it
+    chunks = chunk_paragraphs("Hola mundo\u00a0\n\nOtro", 10)
+
+    assert list(chunks) == ["Hola mundo", "Otro"]
+    assert chunks.gaps == ("", "\u00a0\n\n", "")
+
+
+def test_apertium_keeps_the_paragraph_break_after_a_no_break_space():
+    text = "Hola mundo\u00a0\n\nOtro"
+
+    translated = translate_text(ApertiumTranslator("spa-eng"), text, "es", "en", max_chars=10)
+
+    assert translated.text == "Hello World\u00a0\n\nAnother"
 
 
 def test_a_long_paragraph_is_cut_at_sentence_ends_and_then_at_spaces():

@@ -151,6 +151,9 @@ class ArticleStepOperator(BaseOperator):
             self._shutdown.request()
 
     def _execute(self, context: Context, *, waits: int) -> Any:
+        from onceflow.extras import require
+
+        require("articles")  # the task log names the extra to install, not a bare ImportError
         from airflow.sdk.exceptions import AirflowFailException
 
         from onceflow.articles import chain

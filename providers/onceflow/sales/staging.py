@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 STAGING_ENV = "ONCEFLOW_SALES_STAGING_DIR"
 #: parquet key-value metadata key holding the staged file's JSON facts.
 METADATA_KEY = b"onceflow.staging"
+_TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
 
 
 class StagingMismatchError(RuntimeError):
@@ -121,8 +122,14 @@ def write_extract(
     for col in ("created_at_utc", "ingested_at_utc"):
         out[col] = pd.to_datetime(out[col]).astype("datetime64[us]")
     out["row_id"] = out["row_id"].astype("int64")
-    for col in ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency"):
-        out[col] = out[col].astype(object).where(out[col].notna(), None)
+    for col in _TEXT_COLUMNS:
+        # Stored as bytes (surrogateescape): a byte that is not UTF-8 reaches cleaning unchanged
+        # (parquet strings must be UTF-8), where the row is rejected with its raw value.
+        out[col] = pd.Series(
+            [v.encode("utf-8", "surrogateescape") if isinstance(v, str) else None for v in out[col]],
+            index=out.index,
+            dtype=object,
+        )
     facts = {"source_watermark_utc": _iso(source_watermark_utc), "extract_id": uuid.uuid4().hex}
     _write_parquet(out, path, facts)
     return path
@@ -132,6 +139,12 @@ def read_extract(folder: Path) -> StagedExtract:
     """The rows :func:`write_extract` stored, with the watermark from the same file and read."""
     frame, facts = _read_parquet(folder / "extract.parquet")
     facts = facts or {}
+    for col in _TEXT_COLUMNS:
+        frame[col] = pd.Series(
+            [v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else v for v in frame[col]],
+            index=frame.index,
+            dtype=object,
+        )
     return StagedExtract(frame, _parse(facts.get("source_watermark_utc")), facts.get("extract_id"))
 
 

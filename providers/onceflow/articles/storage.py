@@ -26,9 +26,12 @@ _SEGMENT_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
 
 
 def _segment(what: str, value: str) -> str:
-    # one path segment: no "/", no "..", nothing a shell or URL would reinterpret
-    if not isinstance(value, str) or not _SEGMENT_RE.match(value) or ".." in value:
-        raise ValueError(f"{what} must match [A-Za-z0-9_.-] (no '..', at most 128 characters), got {value!r}")
+    # one path segment: no "/", not "." or ".." (no leading dot at all), nothing a shell or URL
+    # would reinterpret; inner dots are plain characters ("v1..2" is a processing version)
+    if not isinstance(value, str) or not _SEGMENT_RE.fullmatch(value):
+        raise ValueError(
+            f"{what} must match [A-Za-z0-9_.-], not start with '.', at most 128 characters, got {value!r}"
+        )
     return value
 
 

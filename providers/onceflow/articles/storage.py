@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from onceflow.articles.localfiles import replace_atomic
 
@@ -47,6 +48,10 @@ class StepStore:
 
         self.base = base if isinstance(base, ObjectStoragePath) else ObjectStoragePath(base)
         self.local = self.base.protocol in ("file", "local", "")
+        if self.base.protocol == "file" and "%" in self.base.path:
+            # a file URI spells its path percent-encoded (Path.as_uri: "my dir" -> "my%20dir"),
+            # and ObjectStoragePath keeps the escapes as characters of the path
+            self.base = ObjectStoragePath("file://" + unquote(self.base.path))
 
     def _uri(self, path: ObjectStoragePath) -> str:
         return path.as_uri() if self.local else f"{self.base.protocol}://{path.path}"

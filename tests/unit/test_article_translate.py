@@ -165,6 +165,17 @@ def test_apertium_keeps_the_characters_its_stream_format_reserves():
         assert kept in out
 
 
+def test_apertium_translates_past_the_characters_its_stream_reads_as_control():
+    # U+FFFF ended Apertium's output there (the rest of the chunk silently lost); NUL glued the
+    # words around it into one unknown word
+    [out] = ApertiumTranslator("spa-eng").translate_chunks(
+        ["La casa\uffffgrande. El perro\x00come."], "es", "en"
+    )
+
+    assert "house" in out and "big" in out and "dog" in out and "eats" in out
+    assert "*" not in out
+
+
 def test_apertium_past_its_timeout_is_transient():
     with pytest.raises(TransientStepError) as failure:
         ApertiumTranslator("spa-eng", timeout=0.001).translate_chunks([SPANISH], "es", "en")

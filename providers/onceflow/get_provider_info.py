@@ -36,6 +36,7 @@ def get_provider_info() -> dict[str, Any]:
                     "onceflow.hooks.warehouse",
                     "onceflow.hooks.sheets",
                     "onceflow.hooks.ledger",
+                    "onceflow.hooks.translate",
                 ],
             }
         ],

@@ -5,7 +5,8 @@ so formulas come back as the text the editor typed and are never evaluated by us
 header; columns are found by header name, never by letter, so the editor may reorder them.
 
 The status cell is the one cell the claim protocol writes conditionally, and it carries the claim
-token for the rest of the row's life: ``NEW`` -> ``PROCESSING #<token>`` -> ``DONE #<token>``.
+token for the rest of the row's life: ``NEW`` -> ``PROCESSING #<token>`` -> ``DONE #<token>``
+(or ``NEEDS_REVIEW #<token>`` on the way, then DONE or ``REJECTED #<token>``).
 See ``docs/sheet-queue.md``.
 """
 
@@ -33,10 +34,22 @@ class Status(str, Enum):
     FAILED = "FAILED"
     INVALID = "INVALID"
     DUPLICATE = "DUPLICATE"
+    #: the translation scored below the threshold after polishing: the run waits for a reviewer.
+    #: Not final: the row keeps its anchor (the decision is written through it) and its article.
+    NEEDS_REVIEW = "NEEDS_REVIEW"
+    #: a reviewer rejected the translation (final; the reviewer's note is the reason)
+    REJECTED = "REJECTED"
 
 
 #: Statuses meaning "this row owns its URL": a later NEW row with the same URL is a duplicate.
-LIVE_STATUSES = frozenset({Status.PROCESSING, Status.DONE, Status.FAILED})
+#: A REJECTED article keeps it too: its run id exists, and only a new processing version redoes it.
+LIVE_STATUSES = frozenset(
+    {Status.PROCESSING, Status.NEEDS_REVIEW, Status.DONE, Status.FAILED, Status.REJECTED}
+)
+
+#: Statuses of a claim still in flight: the row holds its anchor, and a run is (or should be)
+#: driving it. NEEDS_REVIEW is one: its run waits for a reviewer's decision.
+IN_FLIGHT_STATUSES = frozenset({Status.PROCESSING, Status.NEEDS_REVIEW})
 
 _STATUS_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(?:#([A-Za-z0-9._-]+))?\s*$")
 _TOKEN_TIME_FORMAT = "%Y%m%dT%H%M%SZ"

@@ -192,6 +192,11 @@ class SheetQueue:
             raise KeyError(f"spreadsheet has no tab named {title!r}; tabs: {sorted(self._sheet_ids)}")
         return self._sheet_ids[title]
 
+    @property
+    def columns(self) -> ColumnMap | None:
+        """The header as last read by any request of this queue (``None`` before the first)."""
+        return self._columns
+
     def remember_columns(self, columns: ColumnMap) -> None:
         """The header as last read (by any request), for a later ``transition``."""
         self._columns = columns
@@ -487,10 +492,17 @@ class SheetQueue:
             for done, (token, _old, new) in zip(moved, moves, strict=True)
         ]
 
-    def finish(self, token: str, new: Status, fields: dict[str, str] | None = None) -> bool:
-        """Settle the row of ``token``: write ``fields``, then PROCESSING -> ``new`` (final) with its
-        row anchor deleted in the same batch. See :func:`onceflow.sheets.settle.finish_many`."""
-        return settle.finish_many(self, [(token, new, fields)])[0]
+    def finish(
+        self,
+        token: str,
+        new: Status,
+        fields: dict[str, str] | None = None,
+        old: Status | Collection[Status] = Status.PROCESSING,
+    ) -> bool:
+        """Settle the row of ``token``: write ``fields``, then ``old`` (PROCESSING by default) ->
+        ``new`` (final) with its row anchor deleted in the same batch. See
+        :func:`onceflow.sheets.settle.finish_many`."""
+        return settle.finish_many(self, [(token, new, fields)], old)[0]
 
     def finish_many(self, items: Sequence[settle.Finish]) -> list[bool]:
         """:meth:`finish` for many rows at the cost of one (1 read + 2 writes)."""

@@ -2,9 +2,10 @@
 
 Invariants, each checked from one read of the queue tab and the run states Airflow reports:
 
-* a row PROCESSING past its lease has a queued or running run; if the run is missing (the
-  claimer died between claim and run creation) it is created, if it failed it is cleared, both
-  under the same deterministic run id, so repair never duplicates work;
+* a row PROCESSING (or NEEDS_REVIEW: its run waits for a reviewer) past its lease has a queued
+  or running run; if the run is missing (the claimer died between claim and run creation) it is
+  created, if it failed it is cleared, both under the same deterministic run id, so repair never
+  duplicates work; a REJECTED row is final, like DONE;
 * a URL is owned by one live row; a second PROCESSING row for it becomes DUPLICATE. The owner
   is a DONE/FAILED row if there is one, else the row whose claim token is in the article's run
   conf (the run Airflow kept), else the earliest claim;
@@ -34,7 +35,15 @@ from typing import TYPE_CHECKING
 
 from onceflow.ledger import states
 from onceflow.sheets.keys import article_run_conf, parse_run_id, pipeline_run_id
-from onceflow.sheets.model import LIVE_STATUSES, Row, Snapshot, Status, token_time, token_version
+from onceflow.sheets.model import (
+    IN_FLIGHT_STATUSES,
+    LIVE_STATUSES,
+    Row,
+    Snapshot,
+    Status,
+    token_time,
+    token_version,
+)
 from onceflow.sheets.validation import duplicate_reason, judge_url
 
 if TYPE_CHECKING:
@@ -50,6 +59,7 @@ REDRIVE_MISSING = "claimed row had no run (claimer stopped between claim and run
 REDRIVE_FAILED = "run failed; cleared and re-run under the same run id"
 GIVE_UP = "run failed after {n} re-drives; row marked FAILED"
 SUCCESS_NOT_DONE = "run succeeded but the row is still PROCESSING (nothing wrote the result back)"
+SUCCESS_IN_REVIEW = "run succeeded but the row is still NEEDS_REVIEW (nothing wrote the decision back)"
 DONE_NO_LINK = "row is DONE but has no published_url"
 LINK_NOT_DONE = "row has a published_url but its status is not DONE"
 CLAIMED_TWICE = "same URL claimed by two rows; this claim is a duplicate of {first}"
@@ -61,6 +71,7 @@ LEDGER_MISSING = "claimed in the sheet but not in the ledger (claimer stopped be
 LEDGER_GAVE_UP = "ledger gave the article up: {why}"
 LEDGER_INVALID = "ledger sent the article back for correction: {why}"
 SHEET_GAVE_UP = "row is FAILED in the sheet; nothing will run its ledger item"
+SHEET_REJECTED = "row is REJECTED in the sheet (a reviewer's decision); nothing will run its ledger item"
 SHEET_DONE = "row is DONE with a published link but the ledger has no result; recorded from the sheet"
 RUN_OK_LEDGER_NOT = "run succeeded but the ledger item is {state}, without a committed result"
 
@@ -196,7 +207,9 @@ def plan(
             view, settled = _against_ledger(row, ledger, run_state, version, duplicates, add)
             if settled:
                 continue  # the ledger settled this row
-        if row.status is not Status.PROCESSING or not row.token or row.token in duplicates:
+        # NEEDS_REVIEW is in flight too: its run waits (deferred, so "running") for a reviewer,
+        # and is left alone while it does; only a missing or failed run is repaired
+        if row.status not in IN_FLIGHT_STATUSES or not row.token or row.token in duplicates:
             continue
         claimed_at = token_time(row.token)
         if claimed_at is not None and now - claimed_at < lease:
@@ -230,7 +243,8 @@ def plan(
                 add(Action("reset_run", REDRIVE_FAILED, row, run_id))
         elif state == "success":
             result.released.append(row.token)
-            add(Action("flag", SUCCESS_NOT_DONE, row, run_id), once=True)
+            flag = SUCCESS_NOT_DONE if row.status is Status.PROCESSING else SUCCESS_IN_REVIEW
+            add(Action("flag", flag, row, run_id), once=True)
     return result
 
 
@@ -252,7 +266,7 @@ def _against_ledger(
         return None, False
     view = ledger(key)
     run_id = pipeline_run_id(key, claim_version(row, version))
-    if row.status is Status.PROCESSING:
+    if row.status in IN_FLIGHT_STATUSES:
         if view is None:
             add(Action("ledger_register", LEDGER_MISSING, row, run_id))
             return view, False
@@ -278,6 +292,8 @@ def _against_ledger(
         pass  # only an item nobody is working on is repaired from the sheet
     elif row.status is Status.FAILED:
         add(Action("ledger_abandon", SHEET_GAVE_UP, row, run_id))
+    elif row.status is Status.REJECTED:
+        add(Action("ledger_abandon", SHEET_REJECTED, row, run_id))
     elif row.status is Status.DONE and row.get("published_url").strip():
         add(Action("ledger_record_done", SHEET_DONE, row, run_id))
     return view, False
@@ -417,7 +433,10 @@ def _carry_out(
     elif action.kind == "transition" and action.new_status is not None:
         # every transition reconcile makes is final: the reason goes first (through the row's
         # anchor), then the status, with the anchor deleted in the same batch
-        if not queue.finish(token, action.new_status, dict(action.fields) or None):
+        # from the status the plan read: PROCESSING, or NEEDS_REVIEW for a row whose run failed
+        # or that the ledger gave up while it waited for a reviewer
+        old = row.status if row.status in IN_FLIGHT_STATUSES else Status.PROCESSING
+        if not queue.finish(token, action.new_status, dict(action.fields) or None, old=old):
             log.info("row %s already moved on; nothing to do", token)
             return None
     elif action.kind == "rewrite":

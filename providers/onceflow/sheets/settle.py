@@ -3,7 +3,7 @@
 Every claim anchors its row with developer metadata (:mod:`onceflow.sheets.anchors`), and Google caps
 the developer metadata a spreadsheet, and each of its sheets, may hold (30,000 characters each).
 An anchor is only needed while the row is in flight, so it goes **in the same ``batchUpdate`` as
-the row's final transition** (DONE, INVALID, DUPLICATE, FAILED): the metadata a queue holds is then
+the row's final transition** (DONE, INVALID, DUPLICATE, FAILED, REJECTED): the metadata a queue holds is then
 bounded by the rows in flight, not by the rows it ever claimed. :func:`sweep_anchors` removes the
 anchors of rows that became final some other way (an editor's hand, a crash between the two
 writes of an older onceflow, the resent copy of a claim) and of rows that no longer carry their
@@ -21,7 +21,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from onceflow.sheets import anchors
-from onceflow.sheets.model import Status
+from onceflow.sheets.model import IN_FLIGHT_STATUSES, Status
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
@@ -32,13 +32,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: statuses after which nothing writes to the row again, so its anchor can go
-FINAL_STATUSES = frozenset({Status.DONE, Status.INVALID, Status.DUPLICATE, Status.FAILED})
+#: (NEEDS_REVIEW is not: the reviewer's decision is still to be written through the anchor)
+FINAL_STATUSES = frozenset({Status.DONE, Status.INVALID, Status.DUPLICATE, Status.FAILED, Status.REJECTED})
 
 #: one item to finish: (claim token, final status, fields to write first or ``None``)
 Finish = tuple[str, Status, "dict[str, str] | None"]
 
 
-def finish_many(queue: SheetQueue, items: Sequence[Finish], old: Status = Status.PROCESSING) -> list[bool]:
+def finish_many(
+    queue: SheetQueue, items: Sequence[Finish], old: Status | Collection[Status] = Status.PROCESSING
+) -> list[bool]:
     """Write each row's fields, then move it ``old`` -> its final status and drop its anchor.
 
     Fields go first, through the anchor (it is gone after the transition), and only into a row
@@ -47,7 +50,9 @@ def finish_many(queue: SheetQueue, items: Sequence[Finish], old: Status = Status
     anchor's ``deleteDeveloperMetadata`` rides in the same atomic batch.
 
     :param items: (token, final status, fields) per row.
-    :param old: the status each row must still be in.
+    :param old: the status each row must still be in, or several (DONE comes from PROCESSING or,
+        after an approval, from NEEDS_REVIEW): one fenced ``findReplace`` per old status rides in
+        the batch, and a row carries one status, so at most one of them applies.
     :return: per item, whether its row is now in its final status (also when an earlier,
         ambiguous attempt had moved it).
     :raises ValueError: a status that is not final.
@@ -57,6 +62,9 @@ def finish_many(queue: SheetQueue, items: Sequence[Finish], old: Status = Status
     for _, new, _ in items:
         if new not in FINAL_STATUSES:
             raise ValueError(f"{new.value} is not a final status; use SheetQueue.transition")
+    olds = frozenset({old} if isinstance(old, Status) else old)
+    if not olds:
+        raise ValueError("finish_many needs at least one status to move from")
     columns, anchored = queue.anchored_rows([token for token, _, _ in items])
     if columns is None:
         raise LookupError("the queue tab has no header row")
@@ -67,12 +75,12 @@ def finish_many(queue: SheetQueue, items: Sequence[Finish], old: Status = Status
             continue
         rows = anchored.get(token, [])
         if rows and all(r.token == token for r in rows):
-            if rows[0].status is old and any(rows[0].get(k) != v for k, v in wanted.items()):
+            if rows[0].status in olds and any(rows[0].get(k) != v for k, v in wanted.items()):
                 quick.append((token, wanted))
             continue
         # no anchor, or one on a row that lost the token: the slow path settles the anchor first
         try:
-            queue.write_fields(token, wanted, check=_checker(token, old))
+            queue.write_fields(token, wanted, check=_checker(token, olds))
         except (LookupError, _MovedOn) as err:
             log.info("fields of %s not written (%s)", token, err)
     if quick:
@@ -82,24 +90,36 @@ def finish_many(queue: SheetQueue, items: Sequence[Finish], old: Status = Status
                 fields = dict(quick)[token]
                 log.warning("anchor of %s was on a row without it; writing %s again", token, sorted(fields))
                 try:
-                    queue.write_fields(token, fields, check=_checker(token, old))
+                    queue.write_fields(token, fields, check=_checker(token, olds))
                 except (LookupError, _MovedOn) as err:
                     log.info("fields of %s not written (%s)", token, err)
-    moves = [(token, old, new) for token, new, _ in items]
+    order = sorted(olds, key=lambda st: st.value)  # a fixed order: a resent batch is the same batch
+    moves = [(token, was, new) for token, new, _ in items for was in order]
     deletions = [anchors.delete(anchors.lookup(token)) for token, _, _ in items]
-    return queue.transition_many(columns, moves, extra=deletions, verify=True)
+    moved = queue.transition_many(columns, moves, extra=deletions)
+    done = [any(moved[i * len(order) : (i + 1) * len(order)]) for i in range(len(items))]
+    if all(done):
+        return done
+    # a 0 can be this very batch's resent copy (httplib2 resends a request whose reply was lost)
+    # finding the row already moved by the first copy: the sheet decides
+    after = queue.snapshot()
+    return [
+        ok or any(r.status is new for r in after.rows_with_token(token))
+        for ok, (token, new, _) in zip(done, items, strict=True)
+    ]
 
 
 class _MovedOn(Exception):
     """The row is no longer in the state the fields were meant for."""
 
 
-def _checker(token: str, old: Status) -> Callable[[Row], None]:
-    """A ``write_fields`` check: the row still carries ``token`` in ``old``."""
+def _checker(token: str, olds: Collection[Status]) -> Callable[[Row], None]:
+    """A ``write_fields`` check: the row still carries ``token`` in one of ``olds``."""
 
     def check(row: Row) -> None:
-        if row.token != token or row.status is not old:
-            raise _MovedOn(f"row {row.number} is {row.status_cell.raw!r}, not {old.value} #{token}")
+        if row.token != token or row.status not in olds:
+            wanted = " or ".join(sorted(st.value for st in olds))
+            raise _MovedOn(f"row {row.number} is {row.status_cell.raw!r}, not {wanted} #{token}")
 
     return check
 
@@ -120,7 +140,8 @@ def _written(reply: dict[str, Any], columns: Any) -> list[tuple[str, Row]]:
 
 
 def sweep_anchors(queue: SheetQueue, released: Collection[str] = ()) -> int:
-    """Delete this tab's claim anchors whose token is on no PROCESSING row; return how many.
+    """Delete this tab's claim anchors whose token is on no row in flight (PROCESSING or
+    NEEDS_REVIEW); return how many.
 
     :param released: tokens of PROCESSING rows whose anchors may go too, because nothing will
         write through them any more (``sheet_reconcile`` passes rows whose run has succeeded
@@ -139,7 +160,7 @@ def sweep_anchors(queue: SheetQueue, released: Collection[str] = ()) -> int:
     live = {
         token
         for token, rows in queue.snapshot().by_token().items()
-        if any(r.status is Status.PROCESSING for r in rows)
+        if any(r.status in IN_FLIGHT_STATUSES for r in rows)
     } - set(released)
     sheet_id = queue.sheet_id()
     doomed = [

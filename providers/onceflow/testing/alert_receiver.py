@@ -1,0 +1,189 @@
+"""A local stand-in for Slack incoming webhooks and healthchecks.io pings, for tests and ``make run``.
+
+``python -m onceflow.testing.alert_receiver --port 8765 --store alerts.jsonl`` (or
+:class:`AlertReceiver` in a thread) answers:
+
+* ``POST /webhook``: a Slack-compatible message (``{"text": ...}``), recorded, 200 ``ok``;
+* ``GET|POST /ping/<uuid>``, ``/ping/<uuid>/start``, ``/ping/<uuid>/fail`` (``?rid=<run id>``):
+  a healthchecks.io ping, recorded;
+* ``GET /messages``: every record as a JSON list (``kind`` = ``webhook`` or ``ping``);
+* ``POST /control/down`` and ``/control/up``: while down, webhooks and pings get 503 and are
+  recorded as ``refused`` (to test delivery retries without killing the process).
+
+Records are appended to the JSONL ``store`` (one per line, flushed each time), so a restarted
+receiver keeps its history and a test can read the file directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+
+def read_records(store: str | Path) -> list[dict[str, Any]]:
+    """The records in a receiver's store file (independent of any running receiver)."""
+    path = Path(store)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _reply(self, status: int, body: Any) -> None:
+        data = (body if isinstance(body, str) else json.dumps(body)).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json" if not isinstance(body, str) else "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/messages":
+            self._reply(200, read_records(self.server.store))
+        elif path.startswith("/ping/"):
+            self._ping(b"")
+        else:
+            self._reply(404, "not found")
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        path = urlsplit(self.path).path
+        if path == "/control/down":
+            self.server.down = True
+            self._reply(200, "down")
+        elif path == "/control/up":
+            self.server.down = False
+            self._reply(200, "up")
+        elif path == "/webhook":
+            try:
+                message = json.loads(body or b"null")
+            except ValueError:
+                self._reply(400, "invalid JSON")
+                return
+            if not isinstance(message, dict) or not isinstance(message.get("text"), str):
+                self._reply(400, "missing text")  # what Slack answers too ("no_text")
+                return
+            if self._refused("webhook"):
+                return
+            self.server.record(
+                {
+                    "kind": "webhook",
+                    "message": message,
+                    "idempotency_key": self.headers.get("Idempotency-Key"),
+                }
+            )
+            self._reply(200, "ok")
+        elif path.startswith("/ping/"):
+            self._ping(body)
+        else:
+            self._reply(404, "not found")
+
+    def _refused(self, kind: str) -> bool:
+        if self.server.down:
+            self.server.record({"kind": kind, "refused": True, "path": self.path})
+            self._reply(503, "receiver is down")
+            return True
+        return False
+
+    def _ping(self, body: bytes) -> None:
+        if self._refused("ping"):
+            return
+        parts = urlsplit(self.path)
+        segments = parts.path.split("/")[2:]  # /ping/<uuid>[/start|/fail]
+        uuid = segments[0] if segments else ""
+        signal = segments[1] if len(segments) > 1 else "success"
+        rid = parse_qs(parts.query).get("rid", [None])[0]
+        self.server.record(
+            {
+                "kind": "ping",
+                "uuid": uuid,
+                "signal": signal,
+                "rid": rid,
+                "body": body.decode(errors="replace")[:1000],
+            }
+        )
+        self._reply(200, "OK")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, store: Path) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.store = store
+        self.down = False
+        self._lock = threading.Lock()
+
+    def record(self, record: dict[str, Any]) -> None:
+        record = {"received_at": time.time(), **record}
+        with self._lock, self.store.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+
+
+class AlertReceiver:
+    """The receiver in a thread of this process: ``.url``, ``.webhook_url``, ``.ping_url(uuid)``."""
+
+    def __init__(self, store: str | Path, port: int = 0) -> None:
+        self.store = Path(store)
+        self.store.parent.mkdir(parents=True, exist_ok=True)
+        self._server = _Server(port, self.store)
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.webhook_url = f"{self.url}/webhook"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def ping_url(self, uuid: str) -> str:
+        return f"{self.url}/ping/{uuid}"
+
+    def start(self) -> AlertReceiver:
+        self._thread.start()
+        return self
+
+    def set_down(self, down: bool) -> None:
+        self._server.down = down
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_records(self.store)
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        return [r["message"] for r in self.records() if r["kind"] == "webhook" and not r.get("refused")]
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--store", required=True)
+    args = parser.parse_args(argv)
+    receiver = AlertReceiver(args.store, args.port)
+    print(
+        f"alert receiver on {receiver.url} (webhook {receiver.webhook_url}), store {receiver.store}",
+        flush=True,
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        receiver._server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

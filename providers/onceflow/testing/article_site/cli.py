@@ -1,0 +1,56 @@
+"""Command line: ``python -m onceflow.testing.article_site --port 8765 [--published-dir DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from onceflow.testing.article_site.server import ArticleSite
+
+DEFAULT_PORT = 8765
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m onceflow.testing.article_site",
+        description="The onceflow demo article site on 127.0.0.1 (for tests and make run).",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"TCP port, 0 for any free port (default {DEFAULT_PORT})",
+    )
+    parser.add_argument("--published-dir", default=None, help="directory served under /published/")
+    parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until SIGINT or SIGTERM; the first line on stdout is the base URL.
+
+    :param argv: arguments without the program name; ``None`` reads ``sys.argv``.
+    :return: process exit code.
+    """
+    args = build_parser().parse_args(argv)
+    site = ArticleSite(args.host, args.port, published_dir=args.published_dir, verbose=args.verbose)
+    stopper: list[threading.Thread] = []
+
+    def _stop(signum: int, frame: object) -> None:
+        if not stopper:  # stop() waits for serve_forever to return: another thread must call it
+            stopper.append(threading.Thread(target=site.stop))
+            stopper[0].start()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    print(f"article site: {site.base_url}/", flush=True)
+    try:
+        site.serve_forever()
+    finally:
+        if stopper:
+            stopper[0].join()
+        else:
+            site.stop()
+    return 0

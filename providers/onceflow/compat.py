@@ -13,6 +13,12 @@ from typing import Any
 
 from airflow.sdk.definitions.deadline import DeadlineAlert
 
+#: The oldest Airflow minor onceflow works on; ``apache-airflow>=`` in pyproject.toml must say the
+#: same (a test checks). 3.1 cannot: its Task SDK gives a task no way to read another run's conf
+#: (``GetDagRun`` came in 3.2), which the sheet claim needs to tell whose claim a run carries, and
+#: it evaluates no custom deadline reference (``BusinessTimeDeadline``). See docs/deploy.md.
+OLDEST_SUPPORTED_AIRFLOW = "3.2"
+
 #: Airflow 3.3 added ``name`` to ``DeadlineAlert`` (shown in the UI and the deadline's record);
 #: 3.2 has no such parameter and refuses the keyword.
 DEADLINE_ALERT_HAS_NAME = "name" in inspect.signature(DeadlineAlert.__init__).parameters

@@ -54,11 +54,11 @@ print(json.dumps(said))
 """
 
 PLUGIN_TEST = """
-def test_the_plugin_serves_its_fixtures(fake_clock, free_port):
-    start = fake_clock.now()
-    fake_clock.advance(5)
-    assert fake_clock.now() == start + 5
-    assert 1024 < free_port < 65536
+def test_the_plugin_serves_its_fixtures(onceflow_fake_clock, onceflow_free_port):
+    start = onceflow_fake_clock.now()
+    onceflow_fake_clock.advance(5)
+    assert onceflow_fake_clock.now() == start + 5
+    assert 1024 < onceflow_free_port < 65536
 """
 
 
@@ -117,7 +117,9 @@ def test_wheel_installs_into_a_plain_airflow_adding_only_itself(wheel: Path, tmp
     assert PROVIDER in get.stdout
 
     imported = json.loads(check_run([str(py), "-c", IMPORT_OPERATORS], env=run_env).stdout.splitlines()[-1])
-    expected = json.loads(check_run([sys.executable, "-c", IMPORT_OPERATORS], env=run_env).stdout.splitlines()[-1])
+    expected = json.loads(
+        check_run([sys.executable, "-c", IMPORT_OPERATORS], env=run_env).stdout.splitlines()[-1]
+    )
     assert imported == expected
     assert {"PartitionOverwriteOperator", "SheetClaimOperator", "NewRowsSensor"} <= {
         name for names in imported.values() for name in names
@@ -136,7 +138,9 @@ def test_wheel_installs_into_a_plain_airflow_adding_only_itself(wheel: Path, tmp
 
     assert version.stdout.strip() == onceflow.__version__
     ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    upgrade = check_run([str(venv / "bin" / "onceflow"), "ledger", "upgrade", "--url", ledger_url], env=run_env)
+    upgrade = check_run(
+        [str(venv / "bin" / "onceflow"), "ledger", "upgrade", "--url", ledger_url], env=run_env
+    )
     assert upgrade.stdout.splitlines()[-1].startswith("created the ledger's tables at revision ledger_v")
 
     # pytest is not a dependency of the provider (a cluster does not need it): a user who tests

@@ -28,13 +28,26 @@ from onceflow.shutdown import GracefulShutdown
 from onceflow.testing.processes import exit_code_unreaped
 
 DEMO_SPREADSHEET_ID = "onceflow-demo"
-DEMO_URLS = (
-    "https://example.org/news/2026/solar-roofs",
-    "https://example.org/news/2026/river-cleanup",
-    "https://example.org/science/bees-and-cities",
-    "https://example.org/culture/night-trains",
-    "not a url",  # shows the INVALID path in the sheet
+#: The demo sheet's rows: articles of the embedded demo site (``onceflow.testing.article_site``),
+#: each a path on it; one Catalan page (translated by the Spanish pair: it scores low and waits
+#: for a reviewer), one page that is not HTML (FAILED with its reason), and one cell that is not a
+#: URL (INVALID at the claim).
+DEMO_ARTICLE_PATHS = (
+    "/articles/huertos-urbanos.html",
+    "/articles/tren-nocturno.html",
+    "/articles/gazpacho.html",
+    "/articles/festa-major.html",
+    "/files/notes.pdf",
 )
+DEMO_NOT_A_URL = "not a url"
+#: Preferred ports of the demo article site and the watchdog's alert receiver.
+SITE_PORT = 8765
+RECEIVER_PORT = 8766
+
+
+def demo_urls(site_port: int) -> list[str]:
+    """The demo sheet's ``url`` cells for a site on ``site_port`` (the invalid one last)."""
+    return [f"http://127.0.0.1:{site_port}{path}" for path in DEMO_ARTICLE_PATHS] + [DEMO_NOT_A_URL]
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,25 @@ def _sqlite_conn(path: Path) -> str:
     return json.dumps({"conn_type": "sqlite", "host": str(path)})
 
 
-def environment(cfg: LocalRunConfig, api_port: int, emulator_port: int) -> dict[str, str]:
+def _sticky_port(cfg: LocalRunConfig, name: str, preferred: int) -> int:
+    """A port chosen once per home and kept: the demo sheet's URLs and the allow-list name it."""
+    record = cfg.data / f"{name}.port"
+    if record.exists():
+        port = int(record.read_text().strip())
+        if not _port_free(port):
+            raise RuntimeError(
+                f"port {port} (the {name} of {cfg.home}, named in its demo sheet) is taken; free it, "
+                "or pass another --home"
+            )
+        return port
+    port = _pick_port(preferred)
+    record.write_text(str(port))
+    return port
+
+
+def environment(
+    cfg: LocalRunConfig, api_port: int, emulator_port: int, site_port: int = SITE_PORT
+) -> dict[str, str]:
     """The environment every Airflow process of the local run shares."""
     sheets_conn = {
         "conn_type": "google_cloud_platform",
@@ -131,6 +162,22 @@ def environment(cfg: LocalRunConfig, api_port: int, emulator_port: int) -> dict[
         "AIRFLOW_CONN_ONCEFLOW_SHOP_DB": _sqlite_conn(cfg.data / "shop.db"),
         "AIRFLOW_CONN_ONCEFLOW_WAREHOUSE": _sqlite_conn(cfg.data / "warehouse.db"),
         "AIRFLOW_CONN_ONCEFLOW_LEDGER": _sqlite_conn(cfg.data / "ledger.db"),
+        # the article chain: step outputs and published pages as local files, the pages served
+        # by the demo site under /published/; fetches may reach the demo site and nothing else
+        # local; translation is Apertium (no onceflow_translate connection: the embedded default)
+        "AIRFLOW_CONN_ONCEFLOW_STORAGE": json.dumps(
+            {
+                "conn_type": "generic",
+                "extra": {
+                    "base": (cfg.data / "storage").as_uri(),
+                    "publish_base": (cfg.data / "published").as_uri(),
+                    "public_url": f"http://127.0.0.1:{site_port}/published",
+                },
+            }
+        ),
+        "AIRFLOW_CONN_ONCEFLOW_FETCH": json.dumps(
+            {"conn_type": "generic", "extra": {"allow": [f"127.0.0.1:{site_port}"]}}
+        ),
     }
 
 
@@ -138,20 +185,30 @@ def _airflow(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, "-m", "airflow", *args], env=env, check=True, stdout=subprocess.DEVNULL)
 
 
-def _demo_sheet(path: Path) -> Path:
+def _demo_sheet(path: Path, site_port: int) -> Path:
     from onceflow.sheets.model import REQUIRED_COLUMNS
     from onceflow.sheets.protocol import AUDIT_HEADER
 
     rows = [list(REQUIRED_COLUMNS)]
     rows += [
-        [url if c == "url" else "NEW" if c == "status" else "" for c in REQUIRED_COLUMNS] for url in DEMO_URLS
+        [url if c == "url" else "NEW" if c == "status" else "" for c in REQUIRED_COLUMNS]
+        for url in demo_urls(site_port)
     ]
     path.write_text(
         json.dumps(
             {
                 "spreadsheetId": DEMO_SPREADSHEET_ID,
                 "title": "onceflow demo queue",
-                "sheets": {"queue": rows, "audit": [AUDIT_HEADER]},
+                # the polish step's glossary: source word -> the translation editors want
+                "sheets": {
+                    "queue": rows,
+                    "audit": [AUDIT_HEADER],
+                    "glossary": [
+                        ["source", "target"],
+                        ["huerto", "allotment"],
+                        ["bibliobús", "mobile library"],
+                    ],
+                },
             }
         )
     )
@@ -249,7 +306,9 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
         folder.mkdir(parents=True, exist_ok=True)
     api_port = _pick_port(cfg.port)
     emulator_port = _pick_port(8090)
-    env = environment(cfg, api_port, emulator_port)
+    site_port = _sticky_port(cfg, "article-site", SITE_PORT)
+    receiver_port = _pick_port(RECEIVER_PORT)
+    env = environment(cfg, api_port, emulator_port, site_port)
     # Every process started from here inherits this marker, which is how _stop finds them all
     # (AIRFLOW_HOME would also match a user's shell that exported the same home).
     marker = f"{os.getpid()}-{time.time_ns()}"
@@ -284,7 +343,7 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
                         "--state",
                         str(cfg.data / "sheets-state.json"),
                         "--seed",
-                        str(_demo_sheet(cfg.data / "demo-sheet.json")),
+                        str(_demo_sheet(cfg.data / "demo-sheet.json", site_port)),
                     ],
                     env={**os.environ, RUN_MARKER: marker},
                     stdout=log,
@@ -292,6 +351,26 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
                     start_new_session=True,
                 )
             )
+        (cfg.data / "published").mkdir(exist_ok=True)
+        with (logs / "article-site.log").open("ab") as log:
+            children.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "onceflow.testing.article_site",
+                        "--port",
+                        str(site_port),
+                        "--published-dir",
+                        str(cfg.data / "published"),
+                    ],
+                    env={**os.environ, RUN_MARKER: marker},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        children += _start_watchdog(cfg, marker, receiver_port)
         with (logs / "airflow-standalone.log").open("ab") as log:
             children.append(
                 subprocess.Popen(
@@ -307,7 +386,7 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
                 return 0
             print(f"onceflow: Airflow did not answer on {ui}; see {logs}", file=sys.stderr)
             return 1
-        print(_banner(cfg, ui, emulator_port), flush=True)
+        print(_banner(cfg, ui, emulator_port, site_port), flush=True)
         if cfg.exit_when_ready:
             return 0
         while not stop.requested and _all_running(children):
@@ -320,6 +399,21 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
         if stop.requested:
             print("onceflow: stopping (up to 30 s)", file=sys.stderr, flush=True)
         _stop(children, marker)
+
+
+def _start_watchdog(cfg: LocalRunConfig, marker: str, receiver_port: int) -> list[subprocess.Popen[bytes]]:
+    """The dead-man's switch beside Airflow: a local webhook receiver and ``onceflow-watchdog``
+    watching the heartbeat DAG's beats and the article queue in the ledger (outside Airflow's
+    metadata DB, as in production)."""
+    from onceflow.watchdog.local import start_beside, start_receiver
+
+    os.environ[RUN_MARKER] = marker  # both inherit it, so _stop finds them with the rest
+    try:
+        receiver = start_receiver(cfg.home, receiver_port)
+        watchdog = start_beside(cfg.home, f"sqlite:///{cfg.data / 'ledger.db'}", receiver_port)
+    finally:
+        del os.environ[RUN_MARKER]
+    return [receiver, watchdog]
 
 
 def _stop(children: list[subprocess.Popen[bytes]], marker: str) -> None:
@@ -343,7 +437,7 @@ def _stop(children: list[subprocess.Popen[bytes]], marker: str) -> None:
             child.wait(timeout=10)  # bounded: never hang the shell on a stuck child
 
 
-def _banner(cfg: LocalRunConfig, ui: str, emulator_port: int) -> str:
+def _banner(cfg: LocalRunConfig, ui: str, emulator_port: int, site_port: int) -> str:
     airflow_home = cfg.airflow_home
     last = dt.date.today() - dt.timedelta(days=1)
     first = last - dt.timedelta(days=cfg.demo_days - 1)
@@ -358,12 +452,27 @@ onceflow is running on embedded defaults.
   Logs              {cfg.home / "logs"}
 
 What runs now, with no step of yours: every DAG starts unpaused in a fresh home. sheet_claim's
-first run starts as soon as the DAGs are parsed (a minute or two): it claims the demo sheet's four
+first run starts as soon as the DAGs are parsed (a minute or two): it claims the demo sheet's
 article rows (the "not a url" row becomes INVALID with its reason) and starts one article_pipeline
-run per row, whose first step writes its run id into the row. daily_sales loads the latest day
-of orders; sales_dashboard redraws after each load; sheet_reconcile repairs orphaned claims.
-See the sheet as the claimer left it:
+run per row: fetch from the demo site, extract, translate with Apertium (Spanish to English),
+score, polish with the sheet's glossary tab, publish, write DONE, the score and the link back to
+the row. The Catalan page scores low and waits for a reviewer (row NEEDS_REVIEW): approve or
+reject it in the UI (Browse -> Required Actions, or the run's `review` task). The PDF row ends
+FAILED with its reason. daily_sales loads the latest day of orders; sales_dashboard redraws after
+each load; sheet_reconcile repairs orphaned claims; heartbeat beats every minute.
+
+  Article site      http://127.0.0.1:{site_port}/   (the demo pages; published pages under /published/)
+  Published pages   {cfg.data / "published"}
+  Watchdog          log {cfg.home / "onceflow" / "watchdog.log"}, config {cfg.home / "onceflow" / "watchdog.toml"}
+  Watchdog alerts   {cfg.home / "onceflow" / "alerts.jsonl"}   (what its webhook receiver got)
+
+See the sheet:
   curl -s http://127.0.0.1:{emulator_port}/v4/spreadsheets/{DEMO_SPREADSHEET_ID}/values/queue
+Add a row (any page of the demo site, or your own allowed URL) and sheet_claim takes it within
+a minute:
+  curl -s -X POST -H 'Content-Type: application/json' \\
+      'http://127.0.0.1:{emulator_port}/v4/spreadsheets/{DEMO_SPREADSHEET_ID}/values/queue!A1:append?valueInputOption=RAW' \\
+      -d '{{"values": [["http://127.0.0.1:{site_port}/articles/biblioteca-movil.html", "NEW"]]}}'
 
 A DAG shown as paused (you paused it, or this home was made before DAGs started unpaused) stays
 paused across restarts; unpause it with, e.g.:
@@ -373,9 +482,7 @@ Load the demo days into the warehouse (the offset keeps the first Amsterdam day)
   AIRFLOW_HOME={airflow_home} .venv/bin/airflow backfill create --dag-id daily_sales \\
       --from-date {first}T00:00:00+01:00 --to-date {last}T00:00:00+01:00
 
-Not built yet (later issues, nothing pretends to do them): the article chain after the claim
-(fetch, translate, score, publish), the dead-man's switch (heartbeat + onceflow-watchdog) and the
-operations view in the UI.
+Not built yet (a later issue, nothing pretends to do it): the operations view in the UI.
 
 Ctrl-C stops everything.
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.local_run import DEMO_SPREADSHEET_ID, DEMO_URLS
+from onceflow.local_run import DEMO_NOT_A_URL, DEMO_SPREADSHEET_ID, demo_urls
 from onceflow.pools import POOLS
 from onceflow.sheets.model import Snapshot, Status
 from onceflow.sheets.transport import anonymous_service
@@ -116,13 +116,17 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 def _assert_the_queue_works(tmp_path: Path, db: Path, proc: subprocess.Popen[str]) -> None:
     """With no step of the user's, sheet_claim claims the demo rows and their article_pipeline runs
-    succeed: a demo row carries its claim and the id of a run that succeeded."""
-    port = re.search(r"Sheets emulator\s+http://127\.0\.0\.1:(\d+)/", (tmp_path / "up.log").read_text())
-    assert port, "the banner names no emulator endpoint"
+    carry them through the chain: a demo article row ends DONE with a score and a link that the
+    demo site serves, written by a run that succeeded."""
+    banner = (tmp_path / "up.log").read_text()
+    port = re.search(r"Sheets emulator\s+http://127\.0\.0\.1:(\d+)/", banner)
+    site = re.search(r"Article site\s+http://127\.0\.0\.1:(\d+)/", banner)
+    assert port and site, "the banner names no emulator or article site endpoint"
+    urls = demo_urls(int(site.group(1)))
     sheets = anonymous_service(f"http://127.0.0.1:{port.group(1)}/")
     seen: dict[str, object] = {}
 
-    def a_claimed_row_has_a_successful_run() -> bool:
+    def a_demo_article_is_published() -> bool:
         with sqlite3.connect(db, timeout=30) as conn:
             done = {
                 r[0]
@@ -134,18 +138,26 @@ def _assert_the_queue_works(tmp_path: Path, db: Path, proc: subprocess.Popen[str
             sheets.spreadsheets().values().get(spreadsheetId=DEMO_SPREADSHEET_ID, range="queue").execute()
         )
         rows = Snapshot.from_values(values.get("values", [])).rows
-        seen["rows"] = [(r.url, r.status_cell.raw, r.get("run_id")) for r in rows]
+        seen["rows"] = [(r.url, r.status_cell.raw, r.get("run_id"), r.get("published_url")) for r in rows]
         seen["runs"] = sorted(done)
         return any(
-            r.url in DEMO_URLS and r.status is Status.PROCESSING and r.get("run_id") in done for r in rows
+            r.url in urls and r.status is Status.DONE and r.get("run_id") in done and r.get("published_url")
+            for r in rows
         )
 
     try:
-        _wait_for(a_claimed_row_has_a_successful_run, 600, "a demo row claimed and its run succeeded", proc)
+        _wait_for(a_demo_article_is_published, 900, "a demo article published and its row DONE", proc)
     except BaseException:
         print("sheet and successful runs when the wait ended:", seen)
         raise
-    assert any(s.startswith("INVALID #") for url, s, _ in seen["rows"] if url == "not a url")  # type: ignore[attr-defined]
+    rows = seen["rows"]
+    assert isinstance(rows, list)
+    assert any(s.startswith("INVALID #") for url, s, _, _ in rows if url == DEMO_NOT_A_URL)
+    link = next(link for url, s, _, link in rows if url in urls and s.startswith("DONE #") and link)
+    with urllib.request.urlopen(link, timeout=10) as resp:  # the link a person would click
+        assert resp.status == 200
+        page = resp.read().decode()
+    assert "<html" in page.lower() and "<script" not in page.lower()
 
 
 def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:

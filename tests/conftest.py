@@ -98,3 +98,13 @@ def shop_orders(onceflow_shop_orders: Any) -> Any:
 @pytest.fixture
 def sales_connections(onceflow_sales_connections: Any) -> Any:
     return onceflow_sales_connections
+
+
+@pytest.fixture
+def article_site(onceflow_article_site: Any) -> Any:
+    return onceflow_article_site
+
+
+@pytest.fixture(scope="session")
+def fake_gcs(onceflow_fake_gcs: Any) -> Any:
+    return onceflow_fake_gcs

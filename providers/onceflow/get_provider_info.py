@@ -37,6 +37,9 @@ def get_provider_info() -> dict[str, Any]:
                     "onceflow.hooks.sheets",
                     "onceflow.hooks.ledger",
                     "onceflow.hooks.translate",
+                    "onceflow.hooks.fetch",
+                    "onceflow.hooks.storage",
+                    "onceflow.hooks.heartbeat",
                 ],
             }
         ],

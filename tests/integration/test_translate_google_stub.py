@@ -110,6 +110,16 @@ def test_a_503_is_transient():
     assert "503" in failure.value.reason and failure.value.retry_after is None
 
 
+def test_a_request_past_its_deadline_is_transient():
+    with serve(PROJECT, engine="tag") as stub:
+        stub.delay_next(3)
+
+        with pytest.raises(TransientStepError) as failure:
+            GoogleTranslator(PROJECT, endpoint=stub.url, timeout=0.5).translate_chunks(["Hola."], "es", "en")
+
+    assert "unreachable" in failure.value.reason and "timed out" in failure.value.reason.lower()
+
+
 def test_an_unreachable_endpoint_is_transient():
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))

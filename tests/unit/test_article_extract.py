@@ -96,3 +96,22 @@ def test_a_page_without_article_text_is_a_permanent_failure_with_a_reason(html):
         "extract: no article text found at http://127.0.0.1:8000/nada.html"
     )
     assert f"at least {MIN_WORDS} needed" in failure.value.reason
+
+
+FRENCH_UNDECLARED = """<html><head><title>Le port</title></head><body><div class="content">
+<h2>Le port retrouve ses ferries de nuit</h2>
+<p>L'autorité portuaire a annoncé hier que les ferries de nuit entre l'île et le continent reprendront
+à partir du mois de mars, après deux ans d'interruption à cause des travaux sur le quai.</p>
+<p>Les pêcheurs et les commerçants du marché réclamaient le service depuis des mois. Sans le bateau
+de nuit, le poisson arrive en retard dans la capitale, <b>a expliqué</b> une vendeuse.<br>Le prix ne
+changera pas.</p>
+</div></body></html>
+"""
+
+
+def test_an_undeclared_language_is_detected_and_inline_markup_is_flattened():
+    extracted = extract_article(FRENCH_UNDECLARED, "http://127.0.0.1:8000/port.html")
+
+    assert extracted.language == "fr"
+    assert extracted.paragraphs[-1].startswith("Les pêcheurs et les commerçants")
+    assert "une vendeuse. Le prix ne changera pas." in extracted.paragraphs[-1]  # <br> and <b> flattened

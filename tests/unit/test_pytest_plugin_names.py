@@ -35,6 +35,8 @@ EXPECTED = {
     "onceflow_sales_db_url",
     "onceflow_shop_orders",
     "onceflow_sales_connections",
+    "onceflow_article_site",
+    "onceflow_fake_gcs",
 }
 
 

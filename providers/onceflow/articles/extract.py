@@ -49,6 +49,8 @@ class Extracted:
 
 
 def _flat(element: Any) -> str:
+    for line_break in element.iter("lb"):  # <br>: a space, not two words glued together
+        line_break.text = " "
     return _SPACES.sub(" ", "".join(element.itertext())).strip()
 
 

@@ -179,7 +179,7 @@ def fetch_page(url: str, policy: FetchPolicy | None = None) -> FetchedPage:
                         raise PermanentStepError(
                             f"too many redirects (more than {policy.max_redirects}) from {url}", step="fetch"
                         )
-                    current = urljoin(current, location.strip())
+                    current = urljoin(current, _header_text(location).strip())
                     redirects.append(current)
                     continue
                 _check_status(response, current)
@@ -202,6 +202,14 @@ def fetch_page(url: str, policy: FetchPolicy | None = None) -> FetchedPage:
                 redirects=redirects,
                 address=str(address),
             )
+
+
+def _header_text(value: str) -> str:
+    """A header as UTF-8: http.client decodes header bytes as latin-1, servers send UTF-8."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
 
 
 class _Watchdog:

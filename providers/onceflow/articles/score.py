@@ -3,8 +3,8 @@
 Four parts, each in [0, 1]:
 
 ``known_words``
-    ``1 - unknown / (0.2 * words)``, floored at 0: the share of words Apertium marked unknown
-    (``*palabra``); a fifth of the words unknown scores 0. Google marks nothing, so it scores 1.
+    ``1 - unknown / (0.15 * words)``, floored at 0: the share of words Apertium marked unknown
+    (``*palabra``); 3% unknown scores 0.8, 15% or more scores 0. Google marks nothing, so it scores 1.
 ``target_language``
     lingua's confidence that the translation (markers removed) is in the target language.
 ``length``
@@ -18,8 +18,8 @@ Four parts, each in [0, 1]:
 ``value`` is the weighted mean (:data:`WEIGHTS`, re-normalized over the parts present), capped
 at ``0.5 + 0.5 * min(parts)`` so that one failed signal alone pulls the score under the threshold,
 rounded to four places. The chain polishes a translation below :data:`THRESHOLD` (0.75) and sends
-it to review if it stays below: a copy of the source scores at most 0.4, a translation with a
-fifth or more of its words unknown at most 0.5. ``reasons`` says, in one line each, which parts fell below
+it to review if it stays below: a copy of the source scores at most 0.4, a translation with 15%
+or more of its words unknown at most 0.5, with 9% at most 0.7. ``reasons`` says, in one line each, which parts fell below
 the threshold and why. Deterministic: lingua is, and nothing else depends on the clock or chance.
 """
 
@@ -39,7 +39,7 @@ WEIGHTS: dict[str, float] = {
     "translated_sentences": 0.3,
 }
 LENGTH_BAND = (0.5, 2.0)
-UNKNOWN_ZERO = 0.2
+UNKNOWN_ZERO = 0.15
 _WORD = re.compile(r"\w[\w'\u2019-]*")
 _SPACES = re.compile(r"\s+")
 

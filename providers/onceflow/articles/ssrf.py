@@ -9,7 +9,7 @@ cannot steer the connection elsewhere.
 
 Spellings are normalised before judging: percent-encoding, trailing dots, IDNA, and the
 ``inet_aton`` forms that resolvers accept (``2130706433``, ``0177.0.0.1``, ``0x7f.1``, ``127.1``);
-IPv6 addresses that embed an IPv4 one (mapped, compatible, NAT64, 6to4, Teredo) are judged by
+IPv6 addresses that embed an IPv4 one (mapped, translated, compatible, NAT64, 6to4, Teredo) are judged by
 the embedded address too. Userinfo (``http://example.com@127.0.0.1/``) is dropped: the host is
 what follows the ``@``, as every HTTP client reads it, and that is what is checked and connected.
 
@@ -20,10 +20,11 @@ ranges through, optionally on one port only: the local demo site is ``127.0.0.1:
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 from onceflow.articles.errors import PermanentStepError, TransientStepError
 
@@ -67,6 +68,9 @@ _RULES: tuple[tuple[IPNetwork, str], ...] = tuple(
     (ipaddress.ip_network(net), why) for net, why in _V4_RULES + _V6_RULES
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_SIIT = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765 IPv4-translated addresses
+# RFC 3986 reserved and unreserved characters, and "%" so existing escapes stay as they are
+_SAFE = "/%:@!$&'()*+,;=-._~"
 
 
 def blocked_reason(addr: IPAddress) -> str | None:
@@ -96,9 +100,11 @@ def _embedded_v4(addr: IPAddress) -> ipaddress.IPv4Address | None:
         return addr.sixtofour
     if addr.teredo is not None:
         return addr.teredo[1]
-    if addr in _NAT64 or (
-        int(addr) >> 32 == 0 and int(addr) > 1
-    ):  # :: and ::1 are themselves  # NAT64 well-known prefix, IPv4-compatible ::a.b.c.d
+    if (
+        addr in _NAT64  # NAT64 well-known prefix
+        or addr in _SIIT  # IPv4-translated ::ffff:0:a.b.c.d, which SIIT translators map to a.b.c.d
+        or (int(addr) >> 32 == 0 and int(addr) > 1)  # IPv4-compatible ::a.b.c.d (:: and ::1 aside)
+    ):
         return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
     return None
 
@@ -150,7 +156,8 @@ class Target:
 
     :ivar host: the normalised host name or address text (lower case, no brackets, no trailing dot).
     :ivar literal: the address when the host is an IP literal, else ``None``.
-    :ivar request_target: path and query to send (``/a/b?c``), never empty.
+    :ivar request_target: path and query to send (``/a/b?c``), never empty, ASCII only: other
+        characters are percent-encoded as UTF-8 (``/España`` is sent as ``/Espa%C3%B1a``).
     :ivar written_host: the host as the URL spells it (``0x7f.1``), for reasons.
     """
 
@@ -180,7 +187,10 @@ def parse_url(url: str) -> Target:
         raise PermanentStepError(
             f"not a valid URL (space, backslash or control character): {url!r}", step="fetch"
         )
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:
+        raise PermanentStepError(f"not a valid URL ({exc}): {url}", step="fetch") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         raise PermanentStepError(
@@ -195,9 +205,9 @@ def parse_url(url: str) -> Target:
     if port == 0:
         raise PermanentStepError(f"not a valid port in URL: {url}", step="fetch")
     port = port or (443 if scheme == "https" else 80)
-    target = parts.path or "/"
+    target = quote(parts.path or "/", safe=_SAFE)
     if parts.query:
-        target += "?" + parts.query
+        target += "?" + quote(parts.query, safe=_SAFE + "?")
     return Target(
         url=text,
         scheme=scheme,
@@ -213,7 +223,10 @@ def _parse_host(parts: SplitResult, url: str) -> tuple[str, IPAddress | None]:
     raw = parts.hostname  # userinfo dropped, brackets stripped, lower-cased
     if not raw:
         raise PermanentStepError(f"no host in URL: {url}", step="fetch")
-    if "[" in parts.netloc.rpartition("@")[2]:
+    hostport = parts.netloc.rpartition("@")[2]
+    if "[" in hostport:
+        if not re.fullmatch(r"\[[^\[\]]+\](:\d*)?", hostport):
+            raise PermanentStepError(f"not a valid IPv6 host in URL: {url}", step="fetch")
         try:
             v6 = ipaddress.IPv6Address(unquote(raw))
         except ValueError:

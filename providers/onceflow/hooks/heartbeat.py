@@ -32,6 +32,7 @@ class HeartbeatHook(BaseHook):
 
     conn_name_attr: ClassVar[str] = "ledger_conn_id"
     default_conn_name: ClassVar[str] = "onceflow_ledger"
+    conn_type: ClassVar[str] = "postgres"  # the ledger database (SQLite works too, as for LedgerHook)
     hook_name: ClassVar[str] = "onceflow heartbeat"
 
     def __init__(self, ledger_conn_id: str = default_conn_name, ping_url: str | None = None) -> None:

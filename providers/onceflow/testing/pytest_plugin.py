@@ -14,7 +14,8 @@ Fixtures (see ``docs/testing.md``):
 * ``onceflow_airflow_cluster`` / ``onceflow_airflow_cluster_factory``: real api-server, scheduler, dag-processor
   and triggerer processes; nothing is left running after the test, pass or fail.
 * ``onceflow_postgres_url`` / ``onceflow_postgres_url_factory``: throwaway PostgreSQL databases.
-* ``onceflow_sheets_emulator`` and the ledger and sales fixtures, from the modules listed below.
+* ``onceflow_sheets_emulator``, ``onceflow_article_site``, ``onceflow_fake_gcs`` and the ledger
+  and sales fixtures, from the modules listed below.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ if TYPE_CHECKING:
 
 pytest_plugins = [
     "onceflow.testing.sheets_fixtures",
+    "onceflow.testing.gcs_fixtures",
     "onceflow.testing.ledger_fixtures",
     "onceflow.testing.sales_fixtures",
+    "onceflow.testing.article_fixtures",
 ]
 
 ENV_KEY = pytest.StashKey[AirflowTestEnv]()

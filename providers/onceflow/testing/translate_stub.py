@@ -15,7 +15,7 @@ models what the article chain depends on:
   ``glossaryTranslations`` in which each term (whole word, any case) became its target term and
   was left alone by the translation; an unknown glossary is a 404;
 * **faults**: :meth:`TranslateStub.fail_next` answers the next requests with a 429 (and a
-  ``Retry-After``) or a 503 instead;
+  ``Retry-After``) or a 503 instead; :meth:`TranslateStub.delay_next` answers them late;
 * a **request log**: :attr:`TranslateStub.log`, one :class:`StubRequest` per request, in order.
 
 Use it with :func:`serve`::
@@ -31,6 +31,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,6 +50,7 @@ _STATUS = {
     403: "PERMISSION_DENIED",
     404: "NOT_FOUND",
     429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
     503: "UNAVAILABLE",
 }
 
@@ -106,6 +108,8 @@ class TranslateStub(ThreadingHTTPServer):
         self.log: list[StubRequest] = []
         self.glossaries: dict[str, dict[str, str]] = {}
         self._faults: list[tuple[int, float | None]] = []
+        self._delays: list[float] = []
+        self._closing = threading.Event()
         self._modes: list[str] | None = None
 
     @property
@@ -118,8 +122,14 @@ class TranslateStub(ThreadingHTTPServer):
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._closing.set()  # a delayed answer stops waiting
         self.shutdown()
         self.server_close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gave up (its deadline passed) is expected here; anything else is printed."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
     # -- test controls ------------------------------------------------------------------------
 
@@ -127,6 +137,11 @@ class TranslateStub(ThreadingHTTPServer):
         """Answer the next ``count`` requests with ``status`` (429 or 503), with ``Retry-After`` if given."""
         with self.lock:
             self._faults += [(status, retry_after)] * count
+
+    def delay_next(self, seconds: float, *, count: int = 1) -> None:
+        """Answer the next ``count`` requests only after ``seconds`` (a slow or hung backend)."""
+        with self.lock:
+            self._delays += [seconds] * count
 
     def add_glossary(self, glossary_id: str, terms: dict[str, str]) -> None:
         """A glossary (source term -> target term) requests may name in ``glossaryConfig``."""
@@ -169,6 +184,8 @@ class TranslateStub(ThreadingHTTPServer):
         """The response body for one request, or :class:`_Failure`."""
         with self.lock:
             fault = self._faults.pop(0) if self._faults else None
+            delay = self._delays.pop(0) if self._delays else 0.0
+        self._closing.wait(delay)
         if fault is not None:
             status, retry_after = fault
             message = "Quota exceeded" if status == 429 else "The service is currently unavailable."
@@ -233,7 +250,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server.answer(match.group(1), match.group(2) or "global", body),
                 {},
             )
-        except _Failure as failure:
+        except Exception as exc:  # the stub's own fault (apertium failed, ...): a 500, as Google would
+            failure = exc if isinstance(exc, _Failure) else _Failure(500, f"Internal error: {exc!r}")
             status = failure.status
             payload = {
                 "error": {

@@ -13,9 +13,13 @@ marker and is removed too.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import signal
 import subprocess
+from functools import lru_cache
 
 from onceflow.articles.errors import PermanentStepError, TransientStepError
 
@@ -71,6 +75,12 @@ def mode_pair(mode: str) -> tuple[str, str]:
     return match.group(1), match.group(2)
 
 
+@lru_cache(maxsize=4)
+def _installed_modes(command: str) -> tuple[str, ...]:
+    result = subprocess.run([command, "-l"], capture_output=True, text=True, timeout=60, check=False)
+    return tuple(sorted(line.strip() for line in result.stdout.splitlines() if line.strip()))
+
+
 class ApertiumTranslator:
     """:class:`~onceflow.articles.translate.base.Translator` running ``apertium`` locally.
 
@@ -97,9 +107,18 @@ class ApertiumTranslator:
         self.binary = binary
 
     @classmethod
-    def for_languages(cls, source: str, target: str, **kwargs: object) -> ApertiumTranslator:
+    def for_languages(
+        cls,
+        source: str,
+        target: str,
+        *,
+        mark_unknown: bool = True,
+        timeout: float = 120.0,
+        binary: str = "apertium",
+    ) -> ApertiumTranslator:
         """The translator for ``source`` -> ``target`` (ISO 639-1), mode ``<src3>-<tgt3>``."""
-        return cls(f"{apertium_code(source)}-{apertium_code(target)}", **kwargs)  # type: ignore[arg-type]
+        mode = f"{apertium_code(source)}-{apertium_code(target)}"
+        return cls(mode, mark_unknown=mark_unknown, timeout=timeout, binary=binary)
 
     def _command(self) -> str:
         path = shutil.which(self.binary)
@@ -111,11 +130,8 @@ class ApertiumTranslator:
         return path
 
     def installed_modes(self) -> list[str]:
-        """The modes ``apertium -l`` lists, sorted."""
-        result = subprocess.run(
-            [self._command(), "-l"], capture_output=True, text=True, timeout=self.timeout, check=False
-        )
-        return sorted(line.strip() for line in result.stdout.splitlines() if line.strip())
+        """The modes ``apertium -l`` lists, sorted (asked once per process and command)."""
+        return list(_installed_modes(self._command()))
 
     def _check(self, source: str, target: str) -> str:
         wanted = (apertium_code(source), apertium_code(target))
@@ -140,27 +156,52 @@ class ApertiumTranslator:
         args = [command, "-f", "txt", *([] if self.mark_unknown else ["-u"]), self.mode]
         out: list[str] = []
         for i, chunk in enumerate(chunks):
-            try:
-                result = subprocess.run(
-                    args,
-                    input=chunk,
-                    capture_output=True,
-                    text=True,
-                    encoding="utf-8",
-                    timeout=self.timeout,
-                    check=False,
+            where = f"chunk {i + 1} of {len(chunks)}"
+            returncode, stdout, stderr = self._run(args, chunk, where)
+            if returncode != 0:
+                raise PermanentStepError(
+                    f"translate: apertium {self.mode} failed on {where} "
+                    f"(exit {returncode}): {stderr.decode('utf-8', 'replace').strip()[:300]}",
+                    step="translate",
                 )
-            except subprocess.TimeoutExpired as exc:
-                raise TransientStepError(
-                    f"translate: apertium {self.mode} took over {self.timeout:g} s on chunk {i + 1} "
-                    f"of {len(chunks)} ({len(chunk)} characters)",
+            try:
+                text = stdout.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise PermanentStepError(
+                    f"translate: apertium {self.mode} wrote invalid UTF-8 for {where} ({exc.reason} "
+                    f"at byte {exc.start})",
                     step="translate",
                 ) from exc
-            if result.returncode != 0:
-                raise PermanentStepError(
-                    f"translate: apertium {self.mode} failed on chunk {i + 1} of {len(chunks)} "
-                    f"(exit {result.returncode}): {result.stderr.strip()[:300]}",
-                    step="translate",
-                )
-            out.append(result.stdout.strip())
+            out.append(text.strip())
         return out
+
+    def _run(self, args: list[str], chunk: str, where: str) -> tuple[int, bytes, bytes]:
+        """One ``apertium`` run over ``chunk``: (exit status, stdout, stderr).
+
+        ``apertium`` is a shell script running a pipeline of programs: on a timeout, killing the
+        script alone would leave the pipeline running, orphaned, so it runs in a session of its
+        own and the whole process group is killed.
+        """
+        with subprocess.Popen(
+            args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        ) as process:
+            try:
+                stdout, stderr = process.communicate(chunk.encode("utf-8"), timeout=self.timeout)
+            except subprocess.TimeoutExpired as exc:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+                raise TransientStepError(
+                    f"translate: apertium {self.mode} took over {self.timeout:g} s on {where} "
+                    f"({len(chunk)} characters)",
+                    step="translate",
+                ) from exc
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                raise
+        return process.returncode, stdout, stderr

@@ -147,7 +147,7 @@ class GoogleTranslator:
         try:
             response = self.client().translate_text(request=request, timeout=self.timeout)
         except api.GoogleAPICallError as err:
-            code = int(err.code or 0) if isinstance(err.code, int) else 0
+            code = err.code if isinstance(err.code, int) else 0
             if isinstance(err, api.DeadlineExceeded) or code == 429 or code >= 500:
                 raise TransientStepError(
                     f"translate: Cloud Translation answered {code or type(err).__name__}: {_message(err)}",

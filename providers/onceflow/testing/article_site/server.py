@@ -10,7 +10,7 @@ Routes (GET and HEAD):
 - ``/status/<code>``: that status, with ``Retry-After`` when ``?retry_after=`` is given.
 - ``/huge``: 50 MB of HTML generated while it is sent (``?bytes=N``; ``?declare=1`` sends a
   ``Content-Length``); ``/slow``: HTML headers, then one byte per second forever
-  (``?interval=s``).
+  (``?interval=s``); ``/slow-headers``: the same inside a header line that never ends.
 - ``/published/<path>``: files under ``published_dir`` and nothing outside it.
 
 Every accepted TCP connection is counted and every request is logged (:attr:`ArticleSite.log`):
@@ -22,6 +22,7 @@ from __future__ import annotations
 import html
 import mimetypes
 import socket
+import ssl
 import threading
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -60,12 +61,18 @@ class _Server(ThreadingHTTPServer):
         self.site._count_connection()
         return True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that refused our certificate or hung up mid-request is expected in tests
+        if self.site.verbose:
+            super().handle_error(request, client_address)
+
 
 class ArticleSite:
     """The demo article site on ``host:port`` (port 0 picks a free one). Start it with :func:`serve`.
 
     :param published_dir: directory whose files are served under ``/published/``.
     :param verbose: log requests to stderr.
+    :param tls: a server-side TLS context: serve ``https`` (tests of SNI and certificate checks).
     """
 
     def __init__(
@@ -74,6 +81,7 @@ class ArticleSite:
         port: int = 0,
         published_dir: str | Path | None = None,
         verbose: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.published_dir = Path(published_dir).resolve() if published_dir is not None else None
         self.verbose = verbose
@@ -86,6 +94,12 @@ class ArticleSite:
         )
         self._httpd = server_class((host, port), _Handler)
         self._httpd.site = self
+        self.scheme = "http"
+        if tls is not None:  # the handshake runs in the handler thread, on the first read
+            self._httpd.socket = tls.wrap_socket(
+                self._httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
+            self.scheme = "https"
         self._thread: threading.Thread | None = None
         self._serving = False
 
@@ -101,12 +115,12 @@ class ArticleSite:
     def base_url(self) -> str:
         """``http://127.0.0.1:PORT`` (IPv6 hosts in brackets), without a trailing slash."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     @property
     def address(self) -> str:
         """``host:port`` as an allow-list entry."""
-        return self.base_url.removeprefix("http://")
+        return self.base_url.split("://", 1)[1]
 
     def url(self, path: str = "/") -> str:
         """The absolute URL of ``path`` on this site."""
@@ -161,10 +175,14 @@ class ArticleSite:
 
 
 def serve(
-    host: str = "127.0.0.1", port: int = 0, published_dir: str | Path | None = None, verbose: bool = False
+    host: str = "127.0.0.1",
+    port: int = 0,
+    published_dir: str | Path | None = None,
+    verbose: bool = False,
+    tls: ssl.SSLContext | None = None,
 ) -> ArticleSite:
     """Start the demo site in a background thread; use it as a context manager to stop it."""
-    return ArticleSite(host, port, published_dir=published_dir, verbose=verbose).start()
+    return ArticleSite(host, port, published_dir=published_dir, verbose=verbose, tls=tls).start()
 
 
 def page_bytes(entry: Entry) -> bytes:
@@ -217,6 +235,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._huge(int(query.get("bytes", HUGE_BYTES)), query.get("declare") == "1")
         elif path == "/slow":
             self._slow(float(query.get("interval", "1")), site)
+        elif path == "/slow-headers":
+            self._slow_headers(float(query.get("interval", "1")), site)
         elif path == "/published" or path.startswith("/published/"):
             self._published(path, site)
         else:
@@ -300,6 +320,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b".")
             self.wfile.flush()
             self._access.bytes_sent += 1
+
+    def _slow_headers(self, interval: float, site: ArticleSite) -> None:
+        """A status line, then a header that never ends, a byte every ``interval`` seconds."""
+        self.close_connection = True
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nX-Drip: ")
+        self.wfile.flush()
+        self._access.status = 200
+        while not site._stopping.wait(interval):
+            self.wfile.write(b"a")
+            self.wfile.flush()
 
     def _published(self, path: str, site: ArticleSite) -> None:
         root = site.published_dir

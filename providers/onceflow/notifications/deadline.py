@@ -28,12 +28,13 @@ from airflow.sdk.bases.notifier import BaseNotifier
 # The same classes as ``airflow.sdk.AsyncCallback`` etc.; imported from their modules because
 # ``airflow/sdk/__init__.pyi`` does not list them for type checkers.
 from airflow.sdk.definitions.callback import AsyncCallback
-from airflow.sdk.definitions.deadline import DeadlineAlert
 
+from onceflow.compat import deadline_alert
 from onceflow.notifications.deadline_reference import BusinessTimeDeadline, business_due
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.context import Context
+    from airflow.sdk.definitions.deadline import DeadlineAlert
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def daily_load_deadline(
     }
     if path is not None:
         kwargs["path"] = path
-    return DeadlineAlert(
+    return deadline_alert(
         reference=reference,
         interval=timedelta(0),
         callback=AsyncCallback(MissedDeadlineNotifier, kwargs=kwargs),

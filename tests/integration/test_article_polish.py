@@ -126,6 +126,16 @@ def test_unknown_marked_words_are_replaced_marker_and_all_and_longer_terms_win()
     ]
 
 
+def test_a_match_whose_lower_case_is_not_the_term_is_still_replaced():
+    # re.IGNORECASE matches long s with "s" and a medial sigma with a final one, which str.lower()
+    # does not map: the term lookup by lower() raised KeyError and failed the polish step on every
+    # retry
+    polished = polish("Una \u017fopa y el \u03bb\u03cc\u03b3\u03bf\u03c3.", {"sopa": "soup", "λόγος": "word"})
+
+    assert polished.text == "Una soup y el word."
+    assert sorted(polished.substitutions) == [("sopa", "soup", 1), ("λόγος", "word", 1)]
+
+
 def test_polish_is_bounded_to_its_passes():
     chain = {"uno": "dos", "dos": "tres", "tres": "uno"}  # a cycle never settles
 

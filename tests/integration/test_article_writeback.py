@@ -223,3 +223,60 @@ def test_bad_values_are_refused_before_any_request(sheets_emulator: SheetsEmulat
     with pytest.raises(ValueError, match="finite"):
         write_needs_review(_queue(sid), tokens[0], score=math.inf, reason="x")
     assert sheets_emulator.request_log.total == 0
+
+
+def test_reconcile_gives_up_on_a_row_in_review_whose_run_keeps_failing(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    from datetime import timedelta
+
+    from onceflow.sheets import reconcile
+    from onceflow.sheets.model import token_time
+
+    sid, urls, tokens = _sheet(sheets_emulator, 1)
+    assert write_needs_review(_queue(sid), tokens[0], score=0.2, reason="low")
+    queue = _queue(sid)
+    claimed = token_time(tokens[0])
+    assert claimed is not None
+    now = claimed + timedelta(days=2)
+    redrives = [
+        {
+            "time": f"t{i}",
+            "action": "reset_run",
+            "reason": reconcile.REDRIVE_FAILED,
+            "claim_token": tokens[0],
+            "url": urls[0],
+        }
+        for i in range(3)
+    ]
+    plan = reconcile.plan(
+        queue.snapshot(),
+        now=now,
+        lease=timedelta(minutes=30),
+        version="v1",
+        run_state=lambda _: "failed",
+        audit=redrives,
+    )
+    assert [(a.kind, a.new_status) for a in plan.actions] == [("transition", Status.FAILED)]
+    entries = reconcile.apply(plan.actions, queue, now=now, create_run=lambda *_: "exists")
+    assert [e["action"] for e in entries] == ["transition"]
+    row = _row(sheets_emulator, sid, tokens[0])
+    assert row["status"] == f"FAILED #{tokens[0]}", "moved from NEEDS_REVIEW, not only from PROCESSING"
+    assert _anchors(sheets_emulator, sid) == set()
+
+
+def test_failed_from_either_in_flight_status_in_one_batch(sheets_emulator: SheetsEmulator) -> None:
+    sid, _, tokens = _sheet(sheets_emulator, 2)
+    assert write_needs_review(_queue(sid), tokens[1], score=0.1, reason="low")
+    either = (Status.PROCESSING, Status.NEEDS_REVIEW)
+    for token in tokens:
+        sheets_emulator.request_log.reset()
+        assert write_failed(_queue(sid), token, reason="translate: Apertium pair missing", old=either)
+        assert _counted(sheets_emulator) == WRITE_BACK
+        assert _row(sheets_emulator, sid, token)["status"] == f"FAILED #{token}"
+    assert _anchors(sheets_emulator, sid) == set()
+    # the default is PROCESSING only: a row in review is not failed by it
+    sid, _, tokens = _sheet(sheets_emulator, 1)
+    assert write_needs_review(_queue(sid), tokens[0], score=0.1, reason="low")
+    assert not write_failed(_queue(sid), tokens[0], reason="x")
+    assert _row(sheets_emulator, sid, tokens[0])["status"] == f"NEEDS_REVIEW #{tokens[0]}"

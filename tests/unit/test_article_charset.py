@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import codecs
 
+import pytest
+
 from onceflow.articles.charset import decode_html
 
 TEXT = (
@@ -61,3 +63,19 @@ def test_a_byte_order_mark_wins_and_an_unknown_label_is_skipped() -> None:
     decoded = decode_html(codecs.BOM_UTF8 + TEXT.encode("utf-8"), "iso-8859-1")
     assert (decoded.charset, decoded.source) == ("utf-8", "bom")
     assert _is_right(decode_html(TEXT.encode("utf-8"), "no-such-charset").text)
+
+
+@pytest.mark.parametrize(
+    "label", ["zlib", "base64", "rot13", "hex", "bz2", "uu", "quopri", "undefined", "unicode_escape"]
+)
+@pytest.mark.parametrize("body_end", [b"Espana \\u003cb\\u003e", b"Espa\xf1a"])  # ASCII, latin-1
+def test_a_codec_that_is_no_charset_is_ignored_like_an_unknown_label(label: str, body_end: bytes) -> None:
+    # the label is the page's: bytes.decode("zlib") raised LookupError, "undefined" UnicodeError
+    # (an unexpected exception instead of a page), and unicode_escape read "\\u003c" as "<"
+    body = f"<html><head><meta charset={label}></head><body><p>".encode() + body_end
+
+    for decoded in (decode_html(body, None), decode_html(body, label)):
+        assert decoded.charset != codecs.lookup(label).name
+        assert decoded.source in ("utf-8", "detected", "fallback")
+        assert "<p>Espa" in decoded.text  # decoded, whatever the detector makes of one latin-1 byte
+        assert "<b>" not in decoded.text

@@ -68,6 +68,8 @@ def _refusal(url: str, allow: AllowList | None = None, *answers: str) -> str:
         ("http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/", "(private, embedded 10.0.0.1)"),  # Teredo
         ("http://[64:ff9b::7f00:1]/", "(loopback, embedded 127.0.0.1)"),  # NAT64
         ("http://[::127.0.0.1]/", "(loopback, embedded 127.0.0.1)"),  # IPv4-compatible
+        ("http://[::ffff:0:7f00:1]/", "(loopback, embedded 127.0.0.1)"),  # IPv4-translated (SIIT)
+        ("http://[::ffff:0:a9fe:a9fe]/", "(link-local, cloud metadata, embedded 169.254.169.254)"),
     ],
 )
 def test_a_blocked_address_in_any_spelling_is_refused_with_address_and_rule(url: str, reason: str) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -22,7 +26,8 @@ SPANISH = (
 )
 
 # text made of words, sentence ends, spaces, tabs, newlines and blank lines, in any mix
-_TEXT = st.text(alphabet=st.sampled_from(list("abc xyz.!?\n\t»\rñé")), max_size=400)
+# (and the Unicode whitespace real pages carry: no-break, ideographic and line-separator spaces)
+_TEXT = st.text(alphabet=st.sampled_from(list("abc xyz.!?\n\t»\rñé\u00a0\u3000\u2028")), max_size=400)
 
 
 class Upper:
@@ -65,6 +70,23 @@ def test_paragraphs_that_fit_are_never_cut_and_blank_lines_join_the_chunks(parag
     assert "\n\n".join(chunks) == text
     for chunk in chunks:  # every chunk is whole paragraphs
         assert all(p in paragraphs for p in chunk.split("\n\n"))
+
+
+def test_a_paragraph_ending_in_a_no_break_space_keeps_its_break_in_a_gap():
+    # "<p>Hola mundo&nbsp;</p>": the no-break space used to end a piece, which left an empty piece
+    # carrying the blank line, so the next chunk began with it and the backend's strip() lost it
+    chunks = chunk_paragraphs("Hola mundo\u00a0\n\nOtro", 10)
+
+    assert list(chunks) == ["Hola mundo", "Otro"]
+    assert chunks.gaps == ("", "\u00a0\n\n", "")
+
+
+def test_apertium_keeps_the_paragraph_break_after_a_no_break_space():
+    text = "Hola mundo\u00a0\n\nOtro"
+
+    translated = translate_text(ApertiumTranslator("spa-eng"), text, "es", "en", max_chars=10)
+
+    assert translated.text == "Hello World\u00a0\n\nAnother"
 
 
 def test_a_long_paragraph_is_cut_at_sentence_ends_and_then_at_spaces():
@@ -148,6 +170,54 @@ def test_apertium_past_its_timeout_is_transient():
         ApertiumTranslator("spa-eng", timeout=0.001).translate_chunks([SPANISH], "es", "en")
 
     assert "apertium spa-eng took over 0.001 s on chunk 1 of 1" in failure.value.reason
+
+
+def _fake_apertium(tmp_path, body: str) -> str:
+    """An ``apertium`` stand-in (a hang or broken output cannot be provoked from the real one):
+    lists ``spa-eng`` for ``-l``, else runs ``body``."""
+    script = tmp_path / "apertium"
+    script.write_text(f'#!/bin/bash\nif [ "$1" = "-l" ]; then echo spa-eng; exit 0; fi\n{body}\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (``S``, ``Z``...), ``None`` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def test_apertium_past_its_timeout_leaves_no_process_of_its_pipeline_running(tmp_path):
+    # apertium is a shell script running a pipeline: killing the script alone orphaned the pipeline
+    pidfile = tmp_path / "pipeline.pid"
+    binary = _fake_apertium(tmp_path, f"sleep 300 &\necho $! > {pidfile}\nwait")
+    translator = ApertiumTranslator("spa-eng", timeout=2, binary=binary)
+
+    with pytest.raises(TransientStepError, match="took over 2 s on chunk 1 of 1"):
+        translator.translate_chunks(["Hola."], "es", "en")
+
+    pid = int(pidfile.read_text())
+    try:
+        for _ in range(100):  # the group was SIGKILLed: wait for init to reap the orphan
+            if _state(pid) in (None, "Z"):
+                break
+            time.sleep(0.05)
+        assert _state(pid) in (None, "Z"), "the pipeline of the timed-out apertium is still running"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_apertium_output_that_is_not_utf8_is_a_permanent_failure_with_a_reason(tmp_path):
+    binary = _fake_apertium(tmp_path, "cat > /dev/null\nprintf 'ok \\xff\\xfe'")
+
+    with pytest.raises(PermanentStepError) as failure:
+        ApertiumTranslator("spa-eng", binary=binary).translate_chunks(["Hola."], "es", "en")
+
+    assert "apertium spa-eng wrote invalid UTF-8 for chunk 1 of 1" in failure.value.reason
 
 
 def test_apertium_refuses_a_pair_its_mode_does_not_translate_and_names_the_installed_ones():

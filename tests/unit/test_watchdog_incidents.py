@@ -281,3 +281,46 @@ def test_sixty_hours_of_nothing_fires_at_the_first_missed_deadline_across_dst(
     assert downs[0]["onceflow"]["evidence"]["first_missing_partition"] == missing
     # reminders every 600 s of the remaining hours, not a new incident each pass
     assert {m["onceflow"]["incident"] for m in receiver.webhooks()} == {1}
+
+
+def test_each_pass_pings_the_watchdogs_own_heartbeat_url(tmp_path: Path, receiver: AlertReceiver) -> None:
+    """Who watches the watchdog: an external healthchecks-style check hears from every pass."""
+    raw_config = make_config(tmp_path, receiver)
+    config = type(raw_config)(**{**raw_config.__dict__, "self_heartbeat_url": receiver.ping_url("wd-uuid")})
+    wd = Watchdog(config, clock=FakeClock(T0).now)
+    wd.run_once()
+    wd.run_once()
+    pings = [r for r in read_records(receiver.store) if r["kind"] == "ping"]
+    assert [(p["uuid"], p["signal"]) for p in pings] == [("wd-uuid", "success")] * 2
+    assert pings[0]["body"] == "replica=state"
+
+
+def test_a_watchdog_first_started_60_hours_in_dates_the_incident_from_the_first_missed_deadline(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    """No memory of its own (a fresh ledger), only load_audit: the evidence dates the incident."""
+    _load_audit(tmp_path, ["2024-10-25"])
+    sales = {"kind": "business_freshness", "timezone": AMS, "grace_seconds": 1800}
+    clock = FakeClock(_utc("2024-10-26T06:00:00+00:00") + 60 * 3600)
+    assert Watchdog(make_config(tmp_path, receiver, sales=sales), clock=clock.now).run_once().states == {
+        "sales": "down"
+    }
+    row = incident_row(tmp_path, "sales")
+    assert row["since"] == _utc("2024-10-27T06:30:00+00:00")  # 07:00 CET + grace, the first miss
+    evidence = receiver.webhooks()[0]["onceflow"]["evidence"]
+    assert evidence["first_missing_partition"] == "2024-10-26"
+    assert evidence["expected_partition"] == "2024-10-27"  # due at 07:00 on the 28th
+
+
+def test_beats_back_but_slow_end_the_incident_and_leave_the_check_late(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    """The first beat after a hang often starts late: the scheduler moves again (recovery), slowly."""
+    clock = FakeClock(T0)
+    beat(tmp_path, "r1", T0, T0)
+    wd = Watchdog(make_config(tmp_path, receiver), clock=clock.now)
+    clock.set(T0 + 600)
+    assert wd.run_once().states == {"heartbeat": "down"}
+    beat(tmp_path, "queued-before-the-hang", T0 + 555, T0 + 600)  # 45 s lag, max 30
+    assert wd.run_once().states == {"heartbeat": "late"}
+    assert received(receiver) == [("heartbeat", "down", 1), ("heartbeat", "recovery", 1)]

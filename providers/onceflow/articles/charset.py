@@ -25,6 +25,8 @@ META_PRESCAN = 4096
 _META_CHARSET = re.compile(rb"""<meta[^>]*?\bcharset\s*=\s*["']?\s*([A-Za-z0-9._:\-]+)""", re.IGNORECASE)
 _BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
 _WINDOWS_1252_ALIASES = {"latin_1", "iso8859_1", "ascii", "cp1252"}
+# text codecs of Python's that are no character set a page can be written in
+_NOT_CHARSETS = frozenset({"undefined", "unicode_escape", "raw_unicode_escape", "idna", "punycode", "utf_7"})
 _MULTI_BYTE = ("utf", "gb", "big5", "shift_jis", "cp932", "cp949", "cp950", "euc", "iso2022", "johab", "hz")
 
 
@@ -49,12 +51,21 @@ def meta_charset(body: bytes) -> str | None:
 
 
 def _codec(label: str | None) -> str | None:
-    """Python's codec for a charset label, browser-style; ``None`` if unknown."""
+    """Python's codec for a charset label, browser-style; ``None`` if unknown or not a charset.
+
+    The label comes from the page: Python also knows codecs that are no character set (``zlib``,
+    ``base64``, ``rot13``: ``bytes.decode`` raises ``LookupError`` for them; ``undefined`` always
+    fails; ``unicode_escape`` would read ``\\u003c`` as ``<``), and those are ignored like unknown
+    labels.
+    """
     if not label:
         return None
     try:
-        name = codecs.lookup(label.strip().strip("\"'")).name
+        info = codecs.lookup(label.strip().strip("\"'"))
     except LookupError:
+        return None
+    name = info.name
+    if not getattr(info, "_is_text_encoding", True) or name.replace("-", "_") in _NOT_CHARSETS:
         return None
     normalized = name.replace("-", "_")
     return "cp1252" if normalized in _WINDOWS_1252_ALIASES else name

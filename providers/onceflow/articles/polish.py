@@ -127,12 +127,18 @@ def polish(
             terms.setdefault(source.strip().lower(), (source, target))
     if not terms:
         return Polished(translated, [])
-    alternatives = "|".join(re.escape(k) for k in sorted(terms, key=lambda k: (-len(k), k)))
+    order = sorted(terms, key=lambda k: (-len(k), k))
+    alternatives = "|".join(re.escape(k) for k in order)
     pattern = re.compile(rf"(?<!\w)((?:{re.escape(unknown_marker)})?)({alternatives})(?!\w)", re.IGNORECASE)
     counts: dict[str, int] = {}
 
     def replace(match: re.Match[str]) -> str:
         key = match.group(2).lower()
+        if key not in terms:
+            # re's case-insensitive match is wider than lower() (long s matches "s", a medial
+            # sigma matches a final one): the term is the first alternative, in the pattern's order, that
+            # matches the found text, which is the one the pattern matched
+            key = next(k for k in order if re.fullmatch(re.escape(k), match.group(2), re.IGNORECASE))
         counts[key] = counts.get(key, 0) + 1
         return _match_case(match.group(2), terms[key][1])
 

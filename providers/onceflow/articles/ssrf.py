@@ -9,7 +9,7 @@ cannot steer the connection elsewhere.
 
 Spellings are normalised before judging: percent-encoding, trailing dots, IDNA, and the
 ``inet_aton`` forms that resolvers accept (``2130706433``, ``0177.0.0.1``, ``0x7f.1``, ``127.1``);
-IPv6 addresses that embed an IPv4 one (mapped, compatible, NAT64, 6to4, Teredo) are judged by
+IPv6 addresses that embed an IPv4 one (mapped, translated, compatible, NAT64, 6to4, Teredo) are judged by
 the embedded address too. Userinfo (``http://example.com@127.0.0.1/``) is dropped: the host is
 what follows the ``@``, as every HTTP client reads it, and that is what is checked and connected.
 
@@ -68,6 +68,7 @@ _RULES: tuple[tuple[IPNetwork, str], ...] = tuple(
     (ipaddress.ip_network(net), why) for net, why in _V4_RULES + _V6_RULES
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_SIIT = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765 IPv4-translated addresses
 # RFC 3986 reserved and unreserved characters, and "%" so existing escapes stay as they are
 _SAFE = "/%:@!$&'()*+,;=-._~"
 
@@ -99,9 +100,11 @@ def _embedded_v4(addr: IPAddress) -> ipaddress.IPv4Address | None:
         return addr.sixtofour
     if addr.teredo is not None:
         return addr.teredo[1]
-    if addr in _NAT64 or (
-        int(addr) >> 32 == 0 and int(addr) > 1
-    ):  # :: and ::1 are themselves  # NAT64 well-known prefix, IPv4-compatible ::a.b.c.d
+    if (
+        addr in _NAT64  # NAT64 well-known prefix
+        or addr in _SIIT  # IPv4-translated ::ffff:0:a.b.c.d, which SIIT translators map to a.b.c.d
+        or (int(addr) >> 32 == 0 and int(addr) > 1)  # IPv4-compatible ::a.b.c.d (:: and ::1 aside)
+    ):
         return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
     return None
 

@@ -87,9 +87,15 @@ def write_rejected(queue: SheetQueue, token: str, *, note: str, score: float) ->
     return queue.finish(token, Status.REJECTED, fields, old=Status.NEEDS_REVIEW)
 
 
-def write_failed(queue: SheetQueue, token: str, *, reason: str, old: Status = Status.PROCESSING) -> bool:
+def write_failed(
+    queue: SheetQueue, token: str, *, reason: str, old: Status | Collection[Status] = Status.PROCESSING
+) -> bool:
     """The row of ``token``: a permanent failure's reason, then ``old`` -> FAILED with its anchor
-    removed. Costs 1 read + 2 writes."""
+    removed. Costs 1 read + 2 writes.
+
+    :param old: the status the row must be in; several (``(PROCESSING, NEEDS_REVIEW)``) ride as
+        one fenced ``findReplace`` each in the same batch, at no extra cost.
+    """
     return queue.finish(token, Status.FAILED, {"reason": _reason(reason, "reason")}, old=old)
 
 

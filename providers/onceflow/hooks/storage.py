@@ -110,7 +110,9 @@ def parse_config(extras: dict[str, Any], default_base: str) -> StorageConfig:
         if extras.get("public_url")
         else default_public_url(publish_base)
     )
-    endpoint = extras.get("endpoint") or os.environ.get(EMULATOR_ENV) or None
+    from_env = os.environ.get(EMULATOR_ENV, "").strip()
+    # "default" is how google-cloud-storage and gcsfs spell "not set"
+    endpoint = extras.get("endpoint") or (from_env if from_env not in ("", "default") else None)
     if endpoint is not None:
         if isinstance(endpoint, str) and "://" not in endpoint:
             endpoint = f"http://{endpoint}"  # STORAGE_EMULATOR_HOST may be host:port

@@ -14,8 +14,8 @@ Fixtures (see ``docs/testing.md``):
 * ``airflow_cluster`` / ``airflow_cluster_factory``: real api-server, scheduler, dag-processor
   and triggerer processes; nothing is left running after the test, pass or fail.
 * ``postgres_url`` / ``postgres_url_factory``: throwaway PostgreSQL databases.
-* ``sheets_emulator``, ``article_site`` and the ledger and sales fixtures, from the modules
-  listed below.
+* ``sheets_emulator``, ``article_site``, ``fake_gcs`` and the ledger and sales fixtures, from the
+  modules listed below.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 pytest_plugins = [
     "onceflow.testing.sheets_fixtures",
+    "onceflow.testing.gcs_fixtures",
     "onceflow.testing.ledger_fixtures",
     "onceflow.testing.sales_fixtures",
     "onceflow.testing.article_fixtures",

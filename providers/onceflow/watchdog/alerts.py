@@ -227,7 +227,11 @@ class Outbox:
         with smtplib.SMTP(
             parts.hostname or "localhost", parts.port or 25, timeout=self.config.send_timeout
         ) as smtp:
-            smtp.send_message(msg)  # raises unless the server accepted it for every recipient
+            # Raises unless at least one recipient was accepted; retrying a partial refusal would
+            # mail the accepted ones twice, so it is logged loudly instead.
+            refused = smtp.send_message(msg)
+        if refused:
+            log.critical("alert %s: the SMTP server refused recipients %s", key, refused)
 
 
 def post_json(url: str, payload: Any, timeout: float, *, idempotency_key: str | None = None) -> int:

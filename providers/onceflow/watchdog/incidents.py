@@ -7,7 +7,7 @@ UPDATE changed no row, another replica (or this one before a restart) made that 
 first: its alerts are already queued, so nothing is sent twice and nothing is forgotten.
 
 Alerts (queued in :mod:`onceflow.watchdog.alerts`): ``down`` when a check goes down, ``reminder``
-every ``reminder_seconds`` while it stays down, ``recovery`` when a check that alerted is up
+every ``reminder_seconds`` while it stays down, ``recovery`` when a check that alerted is up (or only late)
 again. ``late`` is recorded (and makes the one-shot exit code 1) without paging anyone.
 While a silence or maintenance window covers the check, the down alert is held back; if the
 check is still down when the window ends, the alert goes out then.
@@ -212,10 +212,10 @@ def _plan(
         return None, None
     if target == current.state:
         return None, None
-    if target == LATE and current.state == DOWN:
-        return None, None  # down stays down until the evidence is good again
     changes: dict[str, Any] = {"state": target, "since": since}
-    if current.state == DOWN and target == UP:
+    if current.state == DOWN:
+        # The evidence moved (a fresh but slow beat, a loaded day with the next one now due):
+        # this incident is over; if the check goes down again, that is a new one.
         changes.update(alerted=False, last_alert_at=None)
         return changes, ("recovery" if current.alerted else None)
     return changes, None

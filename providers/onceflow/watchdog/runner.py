@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILING, EXIT_CONFIG, EXIT_BLIND = 0, 1, 2, 3
 LOCAL_DB = "watchdog-local.db"
+#: Checks that call an outside API (the Sheets quota, the api-server): evaluated once per period.
+POLLED_AT_PERIOD = frozenset({"api_health", "sheet_queue"})
 
 
 @dataclass
@@ -73,6 +75,7 @@ class Watchdog:
         self._warehouse: Engine | None = None
         self._schema_ready = False
         self._next_due: dict[str, float] = {}
+        self._api_said: str | None = None
         config.state_dir.mkdir(parents=True, exist_ok=True)
         from onceflow.ledger.db import create_ledger_engine
 
@@ -126,7 +129,10 @@ class Watchdog:
             self._clear_blind("ledger", now)
         if ledger is not None:
             for check in self.config.checks:
-                if only_due and self._next_due.get(check.name, 0.0) > now:
+                # Ledger/warehouse reads are cheap: judged every pass, so an alert comes within
+                # period + grace (+ one loop). Calls to outside APIs keep to their own period.
+                polled = check.kind in POLLED_AT_PERIOD
+                if only_due and polled and self._next_due.get(check.name, 0.0) > now:
                     continue
                 self._next_due[check.name] = now + check.period
                 try:
@@ -135,7 +141,11 @@ class Watchdog:
                     self._blind(check.name, f"cannot evaluate {check.name}: {_short(exc)}", now, result)
                     continue
                 self._clear_blind(check.name, now)
-                stored = incidents.apply(ledger, check, verdict, self.outbox, now=now, actor=self.owner)
+                try:
+                    stored = incidents.apply(ledger, check, verdict, self.outbox, now=now, actor=self.owner)
+                except Exception as exc:  # the ledger went away between the probe and the write
+                    self._blind("ledger", f"cannot record {check.name}: {_short(exc)}", now, result)
+                    continue
                 result.states[check.name] = stored.state
             try:
                 self.outbox.deliver(ledger, self.clock())
@@ -147,9 +157,15 @@ class Watchdog:
     def _evaluate(self, check: CheckConfig, ledger: Engine, now: float) -> Verdict:
         if check.kind == "heartbeat":
             current = incidents.get_or_create(ledger, check.name, now, self.owner)
-            return checks.heartbeat(check, ledger, now, current)
+            verdict = checks.heartbeat(check, ledger, now, current)
+            if self._api_said is not None:
+                # Shown beside the heartbeat's evidence, never instead of it.
+                verdict.evidence["api_server_health"] = self._api_said
+            return verdict
         if check.kind == "api_health":
-            return checks.api_health(check, now)
+            health = checks.api_health(check, now)
+            self._api_said = health.reason
+            return health
         if check.kind == "business_freshness":
             return checks.business_freshness(check, self.warehouse, now)
         if check.kind == "article_queue":

@@ -13,8 +13,11 @@ marker and is removed too.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import signal
 import subprocess
 from functools import lru_cache
 
@@ -153,27 +156,52 @@ class ApertiumTranslator:
         args = [command, "-f", "txt", *([] if self.mark_unknown else ["-u"]), self.mode]
         out: list[str] = []
         for i, chunk in enumerate(chunks):
-            try:
-                result = subprocess.run(
-                    args,
-                    input=chunk,
-                    capture_output=True,
-                    text=True,
-                    encoding="utf-8",
-                    timeout=self.timeout,
-                    check=False,
+            where = f"chunk {i + 1} of {len(chunks)}"
+            returncode, stdout, stderr = self._run(args, chunk, where)
+            if returncode != 0:
+                raise PermanentStepError(
+                    f"translate: apertium {self.mode} failed on {where} "
+                    f"(exit {returncode}): {stderr.decode('utf-8', 'replace').strip()[:300]}",
+                    step="translate",
                 )
-            except subprocess.TimeoutExpired as exc:
-                raise TransientStepError(
-                    f"translate: apertium {self.mode} took over {self.timeout:g} s on chunk {i + 1} "
-                    f"of {len(chunks)} ({len(chunk)} characters)",
+            try:
+                text = stdout.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise PermanentStepError(
+                    f"translate: apertium {self.mode} wrote invalid UTF-8 for {where} ({exc.reason} "
+                    f"at byte {exc.start})",
                     step="translate",
                 ) from exc
-            if result.returncode != 0:
-                raise PermanentStepError(
-                    f"translate: apertium {self.mode} failed on chunk {i + 1} of {len(chunks)} "
-                    f"(exit {result.returncode}): {result.stderr.strip()[:300]}",
-                    step="translate",
-                )
-            out.append(result.stdout.strip())
+            out.append(text.strip())
         return out
+
+    def _run(self, args: list[str], chunk: str, where: str) -> tuple[int, bytes, bytes]:
+        """One ``apertium`` run over ``chunk``: (exit status, stdout, stderr).
+
+        ``apertium`` is a shell script running a pipeline of programs: on a timeout, killing the
+        script alone would leave the pipeline running, orphaned, so it runs in a session of its
+        own and the whole process group is killed.
+        """
+        with subprocess.Popen(
+            args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        ) as process:
+            try:
+                stdout, stderr = process.communicate(chunk.encode("utf-8"), timeout=self.timeout)
+            except subprocess.TimeoutExpired as exc:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+                raise TransientStepError(
+                    f"translate: apertium {self.mode} took over {self.timeout:g} s on {where} "
+                    f"({len(chunk)} characters)",
+                    step="translate",
+                ) from exc
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                raise
+        return process.returncode, stdout, stderr

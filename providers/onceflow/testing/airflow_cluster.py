@@ -52,6 +52,7 @@ class AirflowCluster:
     :param dags_folder: the DAG folder the components read (default: the session's).
     :param env: extra environment for every component and CLI call.
     :param parallelism: LocalExecutor slots.
+    :param api_port: the api-server's port (default: a free one).
     """
 
     def __init__(
@@ -62,10 +63,11 @@ class AirflowCluster:
         dags_folder: Path | None = None,
         env: dict[str, str] | None = None,
         parallelism: int = 8,
+        api_port: int | None = None,
     ) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.api_port = free_port()
+        self.api_port = api_port or free_port()
         self.marker = uuid.uuid4().hex
         self.env: dict[str, str] = {**os.environ, **base_env}
         self.env.update(

@@ -69,6 +69,7 @@ class CeleryCluster(AirflowCluster):
         workers: int = 2,
         worker_concurrency: int = 4,
         broker_url: str = DEFAULT_BROKER,
+        api_port: int | None = None,
     ) -> None:
         metadata = {**os.environ, **base_env}.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
         if not metadata.startswith("postgresql"):
@@ -77,7 +78,9 @@ class CeleryCluster(AirflowCluster):
                 f"with SELECT ... FOR UPDATE SKIP LOCKED; SQLite cannot), got {metadata.split(':', 1)[0]!r}. "
                 "Set ONCEFLOW_TEST_DATABASE_URL=postgresql+psycopg2://postgres@127.0.0.1:5432/postgres."
             )
-        super().__init__(base_env, workdir, dags_folder=dags_folder, env=env, parallelism=parallelism)
+        super().__init__(
+            base_env, workdir, dags_folder=dags_folder, env=env, parallelism=parallelism, api_port=api_port
+        )
         queue = f"onceflow-{self.marker[:12]}"
         celery_env = {
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",

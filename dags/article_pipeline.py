@@ -9,6 +9,18 @@ import pendulum
 from airflow.sdk import dag
 
 from onceflow.lanes import LANES, NEW_LANE, RECHECK_LANE
+from onceflow.operators.articles import (
+    ArticleReviewOperator,
+    ExtractArticleOperator,
+    FetchArticleOperator,
+    MarkNeedsReviewOperator,
+    PolishArticleOperator,
+    PublishArticleOperator,
+    ScoreArticleOperator,
+    ScoreBranchOperator,
+    TranslateArticleOperator,
+    WriteBackOperator,
+)
 from onceflow.operators.sheets import ClaimedRowOperator
 
 DOC_MD = """
@@ -23,13 +35,20 @@ The run's conf carries the row's claim token; every task finds the row **by that
 by its position (the editor may sort, insert and delete rows at any time): reads and writes go
 through the row anchor (developer metadata `onceflow.claim = <token>`) the claim put on the row.
 
-**Status: first step only.** `read_claimed_row` (`ClaimedRowOperator`) is a fenced step on the
-article's ledger item `article:<row key>`: it leases the item, reads the claimed row back from the
-sheet by token, checks that its URL is the one the run was created for, records the run id beside
-it and commits the result under the lease (a retry after the commit repeats nothing). A row that
-is gone or points elsewhere moves the item to `needs_correction` and fails the task without retry;
-`sheet_reconcile` then marks the row INVALID with the reason. Recheck runs (conf `work_key`) find
-the claim on the ledger item.
+**The chain.** Every task after it is a fenced keyed step on the same ledger item, committing
+its result under its own lease; each stores its output (keyed by row key, processing version,
+step and fencing token) and commits the output's URI and sha256, which the next step reads from
+the ledger (not from XCom): `fetch` (SSRF guard, size cap, pool `onceflow_fetch`) >> `extract`
+>> `translate` (Apertium or Cloud Translation, pool `onceflow_translate`) >> `score` >>
+`check_score`: at or above the threshold (Variable `onceflow_score_threshold`, default 0.7)
+straight to `publish`; below it `polish` (the sheet's glossary, then score again) >>
+`check_polished`: still below, `mark_needs_review` (row NEEDS_REVIEW) >> `review`, a
+human-in-the-loop approval showing the text, the score and the source link (approve: publish;
+reject: the row ends REJECTED with the reviewer's note) >> `publish` (sanitized page,
+create-only: published once) >> `write_back` (DONE, score and link on the row, one request).
+A retry repeats nothing the run already committed; a permanent failure (a blocked URL, a 404, an
+empty page) writes the row FAILED with the reason and is not retried; a transient one (timeout,
+5xx, 429) is retried with exponential backoff, after the server's Retry-After when it sent one.
 
 **Two lanes, two DAGs from this file.** `article_pipeline` takes new work (pool `onceflow_sheets`,
 16 active runs). `article_pipeline_recheck` takes the runs the `recheck` DAG dispatches (conf
@@ -40,11 +59,8 @@ to the other lane's DAG fails at once, naming the right one.
 
 **Stopping a run.** Marking a running task failed, or any SIGTERM Airflow sends it, hands the
 article's ledger lease back at once (`release`), so a new attempt need not wait for it to expire.
-The article chain itself (fetch, extract, translate, score, polish or publish, and writing the
-published link back) comes in a later issue; until then rows stay PROCESSING after this run and
-`sheet_reconcile` flags them as "run succeeded but the row is still PROCESSING".
 
-Docs: `docs/sheet-queue.md`.
+Docs: `docs/articles.md` (the chain, the review), `docs/sheet-queue.md` (claims, rows).
 """
 
 #: The new-work lane's DAG id; the recheck lane's is this plus ``_recheck``.
@@ -62,11 +78,37 @@ def article_pipeline(lane_name: str) -> None:
         catchup=False,
         tags=["onceflow", "sheet-queue", f"lane:{lane.name}"],
         doc_md=DOC_MD,
-        default_args={"owner": "onceflow", "retries": 2, "retry_delay": timedelta(minutes=1)},
+        default_args={
+            "owner": "onceflow",
+            "retries": 3,
+            "retry_delay": timedelta(seconds=30),
+            "retry_exponential_backoff": 2.0,
+            "max_retry_delay": timedelta(minutes=10),
+        },
         max_active_runs=lane.max_active_runs,
     )
     def chain() -> None:
-        ClaimedRowOperator(task_id="read_claimed_row", lane=lane.name, **lane.task_args())
+        args = {"lane": lane.name, **lane.task_args()}
+        read = ClaimedRowOperator(task_id="read_claimed_row", **args)
+        fetch = FetchArticleOperator(task_id="fetch", **args)
+        extract = ExtractArticleOperator(task_id="extract", **args)
+        translate = TranslateArticleOperator(task_id="translate", **args)
+        score = ScoreArticleOperator(task_id="score", **args)
+        check_score = ScoreBranchOperator(
+            task_id="check_score", score_step="score", above="publish", below="polish", **args
+        )
+        polish = PolishArticleOperator(task_id="polish", **args)
+        check_polished = ScoreBranchOperator(
+            task_id="check_polished", score_step="polish", above="publish", below="mark_needs_review", **args
+        )
+        needs_review = MarkNeedsReviewOperator(task_id="mark_needs_review", **args)
+        review = ArticleReviewOperator(task_id="review", **args)
+        publish = PublishArticleOperator(task_id="publish", **args)
+        write_back = WriteBackOperator(task_id="write_back", **args)
+
+        read >> fetch >> extract >> translate >> score >> check_score >> [publish, polish]
+        polish >> check_polished >> [publish, needs_review]
+        needs_review >> review >> publish >> write_back
 
     chain()
 

@@ -349,6 +349,21 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
     pools_file = cfg.airflow_home / "onceflow_pools.json"
     pools_file.write_text(pools_import_json())
     _airflow(env, "pools", "import", str(pools_file))
+    # the ledger's tables before anything reads them (the watchdog's article-queue check does)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onceflow.cli",
+            "ledger",
+            "upgrade",
+            "--url",
+            f"sqlite:///{cfg.data / 'ledger.db'}",
+        ],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     _demo_orders(cfg)
     if stop.requested:  # stopped while preparing: nothing runs in the background yet
         return 0

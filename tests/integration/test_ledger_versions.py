@@ -23,6 +23,7 @@ import pytest
 
 from onceflow.ledger import Ledger, create_ledger_engine
 from onceflow.ledger.recheck import RecheckRequest, start_recheck
+from onceflow.testing.dag_runner import FIRST_STEP_ONLY
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -179,7 +180,11 @@ def test_the_article_step_runs_as_the_deployed_version_and_defers_an_item_that_n
     monkeypatch.setenv("AIRFLOW__ONCEFLOW__WORKER_VERSION", "v1")  # this worker's deployment
 
     # a conf asking for another version changes nothing: the step runs as the deployed v1
-    first = run_dag("article_pipeline", conf={**claim.conf(sid, "queue", "v1"), "target_version": "v9"})
+    first = run_dag(
+        "article_pipeline",
+        conf={**claim.conf(sid, "queue", "v1"), "target_version": "v9"},
+        mark_success_pattern=FIRST_STEP_ONLY,
+    )
     assert first.state == "success", first.ti_states
     assert [r.processing_version for r in article_ledger.results(key)] == ["v1"]
 
@@ -199,7 +204,11 @@ def test_the_article_step_runs_as_the_deployed_version_and_defers_an_item_that_n
     saw_deferral: list[bool] = []
     rollout = threading.Thread(target=roll_out_v2, daemon=True)
     rollout.start()
-    again = run_dag(dag, conf={**claim.conf(sid, "queue", "v1"), "target_version": "v2"})
+    again = run_dag(
+        dag,
+        conf={**claim.conf(sid, "queue", "v1"), "target_version": "v2"},
+        mark_success_pattern=FIRST_STEP_ONLY,
+    )
     rollout.join(timeout=300)
     assert again.state == "success", again.ti_states
     assert saw_deferral == [True], "the v1 worker took (or failed) an item that requires v2"

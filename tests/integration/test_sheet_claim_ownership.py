@@ -29,6 +29,7 @@ from onceflow.sheets.model import Snapshot, Status, token_time
 from onceflow.sheets.protocol import Claim, SheetQueue
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 from onceflow.sheets.validation import judge_url
+from onceflow.testing.dag_runner import FIRST_STEP_ONLY
 from onceflow.testing.sheet_edits import batch_update, delete_rows
 
 if TYPE_CHECKING:
@@ -293,7 +294,7 @@ def test_a_recheck_works_on_the_row_that_owns_the_run_not_the_claim_the_item_was
     assert ledger.item(key).payload["claim_token"] == b.token, "the interleaving did not happen"
 
     # the owner's run does its step (dag.test runs it under a manual run id, with the run's conf)
-    owner = run_dag("article_pipeline", conf=a_conf)
+    owner = run_dag("article_pipeline", conf=a_conf, mark_success_pattern=FIRST_STEP_ONLY)
     assert owner.state == "success", owner.ti_states
     assert ledger.item(key).state == "done"
 
@@ -302,7 +303,7 @@ def test_a_recheck_works_on_the_row_that_owns_the_run_not_the_claim_the_item_was
     # the conf RecheckDispatchOperator gives the run it creates in the recheck lane
     recheck_conf = {"work_key": key, "recheck_id": started.recheck_id, "reason": "weekly QA",
                     "target_version": "v1", "onceflow_lane": "recheck"}  # fmt: skip
-    recheck = run_dag("article_pipeline_recheck", conf=recheck_conf)
+    recheck = run_dag("article_pipeline_recheck", conf=recheck_conf, mark_success_pattern=FIRST_STEP_ONLY)
     assert recheck.state == "success", (recheck.ti_states, ledger.item(key))
     assert recheck.xcom("read_claimed_row")["claim_token"] == a_token
     rows = {r.token: r for r in _rows(sheets_emulator, sid) if r.token}
@@ -315,7 +316,11 @@ def test_a_recheck_works_on_the_row_that_owns_the_run_not_the_claim_the_item_was
     _delete_run("article_pipeline", b.run_id)
     again = start_recheck(ledger, RecheckRequest("quality_sample", "QA after clean-up", "article"))
     assert again.work_keys == [key]
-    second = run_dag("article_pipeline_recheck", conf={**recheck_conf, "recheck_id": again.recheck_id})
+    second = run_dag(
+        "article_pipeline_recheck",
+        conf={**recheck_conf, "recheck_id": again.recheck_id},
+        mark_success_pattern=FIRST_STEP_ONLY,
+    )
     assert second.state == "success", (second.ti_states, ledger.item(key))
     assert second.xcom("read_claimed_row")["claim_token"] == a_token
     rows = {r.token: r for r in _rows(sheets_emulator, sid) if r.token}

@@ -40,7 +40,10 @@ def test_article_pipeline_has_a_recheck_lane_dag_apart_from_new_work() -> None:
     new, recheck = bag.dags["article_pipeline"], bag.dags["article_pipeline_recheck"]
     assert new.max_active_runs == LANES[NEW_LANE].max_active_runs
     assert recheck.max_active_runs == LANES[RECHECK_LANE].max_active_runs
-    assert {t.pool for t in new.tasks} == {"onceflow_sheets"}
+    pools = {t.task_id: t.pool for t in new.tasks}
+    assert (pools["fetch"], pools["translate"]) == ("onceflow_fetch", "onceflow_translate")
+    sheet_tasks = {"read_claimed_row", "polish", "mark_needs_review", "write_back"}
+    assert {pools[t] for t in sheet_tasks} == {"onceflow_sheets"}
     assert {t.pool for t in recheck.tasks} == {"onceflow_recheck"}
     assert max(t.priority_weight for t in recheck.tasks) < min(t.priority_weight for t in new.tasks)
     assert [t.task_id for t in recheck.tasks] == [t.task_id for t in new.tasks]

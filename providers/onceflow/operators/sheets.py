@@ -12,16 +12,18 @@ repairs; never a run with an unclaimed row.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+
+from onceflow.operators.article_step import ArticleStepOperator, claimed_queue
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from airflow.sdk import Context
 
-    from onceflow.shutdown import GracefulShutdown
+    from onceflow.articles.chain import StepRun
 
 #: The ``article_pipeline`` DAG each claimed row starts.
 ARTICLE_PIPELINE = "article_pipeline"
@@ -220,7 +222,7 @@ class SheetClaimOperator(BaseOperator):
         return created
 
 
-class ClaimedRowOperator(BaseOperator):
+class ClaimedRowOperator(ArticleStepOperator):
     """First step of an ``article_pipeline`` run: find the claimed row, check it, record the run.
 
     The step is a fenced ledger step on the article's item (``article:<row key>``): it leases the
@@ -236,137 +238,28 @@ class ClaimedRowOperator(BaseOperator):
     ``target_version``, and the claim comes from the item's payload with the token of the claim
     that owns the article's run (:func:`onceflow.sheets.ledger_link.owner_claim`).
 
-    A run made for another lane (conf ``onceflow_lane``, see :mod:`onceflow.lanes`) fails at once
-    without a retry. When Airflow stops the task (``on_kill``: marked failed, killed, a worker's
-    warm shutdown) the item's lease is handed back at once, not left to expire.
-
-    The step runs as the processing version of the deployed code
-    (:func:`onceflow.versions.deployed_version`), never the conf's ``processing_version`` or
-    ``target_version``. An item that requires another version (a ``new_version`` recheck) is left
-    alone: the task defers for ``version_wait_seconds`` (holding no slot, with a log line naming
-    both versions) and then looks again, on whichever worker resumes it; it never fails for it.
-
-    :param ledger_conn_id: the work ledger.
-    :param lease_seconds: the step's lease; heartbeats extend it while the step runs.
-    :param version_wait_seconds: how long to defer before looking again when the item requires
-        another processing version than this worker runs.
-    :param lane: the lane this task's DAG serves: ``new`` (default) or ``recheck``.
+    Lanes, the hand-back on ``on_kill``, the processing version (the deployed code's, never the
+    conf's; an item requiring another version makes the task defer for ``version_wait_seconds``
+    and look again, never fail) are :class:`~onceflow.operators.article_step.ArticleStepOperator`'s,
+    shared with every step of the chain.
     """
 
-    ui_color = "#e8f7e4"
+    step = "read_claimed_row"  # onceflow.sheets.ledger_link.CLAIM_STEP
 
-    def __init__(
-        self,
-        *,
-        ledger_conn_id: str = "onceflow_ledger",
-        lease_seconds: float = 120.0,
-        version_wait_seconds: float = 60.0,
-        lane: str = "new",
-        **kwargs: Any,
-    ) -> None:
-        from onceflow.lanes import LANES
-
+    def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("pool", "onceflow_sheets")
         super().__init__(**kwargs)
-        if lane not in LANES:
-            raise ValueError(f"lane must be one of {sorted(LANES)}, not {lane!r}")
-        self.ledger_conn_id = ledger_conn_id
-        self.lease_seconds = lease_seconds
-        self.version_wait_seconds = version_wait_seconds
-        self.lane = lane
-        self._shutdown: GracefulShutdown | None = None
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from onceflow.hooks.ledger import LedgerHook
-        from onceflow.lanes import LANES, WrongLane, check_run_lane
-        from onceflow.ledger import WrongVersion
-        from onceflow.ledger.steps import InvalidInput, run_keyed_step
-        from onceflow.sheets.keys import RUN_CONF_KEYS
-        from onceflow.sheets.ledger_link import CLAIM_STEP, KIND, owner_claim, work_key
-        from onceflow.shutdown import GracefulShutdown
-
-        dag_run = context["dag_run"]
-        conf = dict(dag_run.conf or {})
-        try:
-            check_run_lane(conf, self.lane, self.dag_id)
-        except WrongLane as exc:
-            raise AirflowFailException(str(exc)) from exc  # a retry lands in the same lane
-        self._shutdown = GracefulShutdown()
-        ledger = LedgerHook(self.ledger_conn_id).get_ledger()
-        if not conf.get("claim_token") and conf.get("work_key"):
-            # a recheck run: the claim is on the ledger item, its token the one of the article's
-            # run (the payload's may be a claimer's that died or stepped aside: a DUPLICATE row)
-            chain = self.dag_id.removesuffix(LANES[self.lane].dag_suffix)  # the new lane's DAG
-            owner = owner_claim(ledger, str(conf["work_key"]), lambda run: run_claim_token(chain, run))
-            conf = {**owner, **conf}
-        if not conf.get("claim_token") or not conf.get("row_key"):
-            raise AirflowFailException(
-                "run conf has no claim_token/row_key: article_pipeline runs are created by sheet_claim, "
-                f"sheet_reconcile or recheck; got keys {sorted(conf)}"
-            )
-        from onceflow.versions import deployed_version
-
-        version = deployed_version()  # the code's version, never the conf's
-        ti = context["ti"]
-        try:
-            outcome = run_keyed_step(
-                ledger,
-                kind=KIND,
-                work_key=work_key(str(conf["row_key"])),
-                step=CLAIM_STEP,
-                owner=f"{ti.dag_id}/{ti.run_id}/{ti.try_number}",
-                worker_version=version,
-                work=lambda _lease: self._read_row(conf, dag_run.run_id),
-                lease_seconds=self.lease_seconds,
-                reuse_prefix=f"{ti.dag_id}/{ti.run_id}/",  # a retry of this run repeats nothing
-                payload={k: conf[k] for k in RUN_CONF_KEYS if k in conf},
-                shutdown=self._shutdown,
-            )
-        except InvalidInput as exc:
-            raise AirflowFailException(str(exc)) from exc  # recorded in the ledger; a retry cannot help
-        except WrongVersion as exc:
-            self._wait_for_version(exc)
-        if outcome.repeated:
-            self.log.info(
-                "ledger already holds this step's result (token %s): nothing repeated", outcome.token
-            )
-        return dict(outcome.payload)
-
-    def on_kill(self) -> None:
-        """Airflow is stopping the task (SIGTERM): hand the item's lease back at once."""
-        if self._shutdown is not None:
-            self._shutdown.request()
-
-    def _wait_for_version(self, exc: Any) -> NoReturn:
-        """Leave the item for a worker running its version: defer, then look again."""
-        from datetime import timedelta
-
-        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
-
-        self.log.warning(
-            "%s; deferring %ss, then looking again (on whichever worker resumes the task)",
-            exc, self.version_wait_seconds,
-        )  # fmt: skip
-        self.defer(
-            trigger=TimeDeltaTrigger(timedelta(seconds=float(self.version_wait_seconds))),
-            method_name="execute_after_version_wait",
-        )
-
-    def execute_after_version_wait(self, context: Context, event: Any = None) -> dict[str, Any]:
-        """Resumed after :meth:`_wait_for_version`: the same step again, as this worker's version."""
-        return self.execute(context)
+    def work(self, run: StepRun, context: Context) -> dict[str, Any]:
+        return self._read_row(run.conf, run.run_id)
 
     def _read_row(self, conf: dict[str, Any], run_id: str) -> dict[str, Any]:
-        from onceflow.hooks.sheets import SheetQueueHook
         from onceflow.ledger.steps import InvalidInput
         from onceflow.sheets.model import Row, token_time
         from onceflow.sheets.validation import judge_url
 
         token = str(conf["claim_token"])
-        hook = SheetQueueHook(spreadsheet_id=conf.get("spreadsheet_id"), sheet=conf.get("sheet"))
-        queue = hook.queue(str(conf.get("processing_version", "v1")))
+        queue = claimed_queue(conf)
 
         read: list[Row] = []
 

@@ -247,6 +247,45 @@ class AirflowCluster:
         self._engine.dispose()
         return killed
 
+    def restart(self, *names: str, grace: float = 30.0, timeout: float = 180.0) -> None:
+        """Stop the named components (SIGTERM to their whole session, SIGKILL after ``grace``),
+        start them again, and wait until the cluster is healthy with a new job for each
+        restarted scheduler, triggerer or dag-processor.
+
+        What a deployment's rolling restart does; state that must survive it lives in the
+        metadata DB (a task awaiting a human's input, a deferred task's trigger).
+        """
+        jobs = {"scheduler": "SchedulerJob", "triggerer": "TriggererJob", "dag-processor": "DagProcessorJob"}
+        before = self._max_job_id()
+        nobody = uuid.uuid4().hex  # the marker test must match nothing: only the session counts
+        for name in names:
+            proc = self._procs[name]
+            session = {proc.pid: self._leaders.get(proc.pid, 0)}
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and harness_pids(MARKER, nobody, session):
+                time.sleep(0.2)
+            for pid in harness_pids(MARKER, nobody, session):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait(timeout=10)  # the session is empty: reaping frees an id nobody else uses
+            self._leaders.pop(proc.pid, None)
+            self._launch(name)
+        wanted = {jobs[n] for n in names if n in jobs}
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.query(
+                "SELECT DISTINCT job_type FROM job WHERE id > :before AND state = 'running'", before=before
+            )
+            if wanted <= {r["job_type"] for r in rows}:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{sorted(wanted)} did not come back in {timeout}s\n{self.log_tails()}")
+            self._check_alive()
+            time.sleep(0.5)
+        self.wait_healthy(timeout)
+
     def _reap_leaders(self) -> None:
         for name, proc in [*((f"retired {p.pid}", p) for p in self._retired), *self._procs.items()]:
             try:

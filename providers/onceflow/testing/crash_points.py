@@ -1,10 +1,13 @@
-"""Pause a real Airflow task of a partition load at a named point, so a test can kill or freeze it.
+"""Pause a real Airflow task at a named point, so a test can kill or freeze it.
 
 The partition load already reports its progress to a ``checkpoint`` callback:
 :func:`onceflow.sales.ledger_link.load_partition` calls it with ``"leased"``,
 ``"registered"`` and ``"warehouse_committed"``, ``PartitionStore.overwrite`` with ``"deleted"``
-and ``"rows_written"`` (inside the transaction) and ``"committed"``. :func:`install_from_env`
-hands both a checkpoint that, at the configured points, writes ``<dir>/<dag_id>.<stage>.<try>.paused``
+and ``"rows_written"`` (inside the transaction) and ``"committed"``. The article chain calls
+:func:`onceflow.articles.chain.checkpoint` with ``"<step>.stored"`` (the step's output written,
+its ledger commit not yet made; for ``publish``: the page published) and ``"<step>.committed"``
+(the ledger commit made, the task not yet finished). :func:`install_from_env`
+hands them a checkpoint that, at the configured points, writes ``<dir>/<dag_id>.<stage>.<try>.paused``
 (holding the process id) and waits until ``<...>.resume`` exists. The test then sends SIGKILL or
 SIGSTOP to that process, which is the task process the scheduler started.
 
@@ -51,6 +54,7 @@ def install_from_env() -> None:
     if not spec or not folder:
         return
     points = {tuple(entry.split(":")) for entry in spec.split(",") if entry}
+    import onceflow.articles.chain as article_chain
     import onceflow.sales.ledger_link as loads
     from onceflow.sales.partition_store import PartitionStore
 
@@ -59,6 +63,18 @@ def install_from_env() -> None:
     pause = functools.partial(_pause, Path(folder), points)
     loads.load_partition = _with_checkpoint(loads.load_partition, pause)
     PartitionStore.overwrite = _with_checkpoint(PartitionStore.overwrite, pause)  # type: ignore[method-assign]
+    article_chain.checkpoint = _then(pause, article_chain.checkpoint)
+
+
+def _then(pause: Any, func: Any) -> Any:
+    """``func(stage)`` after pausing at ``stage`` (a plain checkpoint function, not a callback)."""
+
+    @functools.wraps(func)
+    def wrapper(stage: str) -> None:
+        pause(stage)
+        func(stage)
+
+    return wrapper
 
 
 def _with_checkpoint(func: Any, pause: Any) -> Any:

@@ -1,0 +1,313 @@
+"""The article chain's steps, one function each, without Airflow.
+
+Every step runs inside :func:`onceflow.ledger.steps.run_keyed_step` (the operators in
+:mod:`onceflow.operators.articles` call them), gets the lease's fencing token through
+:class:`StepRun`, reads the previous step's output from the URI its **committed ledger result**
+names (never from XCom), stores its own output through the ``StepStore`` keyed by row key,
+processing version, step and token, and returns the small payload the ledger commits: the
+output's URI and sha256 plus what the next decision needs (a score, a language). A crash between
+the output write and the commit leaves an orphaned file under the old token; the retry writes
+under its new token and commits that one. Publishing is create-only at a path without the token,
+so a repeat returns the same URL and writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from onceflow.articles.errors import PermanentStepError
+
+if TYPE_CHECKING:
+    from onceflow.ledger.core import Ledger
+
+log = logging.getLogger(__name__)
+
+FETCH, EXTRACT, TRANSLATE, SCORE, POLISH, PUBLISH, WRITE_BACK = (
+    "fetch",
+    "extract",
+    "translate",
+    "score",
+    "polish",
+    "publish",
+    "write_back",
+)
+#: The language articles are translated into (Apertium's ``spa-eng`` pair, the demo's direction).
+TARGET_LANGUAGE = "en"
+#: Most characters of the translated text shown to a reviewer in the HITL body.
+REVIEW_TEXT_CHARS = 6000
+
+
+def checkpoint(stage: str) -> None:
+    """A named point of a step (``fetch.stored``, ``translate.committed``, ``publish.stored``...).
+
+    Nothing happens here in production; ``onceflow.testing.crash_points`` replaces it in a crash
+    test's task processes to pause the task at one point and kill it there.
+    """
+
+
+class MissingResult(LookupError):
+    """A step's input is not in the ledger: the previous step did not commit in this run."""
+
+
+@dataclass
+class StepRun:
+    """One attempt of one step on one article: who it is, and the results committed before it.
+
+    :param reuse_prefix: committer prefix of this Airflow run (``<dag id>/<run id>/``); results of
+        other runs (an earlier processing, a recheck) are not this run's inputs.
+    """
+
+    ledger: Ledger
+    work_key: str
+    row_key: str
+    version: str
+    conf: dict[str, Any]
+    run_id: str
+    reuse_prefix: str
+    token: int = 0
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def result(self, step: str, *, required: bool = True) -> dict[str, Any]:
+        """The payload ``step`` committed in this run at this version (the newest token's)."""
+        if step not in self._cache:
+            mine = [
+                r
+                for r in self.ledger.results(self.work_key)
+                if r.step == step
+                and r.processing_version == self.version
+                and (r.committed_by or "").startswith(self.reuse_prefix)
+            ]
+            newest = max(mine, key=lambda r: r.fencing_token, default=None)
+            self._cache[step] = dict(newest.payload) if newest is not None else None
+        found = self._cache[step]
+        if found is None:
+            if required:
+                raise MissingResult(
+                    f"{self.work_key}: no {step!r} result committed by this run ({self.reuse_prefix}) "
+                    f"at version {self.version}"
+                )
+            return {}
+        return dict(found)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def store_output(store: Any, run: StepRun, step: str, name: str, data: bytes) -> dict[str, Any]:
+    """Write one step output under this attempt's token; the ``uri``/``sha256`` pair to commit."""
+    uri = store.write(run.row_key, run.version, step, run.token, name, data)
+    checkpoint(f"{step}.stored")
+    return {"uri": str(uri), "sha256": sha256(data), "bytes": len(data)}
+
+
+def load_output(store: Any, payload: dict[str, Any]) -> bytes:
+    """The bytes a committed result names, checked against its sha256."""
+    data: bytes = store.read(payload["uri"])
+    if sha256(data) != payload["sha256"]:
+        # outputs are written once per token, so this is damage, not a race: do not build on it
+        raise RuntimeError(f"{payload['uri']}: content does not match the committed sha256")
+    return data
+
+
+def store_json(store: Any, run: StepRun, step: str, obj: Any) -> dict[str, Any]:
+    return store_output(store, run, step, f"{step}.json", json.dumps(obj, ensure_ascii=False).encode())
+
+
+def load_json(store: Any, payload: dict[str, Any]) -> Any:
+    return json.loads(load_output(store, payload))
+
+
+def fetch(run: StepRun, store: Any, policy: Any) -> dict[str, Any]:
+    """GET the row's URL under the SSRF policy; store the raw body."""
+    from onceflow.articles.fetch import fetch_page
+
+    page = fetch_page(str(run.conf["url"]), policy)
+    stored = store_output(store, run, FETCH, "page.raw", page.body)
+    return {
+        **stored,
+        "url": page.url,
+        "final_url": page.final_url,
+        "status": page.status,
+        "content_type": page.content_type,
+        "charset": page.charset,
+        "declared_charset": page.declared_charset,
+    }
+
+
+def extract(run: StepRun, store: Any) -> dict[str, Any]:
+    """Title, main text and language of the fetched page (decoded with the fetch's charset)."""
+    from onceflow.articles.charset import decode_html
+    from onceflow.articles.extract import extract_article
+
+    fetched = run.result(FETCH)
+    # the stored raw body, decoded exactly as the fetch decoded it (BOM, header, meta, sniffing)
+    page = decode_html(load_output(store, fetched), fetched.get("declared_charset")).text
+    found = extract_article(page, fetched.get("final_url") or fetched["url"])
+    if not found.text.strip():
+        raise PermanentStepError("extract: no article text found on the page", step=EXTRACT)
+    doc = {
+        "title": found.title,
+        "text": found.text,
+        "language": found.language,
+        "paragraphs": list(found.paragraphs),
+    }
+    return {**store_json(store, run, EXTRACT, doc), "language": found.language, "chars": len(found.text)}
+
+
+def translate(
+    run: StepRun, store: Any, translator_for: Callable[[str, str], Any], max_chars: int
+) -> dict[str, Any]:
+    """Title and text into :data:`TARGET_LANGUAGE`, chunked on paragraph boundaries."""
+    from onceflow.articles.translate.base import translate_text
+
+    doc = load_json(store, run.result(EXTRACT))
+    source = doc.get("language")
+    if not source:
+        raise PermanentStepError("translate: the article's language could not be detected", step=TRANSLATE)
+    translator = translator_for(source, TARGET_LANGUAGE)
+    title = translate_text(translator, doc["title"] or "", source, TARGET_LANGUAGE, max_chars=max_chars)
+    text = translate_text(translator, doc["text"], source, TARGET_LANGUAGE, max_chars=max_chars)
+    out = {
+        "title": title.text,
+        "text": text.text,
+        "chunks": text.chunks,
+        "backend": text.backend,
+        "source": source,
+        "target": TARGET_LANGUAGE,
+    }
+    return {**store_json(store, run, TRANSLATE, out), "backend": text.backend, "source": source}
+
+
+def score(run: StepRun, store: Any) -> dict[str, Any]:
+    """Score the translation from its real signals (unknown words, language, length, leftovers)."""
+    from onceflow.articles.score import score_translation
+
+    source = load_json(store, run.result(EXTRACT))
+    done = load_json(store, run.result(TRANSLATE))
+    found = score_translation(
+        source["text"], done["text"], source_lang=done["source"], target_lang=done["target"]
+    )
+    out = {"value": float(found.value), "parts": dict(found.parts), "reasons": list(found.reasons)}
+    return {**store_json(store, run, SCORE, out), **out}
+
+
+def polish(run: StepRun, store: Any, glossary: Any) -> dict[str, Any]:
+    """Glossary substitutions on the translation, then score again (one bounded pass)."""
+    from onceflow.articles.polish import polish as apply_glossary
+    from onceflow.articles.score import score_translation
+
+    source = load_json(store, run.result(EXTRACT))
+    done = load_json(store, run.result(TRANSLATE))
+    polished = apply_glossary(done["text"], glossary)
+    again = score_translation(
+        source["text"], polished.text, source_lang=done["source"], target_lang=done["target"]
+    )
+    out = {
+        **done,
+        "text": polished.text,
+        "substitutions": polished.substitutions,
+        "score": {"value": float(again.value), "parts": dict(again.parts), "reasons": list(again.reasons)},
+    }
+    return {
+        **store_json(store, run, POLISH, out),
+        "value": float(again.value),
+        "reasons": list(again.reasons),
+    }
+
+
+def final_translation(run: StepRun, store: Any) -> tuple[dict[str, Any], float, list[str]]:
+    """The text to publish or review: the polished one when polish ran in this run, with its score."""
+    polished = run.result(POLISH, required=False)
+    if polished:
+        doc = load_json(store, polished)
+        return doc, float(polished["value"]), list(polished.get("reasons") or [])
+    scored = run.result(SCORE)
+    return load_json(store, run.result(TRANSLATE)), float(scored["value"]), list(scored.get("reasons") or [])
+
+
+def body_html(text: str) -> str:
+    """The translated text as paragraphs of escaped HTML (blank lines separate paragraphs)."""
+    paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+    return "\n".join(f"<p>{html.escape(p)}</p>" for p in paragraphs)
+
+
+def publish(run: StepRun, store: Any, publisher: Any) -> dict[str, Any]:
+    """Render the page and publish it create-only at the article's deterministic path."""
+    from onceflow.articles.page import render_page, sanitize
+    from onceflow.articles.publish import publish_path
+    from onceflow.articles.translate.apertium import strip_markers
+
+    doc, value, _ = final_translation(run, store)
+    # the unknown-word markers were signals for the score and the reviewer, not for readers
+    text = strip_markers(doc["text"]) if doc.get("backend") == "apertium" else doc["text"]
+    title = doc.get("title") or ""
+    title = strip_markers(title) if doc.get("backend") == "apertium" else title
+    fetched = run.result(FETCH)
+    source_url = fetched.get("final_url") or fetched["url"]
+    attribution = (
+        f"Machine translation ({doc.get('backend', '?')}, {doc.get('source', '?')} to "
+        f"{doc.get('target', TARGET_LANGUAGE)}) of the article at its source link, by onceflow."
+    )
+    page = render_page(
+        title or source_url,
+        sanitize(body_html(text)),
+        source_url,
+        attribution,
+        value,
+        doc.get("target", TARGET_LANGUAGE),
+    )
+    path = publish_path(run.row_key, run.version)
+    result = publisher.publish(path, page)
+    checkpoint(f"{PUBLISH}.stored")
+    if not result.created:
+        log.info("%s was already published at %s: nothing written", run.work_key, result.url)
+    return {
+        "url": result.url,
+        "path": str(path),
+        "sha256": result.sha256,
+        "created": bool(result.created),
+        "score": value,
+    }
+
+
+def write_back(run: StepRun, queue: Any) -> dict[str, Any]:
+    """DONE, score and link on the row found by its claim token, in one request."""
+    from onceflow.articles.writeback import write_done
+
+    published = run.result(PUBLISH)
+    token = str(run.conf["claim_token"])
+    written = write_done(
+        queue, token, score=float(published["score"]), published_url=published["url"], run_id=run.run_id
+    )
+    if not written:
+        # the final write removes the row's anchor, so a repeat after a crash before the ledger
+        # commit finds no row: the first write happened (or the editor removed the row)
+        log.warning("no row carries claim %s any more: DONE was written before, or the row is gone", token)
+    return {
+        "status": "DONE",
+        "published_url": published["url"],
+        "score": published["score"],
+        "written": bool(written),
+    }
+
+
+def review_body(run: StepRun, store: Any, threshold: float) -> str:
+    """What the reviewer sees (Markdown): score and why, the source link, the translated text."""
+    doc, value, reasons = final_translation(run, store)
+    fetched = run.result(FETCH)
+    text = doc["text"]
+    shown = text if len(text) <= REVIEW_TEXT_CHARS else text[:REVIEW_TEXT_CHARS] + "\n\n[... truncated]"
+    why = "\n".join(f"- {r}" for r in reasons) or "- (no reasons given)"
+    return (
+        f"**Score {value:.2f}** (threshold {threshold:.2f}) after the glossary pass.\n\n{why}\n\n"
+        f"**Source:** <{fetched.get('final_url') or fetched['url']}>\n\n"
+        f"**Title:** {doc.get('title') or ''}\n\n---\n\n{shown}\n\n---\n\n"
+        "Approve to publish this translation; Reject (with a note) marks the row REJECTED."
+    )

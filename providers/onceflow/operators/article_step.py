@@ -1,0 +1,263 @@
+"""What every task of an ``article_pipeline`` run shares: its claim, its lane, its ledger step.
+
+:class:`ArticleStepOperator` is the base of ``read_claimed_row`` and of each step of the chain
+(:mod:`onceflow.operators.articles`). It
+
+* checks the run's lane (a run sent to the other lane's DAG fails at once, no retry);
+* resolves the run's claim: from the conf (``sheet_claim``/``sheet_reconcile`` runs) or, for a
+  recheck run, from the ledger item and the run that owns the article;
+* runs :meth:`work` as a fenced keyed step on ``article:<row key>`` (:func:`run_keyed_step`) as
+  the deployed code's processing version, reusing this run's committed result on a retry
+  (``reuse_prefix`` = the run);
+* hands the lease back when Airflow stops the task (``on_kill``);
+* defers instead of failing when the item requires another processing version, when an earlier
+  attempt's lease is still current (a killed try: wait for its expiry, holding no slot), and when
+  a server asked to be retried after a given time (``Retry-After``);
+* on :class:`~onceflow.ledger.steps.InvalidInput` (the ledger moved the item to
+  ``needs_correction``) fails without a retry; a :class:`PermanentStepError` also writes the row
+  FAILED with its reason.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from airflow.sdk import BaseOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from onceflow.articles.chain import StepRun
+    from onceflow.ledger.core import Ledger
+    from onceflow.shutdown import GracefulShutdown
+
+
+def claimed_queue(conf: dict[str, Any]) -> Any:
+    """The queue sheet of the run's claim (spreadsheet, tab and version from the conf)."""
+    from onceflow.hooks.sheets import SheetQueueHook
+
+    hook = SheetQueueHook(spreadsheet_id=conf.get("spreadsheet_id"), sheet=conf.get("sheet"))
+    return hook.queue(str(conf.get("processing_version", "v1")))
+
+
+def run_claim_conf(context: Context, ledger: Ledger, lane: str, dag_id: str) -> dict[str, Any]:
+    """The run's conf with its claim (token, row key, URL, sheet), checked against the lane.
+
+    :raises AirflowFailException: wrong lane, or a conf without a claim (a retry cannot help).
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from onceflow.lanes import LANES, WrongLane, check_run_lane
+    from onceflow.operators.sheets import run_claim_token
+    from onceflow.sheets.ledger_link import owner_claim
+
+    conf = dict(context["dag_run"].conf or {})
+    try:
+        check_run_lane(conf, lane, dag_id)
+    except WrongLane as exc:
+        raise AirflowFailException(str(exc)) from exc  # a retry lands in the same lane
+    if not conf.get("claim_token") and conf.get("work_key"):
+        # a recheck run: the claim is on the ledger item, its token the one of the article's
+        # run (the payload's may be a claimer's that died or stepped aside: a DUPLICATE row)
+        chain = dag_id.removesuffix(LANES[lane].dag_suffix)  # the new lane's DAG
+        owner = owner_claim(ledger, str(conf["work_key"]), lambda run: run_claim_token(chain, run))
+        conf = {**owner, **conf}
+    if not conf.get("claim_token") or not conf.get("row_key"):
+        raise AirflowFailException(
+            "run conf has no claim_token/row_key: article_pipeline runs are created by sheet_claim, "
+            f"sheet_reconcile or recheck; got keys {sorted(conf)}"
+        )
+    return conf
+
+
+def step_run(context: Context, ledger: Ledger, conf: dict[str, Any]) -> StepRun:
+    """This task's view of the article: key, deployed version, and this run's committed results."""
+    from onceflow.articles.chain import StepRun
+    from onceflow.sheets.ledger_link import work_key
+    from onceflow.versions import deployed_version
+
+    ti = context["ti"]
+    return StepRun(
+        ledger=ledger,
+        work_key=work_key(str(conf["row_key"])),
+        row_key=str(conf["row_key"]),
+        version=deployed_version(),  # the code's version, never the conf's
+        conf=conf,
+        run_id=str(ti.run_id),
+        reuse_prefix=f"{ti.dag_id}/{ti.run_id}/",  # a retry of this run repeats nothing
+    )
+
+
+class ArticleStepOperator(BaseOperator):
+    """A fenced keyed step on the article's ledger item (see the module); subclasses set
+    :attr:`step` and implement :meth:`work`.
+
+    :param ledger_conn_id: the work ledger.
+    :param lease_seconds: the step's lease; heartbeats extend it while the step runs.
+    :param version_wait_seconds: how long to defer before looking again when the item requires
+        another processing version than this worker runs.
+    :param max_waits: deferrals for a held lease or a server's ``Retry-After`` before the error
+        goes to Airflow's retry instead (a version wait never gives up).
+    :param lane: the lane this task's DAG serves: ``new`` (default) or ``recheck``.
+    """
+
+    #: The ledger step name the result is committed under.
+    step: str = ""
+    ui_color = "#e8f7e4"
+
+    def __init__(
+        self,
+        *,
+        ledger_conn_id: str = "onceflow_ledger",
+        lease_seconds: float = 120.0,
+        version_wait_seconds: float = 60.0,
+        max_waits: int = 5,
+        lane: str = "new",
+        **kwargs: Any,
+    ) -> None:
+        from onceflow.lanes import LANES
+
+        super().__init__(**kwargs)
+        if lane not in LANES:
+            raise ValueError(f"lane must be one of {sorted(LANES)}, not {lane!r}")
+        if not self.step:
+            raise TypeError(f"{type(self).__name__} names no ledger step")
+        self.ledger_conn_id = ledger_conn_id
+        self.lease_seconds = lease_seconds
+        self.version_wait_seconds = version_wait_seconds
+        self.max_waits = max_waits
+        self.lane = lane
+        self._shutdown: GracefulShutdown | None = None
+
+    def work(self, run: StepRun, context: Context) -> dict[str, Any]:
+        """Do the step with the lease in hand (``run.token``); return the payload to commit."""
+        raise NotImplementedError
+
+    def execute(self, context: Context) -> Any:
+        return self._execute(context, waits=0)
+
+    def execute_after_wait(self, context: Context, event: Any = None, waits: int = 0) -> Any:
+        """Resumed after a deferral for a held lease or a ``Retry-After``: the same step again."""
+        return self._execute(context, waits=waits)
+
+    def execute_after_version_wait(self, context: Context, event: Any = None) -> Any:
+        """Resumed after :meth:`_wait_for_version`: the same step again, as this worker's version."""
+        return self._execute(context, waits=0)
+
+    def on_kill(self) -> None:
+        """Airflow is stopping the task (SIGTERM): hand the item's lease back at once."""
+        if self._shutdown is not None:
+            self._shutdown.request()
+
+    def _execute(self, context: Context, *, waits: int) -> Any:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onceflow.articles import chain
+        from onceflow.articles.errors import TransientStepError
+        from onceflow.hooks.ledger import LedgerHook
+        from onceflow.ledger import LeaseHeld, WrongVersion
+        from onceflow.ledger.steps import InvalidInput, run_keyed_step
+        from onceflow.sheets.keys import RUN_CONF_KEYS
+        from onceflow.sheets.ledger_link import KIND
+        from onceflow.shutdown import GracefulShutdown
+
+        ledger = LedgerHook(self.ledger_conn_id).get_ledger()
+        conf = run_claim_conf(context, ledger, self.lane, self.dag_id)
+        run = step_run(context, ledger, conf)
+        self._shutdown = GracefulShutdown()
+        ti = context["ti"]
+
+        def work(lease: Any) -> dict[str, Any]:
+            run.token = int(lease.token)  # outputs are keyed by it: a retry never overwrites
+            return self.work(run, context)
+
+        try:
+            outcome = run_keyed_step(
+                ledger,
+                kind=KIND,
+                work_key=run.work_key,
+                step=self.step,
+                owner=f"{ti.dag_id}/{ti.run_id}/{ti.try_number}/{ti.task_id}",
+                worker_version=run.version,
+                work=work,
+                lease_seconds=self.lease_seconds,
+                reuse_prefix=run.reuse_prefix,
+                payload={k: conf[k] for k in RUN_CONF_KEYS if k in conf},
+                shutdown=self._shutdown,
+            )
+        except InvalidInput as exc:
+            self.record_invalid(conf, exc)
+            raise AirflowFailException(str(exc)) from exc  # recorded in the ledger; a retry cannot help
+        except WrongVersion as exc:
+            self._wait_for_version(exc)
+        except LeaseHeld as exc:
+            # an earlier try was killed holding the lease: its expiry is when we may take over
+            left = (exc.expires_at or 0.0) - time.time()
+            self._wait(exc, min(max(left, 0.0), self.lease_seconds) + 1.0, waits)
+        except TransientStepError as exc:
+            if exc.retry_after is None:
+                raise  # Airflow's retry, with its exponential backoff
+            self._wait(exc, float(exc.retry_after), waits)
+        chain.checkpoint(f"{self.step}.committed")
+        if outcome.repeated:
+            self.log.info(
+                "ledger already holds %s's result (token %s): nothing repeated", self.step, outcome.token
+            )
+        return dict(outcome.payload)
+
+    def record_invalid(self, conf: dict[str, Any], exc: Exception) -> None:
+        """A permanent step failure: write the row FAILED with the reason (the editor's place).
+
+        The ledger already holds the reason (``needs_correction``); if the sheet write fails too,
+        ``sheet_reconcile`` carries that reason to the row later.
+        """
+        from onceflow.articles.errors import PermanentStepError
+
+        if not isinstance(exc, PermanentStepError):
+            return
+        from onceflow.articles.writeback import write_failed
+        from onceflow.sheets.model import Status
+
+        reason = exc.reason if exc.reason.startswith(f"{self.step}") else f"{self.step}: {exc.reason}"
+        try:
+            queue = claimed_queue(conf)
+            # PROCESSING, or NEEDS_REVIEW when the failure came after a reviewer's approval
+            for old in (Status.PROCESSING, Status.NEEDS_REVIEW):
+                if write_failed(queue, str(conf["claim_token"]), reason=reason, old=old):
+                    return
+            self.log.warning(
+                "the row of claim %s was in neither state: FAILED not written", conf["claim_token"]
+            )
+        except Exception:
+            self.log.exception("could not write FAILED to the row; sheet_reconcile will")
+
+    def _wait(self, exc: Exception, seconds: float, waits: int) -> NoReturn:
+        """Defer ``seconds`` (holding no slot), then run the step again; past ``max_waits``, raise."""
+        from datetime import timedelta
+
+        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+        if waits >= self.max_waits:
+            raise exc
+        self.log.warning("%s; deferring %.0fs, then trying again (wait %d)", exc, seconds, waits + 1)
+        self.defer(
+            trigger=TimeDeltaTrigger(timedelta(seconds=seconds)),
+            method_name="execute_after_wait",
+            kwargs={"waits": waits + 1},
+        )
+
+    def _wait_for_version(self, exc: Any) -> NoReturn:
+        """Leave the item for a worker running its version: defer, then look again."""
+        from datetime import timedelta
+
+        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+        self.log.warning(
+            "%s; deferring %ss, then looking again (on whichever worker resumes the task)",
+            exc, self.version_wait_seconds,
+        )  # fmt: skip
+        self.defer(
+            trigger=TimeDeltaTrigger(timedelta(seconds=float(self.version_wait_seconds))),
+            method_name="execute_after_version_wait",
+        )

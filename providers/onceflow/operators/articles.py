@@ -1,0 +1,291 @@
+"""The article chain's operators: one thin operator per step, the score branches, the review.
+
+Each step operator is an :class:`~onceflow.operators.article_step.ArticleStepOperator` (fenced
+keyed step on ``article:<row key>``) whose :meth:`work` builds the hooks it needs and calls one
+function of :mod:`onceflow.articles.chain`. The branches and the review read the score from the
+ledger results of the run, not from XCom.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.standard.operators.branch import BaseBranchOperator
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import BaseOperator, Param
+
+from onceflow.operators.article_step import ArticleStepOperator, claimed_queue, run_claim_conf, step_run
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from airflow.sdk import Context
+
+    from onceflow.articles.chain import StepRun
+
+#: Default publication threshold (the Airflow Variable ``onceflow_score_threshold`` overrides it).
+SCORE_THRESHOLD = 0.7
+THRESHOLD_TEMPLATE = "{{ var.value.get('onceflow_score_threshold', '" + str(SCORE_THRESHOLD) + "') }}"
+
+
+def _step_store() -> Any:
+    from onceflow.hooks.storage import StorageHook
+
+    return StorageHook().step_store()
+
+
+class FetchArticleOperator(ArticleStepOperator):
+    """GET the row's URL (SSRF guard, size cap, timeouts; connection ``onceflow_fetch``)."""
+
+    step = "fetch"
+
+    def __init__(self, *, fetch_conn_id: str = "onceflow_fetch", **kwargs: Any) -> None:
+        kwargs.setdefault("pool", "onceflow_fetch")
+        super().__init__(**kwargs)
+        self.fetch_conn_id = fetch_conn_id
+
+    def work(self, run: StepRun, context: Context) -> dict[str, Any]:
+        from airflow.sdk import BaseHook
+
+        from onceflow.articles import chain
+        from onceflow.articles.fetch import FetchPolicy
+
+        try:
+            extras = BaseHook.get_connection(self.fetch_conn_id).extra_dejson
+        except Exception:  # no connection: the default policy (public addresses only)
+            self.log.info("no connection %r: the default fetch policy", self.fetch_conn_id)
+            extras = {}
+        return chain.fetch(run, _step_store(), FetchPolicy.from_extras(dict(extras)))
+
+
+class ExtractArticleOperator(ArticleStepOperator):
+    """Title, main text and language of the fetched page (trafilatura, lingua)."""
+
+    step = "extract"
+
+    def work(self, run: StepRun, context: Context) -> dict[str, Any]:
+        from onceflow.articles import chain
+
+        return chain.extract(run, _step_store())
+
+
+class TranslateArticleOperator(ArticleStepOperator):
+    """Translate through the backend of connection ``onceflow_translate`` (Apertium by default)."""
+
+    step = "translate"
+
+    def __init__(self, *, translate_conn_id: str = "onceflow_translate", **kwargs: Any) -> None:
+        kwargs.setdefault("pool", "onceflow_translate")
+        super().__init__(**kwargs)
+        self.translate_conn_id = translate_conn_id
+
+    def work(self, run: StepRun, context: Context) -> dict[str, Any]:
+        from onceflow.articles import chain
+        from onceflow.hooks.translate import TranslateHook
+
+        hook = TranslateHook(conn_id=self.translate_conn_id)
+        return chain.translate(run, _step_store(), hook.get_translator, int(hook.max_chars))
+
+
+class ScoreArticleOperator(ArticleStepOperator):
+    """Score the translation (unknown words, target language, length ratio, untranslated text)."""
+
+    step = "score"
+
+    def work(self, run: StepRun, context: Context) -> dict[str, Any]:
+        from onceflow.articles import chain
+
+        return chain.score(run, _step_store())
+
+
+class PolishArticleOperator(ArticleStepOperator):
+    """Glossary substitutions (the sheet's glossary tab), then score again."""
+
+    step = "polish"
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("pool", "onceflow_sheets")  # it reads the glossary tab
+        super().__init__(**kwargs)
+
+    def work(self, run: StepRun, context: Context) -> dict[str, Any]:
+        from onceflow.articles import chain
+        from onceflow.articles.polish import read_glossary
+
+        queue = claimed_queue(run.conf)
+        return chain.polish(
+            run, _step_store(), read_glossary(queue.transport, queue.transport.spreadsheet_id)
+        )
+
+
+class PublishArticleOperator(ArticleStepOperator):
+    """Publish the sanitized page create-only at the article's deterministic path.
+
+    Runs when the score passed, or the reviewer approved (trigger rule: none failed, one success).
+    """
+
+    step = "publish"
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_rule", "none_failed_min_one_success")
+        super().__init__(**kwargs)
+
+    def work(self, run: StepRun, context: Context) -> dict[str, Any]:
+        from onceflow.articles import chain
+        from onceflow.hooks.storage import StorageHook
+
+        return chain.publish(run, _step_store(), StorageHook().publisher())
+
+
+class WriteBackOperator(ArticleStepOperator):
+    """DONE, score and the published link on the row, in one request; the row's anchor goes."""
+
+    step = "write_back"
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("pool", "onceflow_sheets")
+        super().__init__(**kwargs)
+
+    def work(self, run: StepRun, context: Context) -> dict[str, Any]:
+        from onceflow.articles import chain
+
+        return chain.write_back(run, claimed_queue(run.conf))
+
+
+def _run_view(op: BaseOperator, context: Context, ledger_conn_id: str, lane: str) -> StepRun:
+    """The article's claim and this run's results, for the tasks that are not ledger steps."""
+    from onceflow.hooks.ledger import LedgerHook
+
+    ledger = LedgerHook(ledger_conn_id).get_ledger()
+    return step_run(context, ledger, run_claim_conf(context, ledger, lane, op.dag_id))
+
+
+class ScoreBranchOperator(BaseBranchOperator):
+    """``above`` when the score ``step`` committed in this run reaches ``threshold``, else ``below``.
+
+    :param score_step: ``score`` (the translation's score) or ``polish`` (the score after it).
+    :param threshold: the publication threshold (templated; 0..1).
+    """
+
+    template_fields: Sequence[str] = ("threshold",)
+    ui_color = "#fff2cc"
+
+    def __init__(
+        self,
+        *,
+        score_step: str,
+        above: str,
+        below: str,
+        threshold: float | str = THRESHOLD_TEMPLATE,
+        ledger_conn_id: str = "onceflow_ledger",
+        lane: str = "new",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.score_step = score_step
+        self.above, self.below = above, below
+        self.threshold = threshold
+        self.ledger_conn_id = ledger_conn_id
+        self.lane = lane
+
+    def choose_branch(self, context: Context) -> str:
+        run = _run_view(self, context, self.ledger_conn_id, self.lane)
+        value = float(run.result(self.score_step)["value"])
+        threshold = float(self.threshold)
+        branch = self.above if value >= threshold else self.below
+        self.log.info("%s score %.3f, threshold %.3f: %s", self.score_step, value, threshold, branch)
+        return branch
+
+
+class MarkNeedsReviewOperator(BaseOperator):
+    """The row goes to NEEDS_REVIEW with the score and why, before the run waits for a reviewer."""
+
+    template_fields: Sequence[str] = ("threshold",)
+
+    def __init__(
+        self,
+        *,
+        threshold: float | str = THRESHOLD_TEMPLATE,
+        ledger_conn_id: str = "onceflow_ledger",
+        lane: str = "new",
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("pool", "onceflow_sheets")
+        super().__init__(**kwargs)
+        self.threshold = threshold
+        self.ledger_conn_id = ledger_conn_id
+        self.lane = lane
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from onceflow.articles.writeback import write_needs_review
+
+        run = _run_view(self, context, self.ledger_conn_id, self.lane)
+        polished = run.result("polish")
+        reasons = "; ".join(polished.get("reasons") or []) or "no reasons given"
+        reason = (
+            f"score {float(polished['value']):.2f} below {float(self.threshold):.2f} after polish: {reasons}"
+        )
+        # idempotent: a retry writes the same status and reason to the same row (found by token)
+        write_needs_review(
+            claimed_queue(run.conf),
+            str(run.conf["claim_token"]),
+            score=float(polished["value"]),
+            reason=reason,
+        )
+        return {"status": "NEEDS_REVIEW", "reason": reason}
+
+
+class ArticleReviewOperator(ApprovalOperator):
+    """Human in the loop: approve (publish) or reject (the row ends REJECTED with the note).
+
+    The request (text, score and source link in the body) and the answer live in Airflow's
+    metadata DB (``hitl_detail``); the task waits in ``awaiting_input``, so the decision survives
+    restarts of the scheduler and the api-server. A rejection skips ``publish`` and the rest.
+    """
+
+    template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "threshold")
+
+    def __init__(
+        self,
+        *,
+        threshold: float | str = THRESHOLD_TEMPLATE,
+        ledger_conn_id: str = "onceflow_ledger",
+        lane: str = "new",
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("subject", "Review a machine translation before it is published")
+        kwargs.setdefault(
+            "params", {"note": Param("", type="string", description="why (shown on the row when rejected)")}
+        )
+        kwargs.setdefault("ignore_downstream_trigger_rules", True)
+        super().__init__(**kwargs)
+        self.threshold = threshold
+        self.ledger_conn_id = ledger_conn_id
+        self.lane = lane
+
+    def execute(self, context: Context) -> Any:
+        from onceflow.articles import chain
+
+        run = _run_view(self, context, self.ledger_conn_id, self.lane)
+        self.body = chain.review_body(run, _step_store(), float(self.threshold))
+        self.subject = f"Review: {run.conf.get('url', run.row_key)}"
+        return super().execute(context)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        from onceflow.articles.writeback import write_rejected
+
+        chosen = (event.get("chosen_options") or [None])[0] if "error" not in event else None
+        if chosen == self.REJECT:
+            run = _run_view(self, context, self.ledger_conn_id, self.lane)
+            note = (
+                str((event.get("params_input") or {}).get("note") or "").strip() or "rejected by the reviewer"
+            )
+            value = float(run.result("polish")["value"])
+            user = event.get("responded_by_user")
+            who = str(user.get("name", "") if isinstance(user, dict) else getattr(user, "name", "") or "")
+            write_rejected(
+                claimed_queue(run.conf),
+                str(run.conf["claim_token"]),
+                note=f"{note} ({who})" if who else note,
+                score=value,
+            )
+        return super().execute_complete(context, event)

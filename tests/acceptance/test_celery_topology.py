@@ -106,8 +106,8 @@ def kill_mid_flight(cluster: CeleryCluster, dag_id: str, *, timeout: float = 300
     scheduler_jobs = len(cluster.scheduler_jobs())
     killed = {"scheduler": cluster.kill("scheduler-1"), "worker": cluster.kill("worker-1"), "tasks": hit}
     time.sleep(5)  # both stay dead a moment: the survivors carry on alone
-    cluster.restart("scheduler-1")
-    cluster.restart("worker-1")
+    cluster.relaunch("scheduler-1")
+    cluster.relaunch("worker-1")
     assert len(cluster.scheduler_jobs()) == scheduler_jobs + 1, "the restarted scheduler has a new job"
     return killed
 
@@ -235,9 +235,8 @@ def test_a_30_day_backfill_survives_a_killed_scheduler_and_worker(
 QUEUE_HEADER = ["url", "status", "reason", "run_id", "score", "published_url", "claim_token", "claimed_at"]
 
 
-def published_objects(storage: Path) -> list[Path]:
-    """Every page object under the published prefix of the ``file://`` store."""
-    published = storage / "published"
+def published_objects(published: Path) -> list[Path]:
+    """Every object under the ``file://`` publish prefix (temporary ones included)."""
     return sorted(p for p in published.rglob("*") if p.is_file()) if published.exists() else []
 
 
@@ -254,22 +253,34 @@ def rows_processed(
         "articles", sheets={"queue": [QUEUE_HEADER, *([u, "NEW"] for u in urls)]}
     )
     ledger_url = postgres_url_factory("cledger")
-    storage = tmp_path / "storage"  # file:// stands for the bucket every worker reaches
+    published = tmp_path / "published"  # file:// stands for the bucket every worker reaches
     dags = tmp_path / "dags"
     dags.mkdir()
-    for name in ("sheet_claim.py", "article_pipeline.py"):
+    for name in ("sheet_claim.py", "article_pipeline.py", "sheet_reconcile.py"):
         shutil.copy(REPO_DAGS / name, dags / name)
     env = {
-        "AIRFLOW_CONN_ONCEFLOW_SHEETS": sheets_emulator.connection_json(spreadsheet_id=sid, sheet="queue"),
+        "AIRFLOW_CONN_ONCEFLOW_SHEETS": sheets_emulator.connection_json(spreadsheet_id=sid),
         "AIRFLOW_CONN_ONCEFLOW_LEDGER": pg_connection(ledger_url),
-        "AIRFLOW_CONN_ONCEFLOW_STORAGE": json.dumps(
-            {"conn_type": "generic", "extra": {"base": storage.as_uri()}}
+        "AIRFLOW_CONN_ONCEFLOW_FETCH": json.dumps(
+            {"conn_type": "generic", "extra": {"allow": [article_site.address]}}
         ),
+        "AIRFLOW_CONN_ONCEFLOW_STORAGE": json.dumps(
+            {
+                "conn_type": "generic",
+                "extra": {
+                    "base": (tmp_path / "steps").as_uri(),
+                    "publish_base": published.as_uri(),
+                    "public_url": article_site.url("/published"),
+                },
+            }
+        ),
+        # every demo page scores above this: all publish, none waits for a reviewer
+        "AIRFLOW_VAR_ONCEFLOW_SCORE_THRESHOLD": "0.05",
     }
     cluster: CeleryCluster = airflow_cluster_factory(
         dags_folder=dags,
         env=env,
-        pools={"onceflow_sheets": 16},
+        pools={"onceflow_sheets": 16, "onceflow_fetch": 4, "onceflow_translate": 2},
         parallelism=16,
         executor="celery",
         celery={"worker_concurrency": 4},
@@ -302,8 +313,8 @@ def rows_processed(
         for r in cluster.query("SELECT conf FROM dag_run WHERE dag_id = 'article_pipeline'")
     ]
     assert sorted(c["claim_token"] for c in confs) == sorted(str(t) for t in tokens.values())
-    # ... and none was marked DUPLICATE or INVALID (what a second claim of one row would cause)
-    assert {r.get("status").split(" ")[0] for r in rows} <= {"PROCESSING", "DONE"}, rows
+    # ... and each ended DONE (a second claim of one row would have marked one DUPLICATE)
+    assert {r.get("status").split(" ")[0] for r in rows} == {"DONE"}, rows
     # The ledger, by plain SQL: each article's steps committed once, the first naming its own run.
     engine = create_engine(ledger_url)
     try:
@@ -319,13 +330,15 @@ def rows_processed(
         json.loads(payload)["run_id"] for _, step, payload in results if step == "read_claimed_row"
     )
     assert run_ids == sorted(r["run_id"] for r in runs)
-    # No article published twice: one page object per article at most (none until the chain
-    # has a publish step on main).
-    pages = published_objects(storage)
-    if any("publish" in step for step in steps):
-        assert len(pages) == n_rows, pages
-    else:
-        assert pages == []
+    # No article published twice: one object per article under the publish prefix (no second
+    # copy, no temporary left behind by a killed writer), each row linking its own.
+    pages = published_objects(published)
+    assert len(pages) == n_rows, pages
+    links = {r.get("published_url") for r in rows}
+    assert len(links) == n_rows and all(link.startswith(article_site.url("/published/")) for link in links)
+    assert {link.rsplit("/published/", 1)[1] for link in links} == {
+        str(p.relative_to(published)) for p in pages
+    }
 
 
 def test_claimed_rows_are_processed_once_despite_kills(

@@ -15,7 +15,7 @@ Parallel test sessions share the Redis server: every key of a cluster's broker c
 session's workers never take another's tasks.
 
 :meth:`CeleryCluster.kill` SIGKILLs every process of one component (a worker's task processes
-included, as when its host dies) and :meth:`CeleryCluster.restart` starts it again.
+included, as when its host dies) and :meth:`CeleryCluster.relaunch` starts it again.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class CeleryCluster(AirflowCluster):
 
         A worker's task processes die with it: they are in its session. The leader stays
         unreaped (its session id stays ours) until :meth:`stop`; the component is down (not
-        watched by the health checks) until :meth:`restart`.
+        watched by the health checks) until :meth:`relaunch`.
         """
         proc = self._procs.pop(name)
         self._retired.append(proc)
@@ -221,8 +221,11 @@ class CeleryCluster(AirflowCluster):
             time.sleep(0.2)
         raise ClusterError(f"{name}: processes {session_members(proc.pid)} survived SIGKILL")
 
-    def restart(self, name: str, *, timeout: float = 180.0) -> None:
-        """Start component ``name`` again (after :meth:`kill`) and wait until it is back at work."""
+    def relaunch(self, name: str, *, timeout: float = 180.0) -> None:
+        """Start component ``name`` again after :meth:`kill` and wait until it is back at work.
+
+        (:meth:`restart` is the graceful one: SIGTERM, then start again.)
+        """
         if name in self._procs:
             raise ClusterError(f"{name} (pid {self._procs[name].pid}) is running; kill() it first")
         since = self._max_job_id()

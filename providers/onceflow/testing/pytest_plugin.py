@@ -143,10 +143,16 @@ def onceflow_airflow_cluster_factory(
 ) -> Iterator[Callable[..., AirflowCluster]]:
     """``factory(dags_folder=None, env=None, pools=None, parallelism=8)`` -> a started cluster.
 
+    ``executor="celery"`` starts a :class:`~onceflow.testing.celery_cluster.CeleryCluster`
+    instead (two schedulers, two Celery workers on Redis; ``celery=`` passes its options, e.g.
+    ``{"workers": 2, "worker_concurrency": 4}``); it needs the session's metadata DB on
+    PostgreSQL, and skips (fails in CI) on SQLite.
+
     Every cluster made here is stopped at teardown, and the test errors if any of its processes
     survived.
     """
     from onceflow.testing.airflow_cluster import AirflowCluster, set_pools
+    from onceflow.testing.celery_cluster import CeleryCluster
 
     made: list[AirflowCluster] = []
 
@@ -157,16 +163,37 @@ def onceflow_airflow_cluster_factory(
         pools: dict[str, int] | None = None,
         parallelism: int = 8,
         timeout: float = 180.0,
+        executor: str = "local",
+        celery: dict[str, Any] | None = None,
     ) -> AirflowCluster:
+        if executor not in {"local", "celery"}:
+            raise ValueError(f"executor must be 'local' or 'celery', not {executor!r}")
+        if executor == "celery" and not onceflow_airflow_db.is_postgres:
+            reason = (
+                "the Celery topology needs a PostgreSQL metadata DB (two schedulers lock rows): "
+                f"set {postgres.ENV_VAR}=postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+            )
+            if postgres.postgres_required():
+                pytest.fail(reason, pytrace=False)
+            pytest.skip(reason)
         if pools:
             set_pools(pools)
-        cluster = AirflowCluster(
-            onceflow_airflow_db.variables,
-            tmp_path_factory.mktemp("airflow-cluster"),
-            dags_folder=Path(dags_folder) if dags_folder else None,
-            env=env,
-            parallelism=parallelism,
-        )
+        workdir = tmp_path_factory.mktemp(f"{executor}-cluster")
+        folder = Path(dags_folder) if dags_folder else None
+        cluster: AirflowCluster
+        if executor == "celery":
+            cluster = CeleryCluster(
+                onceflow_airflow_db.variables,
+                workdir,
+                dags_folder=folder,
+                env=env,
+                parallelism=parallelism,
+                **(celery or {}),
+            )
+        else:
+            cluster = AirflowCluster(
+                onceflow_airflow_db.variables, workdir, dags_folder=folder, env=env, parallelism=parallelism
+            )
         made.append(cluster)
         return cluster.start(timeout=timeout)
 

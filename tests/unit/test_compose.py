@@ -251,8 +251,13 @@ def test_connections_are_the_harness_ones_and_reach_services_of_this_file(tmp_pa
     init = _argv(SERVICES["fake-gcs-init"]["command"])
     assert init == ["--endpoint", storage.endpoint, "--bucket", bucket]
     policy = FetchPolicy.from_extras(_conn("onceflow_fetch").extra_dejson)
-    site_port = int(_option(SERVICES["article-site"], "--port"))
-    assert policy.allow.allows_host("article-site", site_port)
+    assert policy.allow.allows_host(_site_host(), int(_option(SERVICES["article-site"], "--port")))
+
+
+def _site_host() -> str:
+    """The article site's name on the compose network: a dotted alias, as the claim wants hosts."""
+    (alias,) = SERVICES["article-site"]["networks"]["default"]["aliases"]
+    return str(alias)
 
 
 def _option(service: dict[str, Any], flag: str) -> str:
@@ -286,14 +291,26 @@ def test_pools_are_imported_from_onceflow_pools() -> None:
 
 
 def test_the_offline_sheet_is_the_harness_demo_sheet(tmp_path: Path) -> None:
-    from onceflow.local_run import DEMO_SPREADSHEET_ID, SITE_PORT, _demo_sheet
+    from onceflow.local_run import DEMO_NOT_A_URL, DEMO_SPREADSHEET_ID, SITE_PORT, _demo_sheet
 
     service = SERVICES["sheets-emulator"]
     seed = REPO / _mounts(service)[_option(service, "--seed")]
     harness = _demo_sheet(tmp_path / "demo.json", SITE_PORT).read_text()
-    site = f"article-site:{_option(SERVICES['article-site'], '--port')}"
+    site = f"{_site_host()}:{_option(SERVICES['article-site'], '--port')}"
     expected = json.loads(harness.replace(f"127.0.0.1:{SITE_PORT}", site))
-    assert json.loads(seed.read_text()) == expected
+    seeded = json.loads(seed.read_text())
+    assert seeded == expected
+    # every demo URL but the harness's deliberate non-URL passes the claim's own check
+    from onceflow.sheets.keys import InvalidUrl, normalise_url
+
+    urls = [row[0] for row in seeded["sheets"]["queue"][1:]]
+    refused = []
+    for url in urls:
+        try:
+            normalise_url(url)
+        except InvalidUrl:
+            refused.append(url)
+    assert refused == [DEMO_NOT_A_URL]
     assert _conn("onceflow_sheets").extra_dejson["spreadsheet_id"] == DEMO_SPREADSHEET_ID
 
 

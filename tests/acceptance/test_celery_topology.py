@@ -174,6 +174,7 @@ def succeeded_runs(cluster: CeleryCluster, dag_id: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_a_30_day_backfill_survives_a_killed_scheduler_and_worker(
     airflow_cluster_factory: Callable[..., Any],
     postgres_url_factory: Callable[..., str],
@@ -341,6 +342,7 @@ def rows_processed(
     }
 
 
+@pytest.mark.timeout(1800)
 def test_claimed_rows_are_processed_once_despite_kills(
     airflow_cluster_factory: Callable[..., Any],
     sheets_emulator: SheetsEmulator,
@@ -352,6 +354,7 @@ def test_claimed_rows_are_processed_once_despite_kills(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3 * 3600)
 def test_200_claimed_rows_are_processed_once_despite_kills(
     airflow_cluster_factory: Callable[..., Any],
     sheets_emulator: SheetsEmulator,

@@ -174,6 +174,7 @@ def succeeded_runs(cluster: CeleryCluster, dag_id: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_a_30_day_backfill_survives_a_killed_scheduler_and_worker(
     airflow_cluster_factory: Callable[..., Any],
     postgres_url_factory: Callable[..., str],
@@ -288,7 +289,6 @@ def rows_processed(
     claim = cluster.trigger("sheet_claim", conf={"max_rows": n_rows})
     # every row has its run before the kill: the kill hits the chain, not the claim
     wait_until(lambda: len(cluster.dag_runs("article_pipeline")) >= n_rows, 900, "one run per row", cluster)
-    assert cluster.wait_for_run("sheet_claim", claim, timeout=300) == "success"
     killed = kill_mid_flight(cluster, "article_pipeline")
 
     def all_runs_finished() -> bool:
@@ -297,6 +297,8 @@ def rows_processed(
 
     wait_until(all_runs_finished, 60 * max(15, n_rows // 4), "every article run finished", cluster)
     wait_until(lambda: not non_terminal(cluster, "article_pipeline"), 300, "every task terminal", cluster)
+    # the triggered claim ends too (its sensor skips once the scheduled run took every row first)
+    assert cluster.wait_for_run("sheet_claim", claim, timeout=600) == "success"
     runs = cluster.dag_runs("article_pipeline")
     assert {r["state"] for r in runs} == {"success"}, cluster.task_log_tails("article_pipeline")
     tis = cluster.task_instances("article_pipeline")
@@ -341,6 +343,7 @@ def rows_processed(
     }
 
 
+@pytest.mark.timeout(1800)
 def test_claimed_rows_are_processed_once_despite_kills(
     airflow_cluster_factory: Callable[..., Any],
     sheets_emulator: SheetsEmulator,
@@ -352,6 +355,7 @@ def test_claimed_rows_are_processed_once_despite_kills(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3 * 3600)
 def test_200_claimed_rows_are_processed_once_despite_kills(
     airflow_cluster_factory: Callable[..., Any],
     sheets_emulator: SheetsEmulator,

@@ -21,6 +21,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
             port=args.port,
             demo_days=args.demo_days,
             exit_when_ready=args.exit_when_ready,
+            executor=args.executor,
+            database_url=args.database_url,
         )
     )
 
@@ -62,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8080, help="api-server/UI port (a free one if taken)")
     up.add_argument("--demo-days", type=int, default=14, help="days of demo orders to generate")
     up.add_argument("--exit-when-ready", action="store_true", help="stop once everything is up (smoke test)")
+    up.add_argument(
+        "--executor",
+        choices=("local", "celery"),
+        default="local",
+        help="local: airflow standalone; celery: 2 schedulers + 2 Celery workers on Redis 127.0.0.1:6379",
+    )
+    up.add_argument(
+        "--database-url",
+        default=None,
+        help="PostgreSQL metadata DB for --executor celery (default $ONCEFLOW_UP_DATABASE_URL)",
+    )
     up.set_defaults(func=_cmd_up)
 
     emu = sub.add_parser("sheets-emulator", help="the Google Sheets API v4 emulator", add_help=False)
@@ -83,8 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    if argv[:1] == ["sheets-emulator"]:
+        # Every option after the name is the emulator's: argparse's REMAINDER would refuse one
+        # that starts with "-" (`onceflow sheets-emulator --port 8090` failed), so hand them over.
+        return _cmd_sheets_emulator(argparse.Namespace(emulator_args=argv[1:]))
     parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -22,6 +22,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from onceflow.pools import pools_import_json
 from onceflow.shutdown import GracefulShutdown
@@ -58,6 +59,10 @@ class LocalRunConfig:
     port: int
     demo_days: int
     exit_when_ready: bool = False
+    #: ``local`` (``airflow standalone``) or ``celery`` (two schedulers and two Celery workers).
+    executor: str = "local"
+    #: The metadata DB for ``celery`` (PostgreSQL); ``ONCEFLOW_UP_DATABASE_URL`` by default.
+    database_url: str | None = None
 
     @classmethod
     def from_args(
@@ -69,6 +74,8 @@ class LocalRunConfig:
         port: int,
         demo_days: int,
         exit_when_ready: bool = False,
+        executor: str = "local",
+        database_url: str | None = None,
     ) -> LocalRunConfig:
         return cls(
             home=Path(home).resolve(),
@@ -77,6 +84,8 @@ class LocalRunConfig:
             port=port,
             demo_days=demo_days,
             exit_when_ready=exit_when_ready,
+            executor=executor,
+            database_url=database_url or os.environ.get(DATABASE_URL_ENV) or None,
         )
 
     @property
@@ -270,6 +279,22 @@ def _wait_http(
 
 #: Environment variable that marks every process of one ``onceflow up``.
 RUN_MARKER = "ONCEFLOW_UP_RUN"
+DATABASE_URL_ENV = "ONCEFLOW_UP_DATABASE_URL"
+
+
+def _celery_problem(cfg: LocalRunConfig) -> str | None:
+    """Why ``--executor celery`` cannot start with this configuration, or None."""
+    if cfg.executor == "local":
+        return None
+    if cfg.executor != "celery":
+        return f"--executor must be local or celery, not {cfg.executor!r}"
+    if not (cfg.database_url or "").startswith("postgresql"):
+        return (
+            "--executor celery needs a PostgreSQL metadata database (two schedulers lock rows): "
+            f"pass --database-url or set {DATABASE_URL_ENV}, e.g. "
+            "postgresql+psycopg2://postgres@127.0.0.1:5432/onceflow (an existing, empty database)"
+        )
+    return None
 
 
 def run(cfg: LocalRunConfig) -> int:
@@ -280,6 +305,9 @@ def run(cfg: LocalRunConfig) -> int:
     its process group already got, and a raising handler hit by that second one inside the
     ``finally`` left the whole of Airflow running.
     """
+    if problem := _celery_problem(cfg):
+        print(f"onceflow: {problem}", file=sys.stderr)
+        return 2
     cfg.home.mkdir(parents=True, exist_ok=True)
     with (cfg.home / "up.lock").open("a+") as lock:
         try:
@@ -309,6 +337,8 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
     site_port = _sticky_port(cfg, "article-site", SITE_PORT)
     receiver_port = _pick_port(RECEIVER_PORT)
     env = environment(cfg, api_port, emulator_port, site_port)
+    if cfg.executor == "celery" and cfg.database_url:
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = cfg.database_url
     # Every process started from here inherits this marker, which is how _stop finds them all
     # (AIRFLOW_HOME would also match a user's shell that exported the same home).
     marker = f"{os.getpid()}-{time.time_ns()}"
@@ -342,6 +372,7 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
     # _stop has swept its session, so the session id still names its orphaned processes (the
     # scheduler and workers overwrite the marker in their environment).
     children: list[subprocess.Popen[bytes]] = []
+    cluster: Any = None
     ui = f"http://localhost:{api_port}"
     logs = cfg.home / "logs"
     # Both launches inside the try: if the second fails, the first is still stopped.
@@ -386,16 +417,19 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
                 )
             )
         children += _start_watchdog(cfg, marker, receiver_port)
-        with (logs / "airflow-standalone.log").open("ab") as log:
-            children.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "airflow", "standalone"],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+        if cfg.executor == "celery":
+            cluster = _start_celery(cfg, env, api_port)
+        else:
+            with (logs / "airflow-standalone.log").open("ab") as log:
+                children.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "airflow", "standalone"],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 )
-            )
         if not _wait_http(f"http://127.0.0.1:{api_port}/api/v2/monitor/health", 420, children, stop):
             if stop.requested:
                 return 0
@@ -404,7 +438,7 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
         print(_banner(cfg, ui, emulator_port, site_port), flush=True)
         if cfg.exit_when_ready:
             return 0
-        while not stop.requested and _all_running(children):
+        while not stop.requested and _all_running(children) and _cluster_running(cluster):
             time.sleep(0.5)
         if stop.requested:
             return 0
@@ -413,7 +447,35 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
     finally:
         if stop.requested:
             print("onceflow: stopping (up to 30 s)", file=sys.stderr, flush=True)
+        if cluster is not None:
+            cluster.stop()
         _stop(children, marker)
+
+
+def _start_celery(cfg: LocalRunConfig, env: dict[str, str], api_port: int) -> Any:
+    """The Celery topology (``onceflow.testing.celery_cluster``): api-server on ``api_port``, two
+    schedulers, two Celery workers on Redis (127.0.0.1:6379), dag-processor and triggerer.
+
+    It stops what it started if it fails to come up; its logs go to ``<home>/logs/celery``.
+    """
+    from onceflow.testing.celery_cluster import CeleryCluster
+
+    cluster = CeleryCluster(env, cfg.home / "logs" / "celery", api_port=api_port, parallelism=8)
+    print(f"onceflow: starting the Celery topology (logs in {cluster.workdir})", flush=True)
+    return cluster.start(timeout=420)
+
+
+def _cluster_running(cluster: Any) -> bool:
+    if cluster is None:
+        return True
+    from onceflow.testing.airflow_cluster import ClusterError
+
+    try:
+        cluster._check_alive()
+    except ClusterError as exc:
+        print(f"onceflow: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return False
+    return True
 
 
 def _start_watchdog(cfg: LocalRunConfig, marker: str, receiver_port: int) -> list[subprocess.Popen[bytes]]:
@@ -452,6 +514,12 @@ def _stop(children: list[subprocess.Popen[bytes]], marker: str) -> None:
             child.wait(timeout=10)  # bounded: never hang the shell on a stuck child
 
 
+def _topology(cfg: LocalRunConfig) -> str:
+    if cfg.executor == "celery":
+        return "PostgreSQL metadata DB; CeleryExecutor: 2 schedulers, 2 workers on Redis"
+    return "SQLite metadata DB, LocalExecutor"
+
+
 def _banner(cfg: LocalRunConfig, ui: str, emulator_port: int, site_port: int) -> str:
     airflow_home = cfg.airflow_home
     last = dt.date.today() - dt.timedelta(days=1)
@@ -461,7 +529,7 @@ onceflow is running on embedded defaults.
 
   Airflow UI        {ui}   (no login: every user is admin locally)
   DAGs folder       {cfg.dags_folder}
-  AIRFLOW_HOME      {cfg.airflow_home}   (SQLite metadata DB, LocalExecutor)
+  AIRFLOW_HOME      {cfg.airflow_home}   ({_topology(cfg)})
   Sheets emulator   http://127.0.0.1:{emulator_port}/  spreadsheet {DEMO_SPREADSHEET_ID!r}, state {cfg.data / "sheets-state.json"}
   Shop / warehouse  {cfg.data / "shop.db"} / {cfg.data / "warehouse.db"}  ({cfg.demo_days} days of demo orders)
   Logs              {cfg.home / "logs"}

@@ -115,6 +115,8 @@ class ArticleStepOperator(BaseOperator):
 
     #: The ledger step name the result is committed under.
     step: str = ""
+    #: The package extra the step's libraries come from (checked first, so a missing one is named).
+    requires_extra: str | None = "articles"
     ui_color = "#e8f7e4"
 
     def __init__(
@@ -164,6 +166,10 @@ class ArticleStepOperator(BaseOperator):
             self._shutdown.request()
 
     def _execute(self, context: Context, *, waits: int) -> Any:
+        if self.requires_extra:
+            from onceflow.extras import require
+
+            require(self.requires_extra)  # the task log names the extra to install, not a bare ImportError
         from airflow.sdk.exceptions import AirflowFailException
 
         from onceflow.articles import chain

@@ -52,6 +52,7 @@ class AirflowCluster:
     :param dags_folder: the DAG folder the components read (default: the session's).
     :param env: extra environment for every component and CLI call.
     :param parallelism: LocalExecutor slots.
+    :param api_port: the api-server's port (default: a free one).
     """
 
     def __init__(
@@ -62,10 +63,11 @@ class AirflowCluster:
         dags_folder: Path | None = None,
         env: dict[str, str] | None = None,
         parallelism: int = 8,
+        api_port: int | None = None,
     ) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.api_port = free_port()
+        self.api_port = api_port or free_port()
         self.marker = uuid.uuid4().hex
         self.env: dict[str, str] = {**os.environ, **base_env}
         self.env.update(
@@ -96,7 +98,11 @@ class AirflowCluster:
             self.env.update(env)
         self.dags_folder = Path(self.env["AIRFLOW__CORE__DAGS_FOLDER"])
         self.api_url = f"http://127.0.0.1:{self.api_port}"
+        # Component name -> its ``airflow`` arguments and its own environment (beside self.env).
+        self._specs: dict[str, tuple[list[str], dict[str, str]]] = {name: ([name], {}) for name in COMPONENTS}
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        # Components replaced by restart(): still unreaped, so their session ids stay ours.
+        self._retired: list[subprocess.Popen[bytes]] = []
         # Session id (each component's pid) -> its start time; emptied once stop() has reaped.
         self._leaders: dict[int, int] = {}
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -116,7 +122,7 @@ class AirflowCluster:
         try:
             self._first_job_id = self._max_job_id()
             self._start_watchdog()
-            for name in COMPONENTS:
+            for name in self._specs:
                 self._launch(name)
             self.wait_healthy(timeout)
         except BaseException as exc:
@@ -151,11 +157,13 @@ class AirflowCluster:
                 self._watch_pipe.write(f"{line}\n".encode())
 
     def _launch(self, name: str) -> None:
+        args, own_env = self._specs[name]
         # No preexec_fn: Popen then execs straight from C (safe with threads in this process).
-        with (self.workdir / f"{name}.log").open("wb") as log:
+        # Appending: a restarted component's log follows its previous life's.
+        with (self.workdir / f"{name}.log").open("ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "airflow", name],
-                env=self.env,
+                [sys.executable, "-m", "airflow", *args],
+                env={**self.env, **own_env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -279,7 +287,7 @@ class AirflowCluster:
         self.wait_healthy(timeout)
 
     def _reap_leaders(self) -> None:
-        for name, proc in self._procs.items():
+        for name, proc in [*((f"retired {p.pid}", p) for p in self._retired), *self._procs.items()]:
             try:
                 proc.wait(timeout=10)  # dead already: this only collects the zombie
             except subprocess.TimeoutExpired:
@@ -288,6 +296,7 @@ class AirflowCluster:
                 )
                 return
         # Reaped leaders free their PIDs: from now on a session id could be someone else's.
+        self._retired.clear()
         self._leaders.clear()
 
     def _retire_watchdog(self) -> None:
@@ -321,7 +330,7 @@ class AirflowCluster:
 
     def log_tails(self, lines: int = 40) -> str:
         parts = []
-        for name in COMPONENTS:
+        for name in self._specs:
             path = self.workdir / f"{name}.log"
             if path.exists():
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
@@ -330,13 +339,16 @@ class AirflowCluster:
 
     def task_log_tails(self, dag_id: str, *, lines: int = 60, ok_states: Iterable[str] = ("success",)) -> str:
         """The newest attempt's log of every task of ``dag_id`` not in ``ok_states`` (why it failed)."""
-        logs = Path(self.env["AIRFLOW_HOME"]) / "logs" / f"dag_id={dag_id}"
         parts = []
         for ti in self.task_instances(dag_id):
             if ti["state"] in set(ok_states):
                 continue
-            folder = logs / f"run_id={ti['run_id']}" / f"task_id={ti['task_id']}"
-            attempts = sorted(folder.glob("attempt=*.log"), key=lambda p: p.stat().st_mtime)
+            relative = Path(f"dag_id={dag_id}", f"run_id={ti['run_id']}", f"task_id={ti['task_id']}")
+            folder = self.task_log_roots()[0] / relative
+            attempts = sorted(
+                (p for root in self.task_log_roots() for p in (root / relative).glob("attempt=*.log")),
+                key=lambda p: p.stat().st_mtime,
+            )
             head = f"--- {dag_id}/{ti['run_id']}/{ti['task_id']} is {ti['state']} (try {ti['try_number']})"
             if not attempts:
                 parts.append(f"{head}: no log under {folder}")
@@ -344,6 +356,11 @@ class AirflowCluster:
             tail = attempts[-1].read_text(errors="replace").splitlines()[-lines:]
             parts.append(f"{head}: {attempts[-1]}\n" + "\n".join(tail))
         return "\n".join(parts)
+
+    def task_log_roots(self) -> list[Path]:
+        """The folders task logs are written under (one per worker host in a distributed cluster)."""
+        configured = self.env.get("AIRFLOW__LOGGING__BASE_LOG_FOLDER")
+        return [Path(configured) if configured else Path(self.env["AIRFLOW_HOME"]) / "logs"]
 
     # -- commands ----------------------------------------------------------------------------
 

@@ -98,6 +98,30 @@ def harness_pids(name: str, value: str, sessions: Sessions | None = None) -> lis
     return found
 
 
+def session_members(sid: int) -> list[int]:
+    """Live processes of session ``sid`` and their descendants, even those that left it (setsid)."""
+    parents: dict[int, int] = {}
+    members: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat_fields(entry)
+        except (OSError, IndexError, ValueError):
+            continue
+        if not fields or fields[0] == "Z":
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        if int(fields[3]) == sid:
+            members.add(int(entry.name))
+    grown = True
+    while grown:
+        children = {pid for pid, ppid in parents.items() if ppid in members} - members
+        members |= children
+        grown = bool(children)
+    return sorted(members)
+
+
 def pids_with_marker(name: str, value: str) -> list[int]:
     """Live processes whose environment holds ``name=value`` (Linux ``/proc``)."""
     return harness_pids(name, value)

@@ -74,9 +74,10 @@ def backfill_window(first: dt.date, last: dt.date, timezone: str) -> tuple[str, 
     Both are the local midnights that start those days (the logical dates of their runs), with
     their UTC offsets, so DST and the CLI's UTC default cannot shift the window.
     """
-    tz = ZoneInfo(timezone)
-    start = dt.datetime.combine(first, dt.time(0), tzinfo=tz)
-    end = dt.datetime.combine(last, dt.time(0), tzinfo=tz)
+    from onceflow.sales.partitions import local_midnight_utc
+
+    tz = ZoneInfo(timezone)  # a repeated midnight: the second one, where Airflow's runs start
+    start, end = (local_midnight_utc(day, tz).astimezone(tz) for day in (first, last))
     return start.isoformat(), end.isoformat()
 
 
@@ -303,14 +304,19 @@ def standalone_cluster(
     pools: dict[str, int] | None = None,
     parallelism: int = 8,
     use_postgres: bool = True,
+    executor: str = "local",
+    celery: dict[str, Any] | None = None,
 ) -> Iterator[AirflowCluster]:
     """A migrated Airflow installation and its running cluster, outside pytest (benchmarks).
 
     The metadata DB is a fresh PostgreSQL database by default; everything is removed on exit.
     Airflow is not imported into the calling process: pools are set through the CLI.
+    ``executor="celery"`` starts a :class:`~onceflow.testing.celery_cluster.CeleryCluster`
+    (``celery`` holds its options: ``workers``, ``worker_concurrency``, ...).
     """
     from onceflow.testing.airflow_cluster import AirflowCluster
     from onceflow.testing.airflow_env import prepare
+    from onceflow.testing.celery_cluster import CeleryCluster
 
     airflow_env = prepare(
         dags_folder=dags_folder,
@@ -320,12 +326,23 @@ def standalone_cluster(
     )
     try:
         airflow_env.migrate()
-        cluster = AirflowCluster(
-            airflow_env.variables,
-            workdir / "cluster",
-            dags_folder=dags_folder,
-            env=env,
-            parallelism=parallelism,
+        cluster = (
+            CeleryCluster(
+                airflow_env.variables,
+                workdir / "cluster",
+                dags_folder=dags_folder,
+                env=env,
+                parallelism=parallelism,
+                **(celery or {}),
+            )
+            if executor == "celery"
+            else AirflowCluster(
+                airflow_env.variables,
+                workdir / "cluster",
+                dags_folder=dags_folder,
+                env=env,
+                parallelism=parallelism,
+            )
         )
         with cluster:
             for name, slots in (pools or {}).items():

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from onceflow.ledger.clock import DatabaseClock
 from onceflow.watchdog import checks, incidents
 from onceflow.watchdog.alerts import Outbox, ping
 from onceflow.watchdog.config import CheckConfig
@@ -56,6 +57,9 @@ class PassResult:
 class Watchdog:
     """The checks of one config, evaluated against ``clock()`` (seconds since the epoch).
 
+    :param clock: a time source for tests. Default: the ledger database's clock, so replicas on
+        hosts whose clocks disagree judge (and lease alerts) on one time line, as the ledger
+        does; this host's clock only while the ledger cannot be read (blindness, kept locally).
     :param sheets_service: a Sheets client to use instead of building one (tests).
     """
 
@@ -63,11 +67,12 @@ class Watchdog:
         self,
         config: WatchdogConfig,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         sheets_service: Any | None = None,
     ) -> None:
         self.config = config
-        self.clock = clock
+        self.clock: Callable[[], float] = clock or self._database_now
+        self._db_clock: DatabaseClock | None = None
         self.owner = config.replica or f"{socket.gethostname()}:{os.getpid()}"
         self.outbox = Outbox(config.alerts, self.owner)
         self._sheets_service = sheets_service
@@ -109,6 +114,15 @@ class Watchdog:
             assert self.config.warehouse_url is not None
             self._warehouse = self._engine(self.config.warehouse_url)
         return self._warehouse
+
+    def _database_now(self) -> float:
+        try:
+            if self._db_clock is None:
+                self._db_clock = DatabaseClock(self.ledger)
+            return self._db_clock.now()
+        except Exception as exc:  # blind: the runner reports it; judge locally meanwhile
+            log.warning("ledger clock unreadable (%s); using this host's clock", _short(exc))
+            return time.time()
 
     # -- one pass ----------------------------------------------------------------------------
 

@@ -93,6 +93,8 @@ def api_health(check: CheckConfig, now: float, fetch: Callable[[str, float], Any
         body = (fetch or _get_json)(url, check.options["timeout"])
     except Exception as exc:
         return Verdict(FAILING, f"api-server health endpoint failed: {exc}", {"url": url})
+    if not isinstance(body, dict):  # a proxy's page or a wrong URL: the api-server is not answering
+        return Verdict(FAILING, f"api-server health endpoint answered {body!r:.200}", {"url": url})
     unhealthy = {
         name: part.get("status")
         for name, part in body.items()

@@ -139,8 +139,6 @@ class Watchdog:
         except Exception as exc:
             ledger = None
             self._blind("ledger", f"ledger database unreachable: {_short(exc)}", now, result)
-        else:
-            self._clear_blind("ledger", now)
         if ledger is not None:
             for check in self.config.checks:
                 # Ledger/warehouse reads are cheap: judged every pass, so an alert comes within
@@ -165,6 +163,10 @@ class Watchdog:
                 self.outbox.deliver(ledger, self.clock())
             except Exception as exc:
                 self._blind("ledger", f"alert outbox unreachable: {_short(exc)}", now, result)
+            if "ledger" not in result.blind:
+                # Only a whole pass clears it: a ledger that answers SELECT 1 but refuses writes
+                # (read-only standby, full disk) would otherwise flip late -> up every pass, never down.
+                self._clear_blind("ledger", now)
         self.outbox.deliver(self.local, self.clock())
         return result
 

@@ -240,11 +240,11 @@ class ArticleStepOperator(BaseOperator):
 
         reason = exc.reason if exc.reason.startswith(f"{self.step}") else f"{self.step}: {exc.reason}"
         try:
-            queue = claimed_queue(conf)
-            # PROCESSING, or NEEDS_REVIEW when the failure came after a reviewer's approval
-            for old in (Status.PROCESSING, Status.NEEDS_REVIEW):
-                if write_failed(queue, str(conf["claim_token"]), reason=reason, old=old):
-                    return
+            # PROCESSING, or NEEDS_REVIEW when the failure came after a reviewer's approval: both
+            # fenced moves ride in one batch (1 read + 2 writes), and a row carries one status
+            old = (Status.PROCESSING, Status.NEEDS_REVIEW)
+            if write_failed(claimed_queue(conf), str(conf["claim_token"]), reason=reason, old=old):
+                return
             self.log.warning(
                 "the row of claim %s was in neither state: FAILED not written", conf["claim_token"]
             )

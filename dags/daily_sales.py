@@ -86,10 +86,12 @@ def daily_sales() -> None:
 
         day = validate_partition(extracted["partition"])
         folder = Path(extracted["staging_dir"])
-        result = clean_orders(
-            staging.read_extract(folder), partition=day, reporting_currency=CONFIG.reporting_currency
+        # Rows and watermark from one read of one file: an overlapping extract try cannot mix them.
+        source = staging.read_extract(folder)
+        result = clean_orders(source.frame, partition=day, reporting_currency=CONFIG.reporting_currency)
+        staging.write_clean(
+            folder, result, partition=day, processing_version=PROCESSING_VERSION, source=source
         )
-        staging.write_clean(folder, result, partition=day, processing_version=PROCESSING_VERSION)
         return {
             **extracted,
             "rows": len(result.rows),

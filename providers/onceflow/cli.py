@@ -96,8 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    if argv[:1] == ["sheets-emulator"]:
+        # Every option after the name is the emulator's: argparse's REMAINDER would refuse one
+        # that starts with "-" (`onceflow sheets-emulator --port 8090` failed), so hand them over.
+        return _cmd_sheets_emulator(argparse.Namespace(emulator_args=argv[1:]))
     parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 
 

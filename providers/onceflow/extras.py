@@ -23,6 +23,10 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "dashboard": ("the sales dashboard's chart", ("matplotlib",)),
     "postgres": ("a PostgreSQL database through psycopg2", ("psycopg2",)),
+    "articles": (
+        "the article chain (extraction, language detection, HTML sanitising)",
+        ("trafilatura", "lingua", "nh3", "google.cloud.translate_v3"),
+    ),
 }
 
 

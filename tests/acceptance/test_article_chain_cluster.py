@@ -255,7 +255,10 @@ def test_rows_done_one_review_approved_after_a_restart_one_rejected_with_its_not
     assert _tries(cluster, _run_id(catalan))["translate"] == 1, "a permanent failure is not retried"
     asked = _hitl(cluster, _run_id(approve))
     assert asked["response_received"] is False
-    assert approve in asked["body"] and "Score 0.9" in asked["body"], asked["body"][:500]
+    # what the reviewer sees: the score against the threshold, the source link, the text
+    body = asked["body"]
+    assert "**Score 0." in body and "(threshold 0.93)" in body and f"<{approve}>" in body, body[:500]
+    assert "history of the coffee" in body.lower(), body[:500]
     assert len(_published(tmp_path)) == 3
 
     cluster.restart("scheduler", "api-server")

@@ -1,9 +1,11 @@
 """Deadline Alerts through the real scheduler and triggerer: a late day is recorded, an on-time one is not.
 
-The probe DAG carries the same ``deadline=`` as ``daily_sales`` (:func:`daily_load_deadline`).
-A run whose logical date is years old is due long ago, so the scheduler marks its deadline
-missed and the triggerer runs :class:`MissedDeadlineNotifier`; a run for today is due tomorrow
-at 07:00 and finishes first, so Airflow prunes its deadline and nothing is recorded.
+The probe DAGs carry the same ``deadline=`` as ``daily_sales`` (:func:`daily_load_deadline`).
+A scheduled run the scheduler creates (catching up) for a day years old is due long ago, so the
+scheduler marks its deadline missed and the triggerer runs :class:`MissedDeadlineNotifier`; a
+run for today is due tomorrow at 07:00 and finishes first, so Airflow prunes its deadline and
+nothing is recorded. A manual re-run of an old day, asked for after that day's due time, gets no
+deadline at all (the day's scheduled run had its own): no alert.
 
 A second probe has daily_sales' timetable too (local midnights in Europe/Amsterdam): backfills
 of the days around both 2024 DST changes get deadlines at 07:00 local on the next day, as
@@ -59,6 +61,41 @@ probe()
 """
 
 
+LATE_DAG_ID = "deadline_late_probe"
+
+# daily_sales' timetable, one day (2 January 2020, Amsterdam), caught up by the scheduler.
+LATE_PROBE_DAG = """
+import pendulum
+from airflow.sdk import CronDataIntervalTimetable, dag, task
+
+from onceflow.notifications.deadline import daily_load_deadline
+
+
+@dag(
+    dag_id="{dag_id}",
+    schedule=CronDataIntervalTimetable("0 0 * * *", timezone="Europe/Amsterdam"),
+    start_date=pendulum.datetime(2020, 1, 2, tz="Europe/Amsterdam"),
+    end_date=pendulum.datetime(2020, 1, 2, tz="Europe/Amsterdam"),
+    catchup=True,
+    # Unpaused by the test once parsed: a run the scheduler creates in the same instant as the
+    # first parse sometimes failed to start its task (the executor reported it failed, queued).
+    is_paused_upon_creation=True,
+    tags=["test"],
+    doc_md="daily_sales' timetable and deadline for one day in 2020; its task finishes at once.",
+    default_args={{"owner": "onceflow", "retries": 0}},
+    deadline=daily_load_deadline(business_timezone="Europe/Amsterdam", path={alerts!r}),
+)
+def probe():
+    @task
+    def load() -> None:
+        pass
+
+    load()
+
+
+probe()
+"""
+
 DST_DAG_ID = "deadline_dst_probe"
 
 DST_PROBE_DAG = """
@@ -100,6 +137,16 @@ DST_DEADLINES = {
 }
 
 
+def component_lines(cluster: Any, text: str) -> str:
+    """Every line of the cluster's component logs that mentions ``text`` (why a run failed)."""
+    found = []
+    for path in sorted(cluster.workdir.glob("*.log")):
+        found += [
+            f"{path.name}: {line}" for line in path.read_text(errors="replace").splitlines() if text in line
+        ]
+    return "\n".join(found[-80:])
+
+
 def wait_for_alerts(path: Path, count: int, timeout: float) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -121,38 +168,68 @@ def test_a_late_day_fires_the_notifier_and_an_on_time_day_does_not(
     (dags / f"{DST_DAG_ID}.py").write_text(
         textwrap.dedent(DST_PROBE_DAG.format(dag_id=DST_DAG_ID, alerts=str(dst_alerts)))
     )
+    (dags / f"{LATE_DAG_ID}.py").write_text(
+        textwrap.dedent(LATE_PROBE_DAG.format(dag_id=LATE_DAG_ID, alerts=str(alerts)))
+    )
     cluster = airflow_cluster_factory(dags_folder=dags)
 
     today = dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
-    late = cluster.trigger(DAG_ID, run_id="late_day", logical_date="2020-01-01T23:00:00+00:00")
+    late_runs: list[dict[str, Any]] = []  # data day 2 January 2020, Amsterdam: the scheduler names it
     on_time = cluster.trigger(DAG_ID, run_id="on_time_day", logical_date=today.isoformat())
-    assert cluster.wait_for_run(DAG_ID, late, timeout=240) == "success"
-    assert cluster.wait_for_run(DAG_ID, on_time, timeout=240) == "success"
+    cluster.wait_for_dag(DST_DAG_ID)
+    # A re-run of an old day by hand (loads yesterday, as `dags trigger` infers it), asked for
+    # after that day's 07:00 or finishing before it: no alert either way. Before, its deadline
+    # came from the logical date (16 June 2024 07:00) and fired at once. (Not a day the
+    # backfills below create.)
+    rerun = cluster.trigger(DST_DAG_ID, run_id="rerun_old_day", logical_date="2024-06-14T22:00:00+00:00")
+    cluster.wait_for_dag(LATE_DAG_ID)
+    cluster.cli("dags", "unpause", LATE_DAG_ID)
+    deadline = time.monotonic() + 240
+    while not late_runs and time.monotonic() < deadline:
+        late_runs = cluster.query("SELECT run_id, run_type FROM dag_run WHERE dag_id = :d", d=LATE_DAG_ID)
+        time.sleep(1.0)
+    assert [str(r["run_type"]) for r in late_runs] == ["scheduled"], (late_runs, cluster.log_tails())
+    late = late_runs[0]["run_id"]
+    assert cluster.wait_for_run(LATE_DAG_ID, late, timeout=240) == "success", cluster.task_log_tails(
+        LATE_DAG_ID
+    ) + component_lines(cluster, LATE_DAG_ID)
+    assert cluster.wait_for_run(DAG_ID, on_time, timeout=240) == "success", component_lines(cluster, on_time)
+    assert cluster.wait_for_run(DST_DAG_ID, rerun, timeout=240) == "success", component_lines(cluster, rerun)
 
     records = wait_for_alerts(alerts, 1, timeout=120)
+    time.sleep(5.0)  # give a wrong alert for the re-run or on-time run the time to land too
+    records = read_alert_records(alerts)
 
     assert [r["run_id"] for r in records] == [late], cluster.log_tails()
     [record] = records
-    assert record["dag_id"] == DAG_ID
+    assert record["dag_id"] == LATE_DAG_ID
     assert record["alert"] == "daily_sales not loaded by 07:00"
-    assert record["run_type"] == "manual"
-    assert record["deadline_time"] == "2020-01-03T06:00:00+00:00"  # logical date + 31 hours
+    assert record["run_type"] == "scheduled"
+    assert record["deadline_time"] == "2020-01-03T06:00:00+00:00"  # 07:00 CET the next day
+    assert record["data_day"] == "2020-01-02"
     assert record["suppressed"] is False
 
-    deadlines = cluster.query(
+    probe_deadlines = cluster.query(
         "SELECT r.run_id, d.missed, c.state FROM deadline d JOIN dag_run r ON r.id = d.dagrun_id "
-        "JOIN callback c ON c.id = d.callback_id WHERE r.dag_id = :dag_id",
-        dag_id=DAG_ID,
+        "JOIN callback c ON c.id = d.callback_id WHERE r.dag_id IN (:a, :b)",
+        a=DAG_ID,
+        b=LATE_DAG_ID,
     )
     # The on-time run's deadline was pruned when the run finished before it.
-    assert [(d["run_id"], bool(d["missed"])) for d in deadlines] == [(late, True)]
-    assert wait_for_callback_state(cluster, late) == "success"
+    assert [(d["run_id"], bool(d["missed"])) for d in probe_deadlines] == [(late, True)]
+    assert wait_for_callback_state(cluster, late, LATE_DAG_ID) == "success"
+    rerun_deadlines = cluster.query(
+        "SELECT d.missed FROM deadline d JOIN dag_run r ON r.id = d.dagrun_id "
+        "WHERE r.dag_id = :dag_id AND r.run_id = :run_id",
+        dag_id=DST_DAG_ID,
+        run_id=rerun,
+    )
+    assert not any(bool(d["missed"]) for d in rerun_deadlines)
 
     # The DST days, backfilled: Airflow stores each run's deadline when it creates the run.
     from onceflow.testing.sales_backfill import create_backfill, local_days, wait_for_backfill
 
-    cluster.wait_for_dag(DST_DAG_ID)
-    deadlines: dict[str, str] = {}
+    deadlines: dict[tuple[str, str], str] = {}
     for first, last in (
         (dt.date(2024, 3, 30), dt.date(2024, 3, 31)),
         (dt.date(2024, 10, 26), dt.date(2024, 10, 27)),
@@ -188,7 +265,7 @@ def _aware(value: Any) -> dt.datetime:
     return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
-def wait_for_callback_state(cluster: Any, run_id: str, timeout: float = 60.0) -> str | None:
+def wait_for_callback_state(cluster: Any, run_id: str, dag_id: str, timeout: float = 60.0) -> str | None:
     """The triggerer reports the callback's outcome shortly after running it."""
     deadline = time.monotonic() + timeout
     state = None
@@ -197,7 +274,7 @@ def wait_for_callback_state(cluster: Any, run_id: str, timeout: float = 60.0) ->
             "SELECT c.state FROM deadline d JOIN dag_run r ON r.id = d.dagrun_id "
             "JOIN callback c ON c.id = d.callback_id WHERE r.run_id = :run_id AND r.dag_id = :dag_id",
             run_id=run_id,
-            dag_id=DAG_ID,
+            dag_id=dag_id,
         )
         state = rows[0]["state"] if rows else None
         if state in ("success", "failed"):

@@ -4,7 +4,7 @@
   in that pool from running (the seed's "sensor deadlock"): waiting happens in the triggerer.
 * The real ``claim_rows`` task killed with SIGKILL between its claim and the run creation:
   ``sheet_reconcile`` creates the missing ``article_pipeline`` run, the scheduler runs it, and the
-  row ends with exactly one run, whose id is written beside the claim.
+  row ends with exactly one run, whose id is written beside the claim, and DONE through the chain.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import shutil
 import signal
 import textwrap
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +24,9 @@ from sqlalchemy import text
 from onceflow.ledger import Ledger, create_ledger_engine
 from onceflow.sheets import ledger_link
 from onceflow.sheets.keys import normalise_url, pipeline_run_id, row_key
-from onceflow.sheets.model import Snapshot
+from onceflow.sheets.model import Snapshot, Status
 from onceflow.sheets.transport import anonymous_service
+from onceflow.testing.article_site import serve
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -170,7 +170,8 @@ def test_sheet_reconcile_completes_a_row_whose_claim_task_was_killed_between_cla
     after the sheet claim is registering the row in the ledger (PostgreSQL), and the test holds
     ``work_items`` in ACCESS EXCLUSIVE mode, so the task waits there until it is killed.
     """
-    url = f"https://{uuid.uuid4().hex[:8]}.example/article"
+    site = serve(published_dir=tmp_path / "published")  # the run goes through the whole chain
+    url = site.url("/articles/gazpacho.html")
     sid = _sheet(sheets_emulator, [[url, "NEW"]])
     conn = sheets_emulator.connection_json(spreadsheet_id=sid)
     key = row_key(normalise_url(url))
@@ -188,12 +189,19 @@ def test_sheet_reconcile_completes_a_row_whose_claim_task_was_killed_between_cla
         "AIRFLOW_CONN_ONCEFLOW_LEDGER": json.dumps(
             {"conn_type": "postgres", "extra": {"sqlalchemy_url": ledger_url}}
         ),
+        "AIRFLOW_CONN_ONCEFLOW_FETCH": json.dumps(
+            {"conn_type": "generic", "extra": {"allow": [site.address]}}
+        ),
+        "AIRFLOW_CONN_ONCEFLOW_STORAGE": json.dumps(
+            {"conn_type": "google_cloud_platform", "extra": {"base": (tmp_path / "steps").as_uri()}}
+        ),
     }
+    pools = {"onceflow_sheets": 10, "onceflow_fetch": 4, "onceflow_translate": 2}
     try:
         with engine.connect() as blocker:
             blocker.execute(text("LOCK TABLE work_items IN ACCESS EXCLUSIVE MODE"))
             # sheet_claim is not paused at creation: its first scheduled run claims the row
-            cluster = airflow_cluster_factory(dags_folder=dags, env=env, pools={"onceflow_sheets": 10})
+            cluster = airflow_cluster_factory(dags_folder=dags, env=env, pools=pools)
             _wait(lambda: _claimed_token(sheets_emulator, sid, url), 300, "the row claimed", cluster)
             token = _claimed_token(sheets_emulator, sid, url)
             assert token is not None
@@ -236,7 +244,9 @@ def test_sheet_reconcile_completes_a_row_whose_claim_task_was_killed_between_cla
             "article run created",
             cluster,
         )
-        assert cluster.wait_for_run("article_pipeline", run_id, timeout=240) == "success"
+        assert cluster.wait_for_run("article_pipeline", run_id, timeout=600) == "success", (
+            cluster.task_log_tails("article_pipeline")
+        )
         second = cluster.trigger("sheet_reconcile", conf=params)
         assert cluster.wait_for_run("sheet_reconcile", second, timeout=240) == "success"
         assert [r["run_id"] for r in cluster.dag_runs("article_pipeline")] == [run_id]
@@ -245,16 +255,18 @@ def test_sheet_reconcile_completes_a_row_whose_claim_task_was_killed_between_cla
             r for r in Snapshot.from_values(sheets_emulator.values(sid, "queue")).rows if r.token == token
         )
         assert row.get("run_id") == run_id and row.get("claim_token") == token
+        assert row.status is Status.DONE and row.get("published_url"), row
         # registered by a reconciler (the killed task never got there; sheet_reconcile's own scheduled
-        # run may have done it first), leased and completed by the run
+        # run may have done it first), leased and completed by the run's first step, then its chain
         item_key = ledger_link.work_key(key)
         assert ledger.item(item_key).state == "done"
-        assert [(h.event, h.actor) for h in ledger.history(item_key)] == [
+        assert [(h.event, h.actor) for h in ledger.history(item_key)][:3] == [
             ("create", "reconciler"),
             ("claim", "worker"),
             ("complete", "worker"),
         ]
-        [result] = ledger.results(item_key)
+        [result] = [r for r in ledger.results(item_key) if r.step == ledger_link.CLAIM_STEP]
         assert result.payload["run_id"] == run_id and result.fencing_token == 1
     finally:
         engine.dispose()
+        site.stop()

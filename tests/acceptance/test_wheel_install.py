@@ -9,17 +9,13 @@ packages of our lock, so nothing the provider needs can come in by accident.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import zipfile
 from importlib.metadata import version as installed_version
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-PROVIDER = "airflow-provider-onceflow"
+from wheel_env import PROVIDER, REPO, build_wheel, check_run, clean_env, installed_packages, uv_cmd
 
 # Prints {module: [operator class names]} for every module get_provider_info lists as an
 # operator or sensor module, imported in that environment.
@@ -58,41 +54,17 @@ print(json.dumps(said))
 """
 
 PLUGIN_TEST = """
-def test_the_plugin_serves_its_fixtures(fake_clock, free_port):
-    start = fake_clock.now()
-    fake_clock.advance(5)
-    assert fake_clock.now() == start + 5
-    assert 1024 < free_port < 65536
+def test_the_plugin_serves_its_fixtures(onceflow_fake_clock, onceflow_free_port):
+    start = onceflow_fake_clock.now()
+    onceflow_fake_clock.advance(5)
+    assert onceflow_fake_clock.now() == start + 5
+    assert 1024 < onceflow_free_port < 65536
 """
-
-
-def _uv() -> list[str]:
-    return [sys.executable, "-m", "uv"]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "VIRTUAL_ENV", "UV_"))}
-    env["UV_PYTHON_DOWNLOADS"] = "never"
-    return env
-
-
-def _run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900, **kwargs)  # type: ignore[call-overload]
-    assert done.returncode == 0, f"{args}\n{done.stdout}\n{done.stderr}"
-    return done
-
-
-def _installed(python: Path) -> dict[str, str]:
-    out = _run([*_uv(), "pip", "list", "--format", "json", "--python", str(python)], env=_env()).stdout
-    return {p["name"].lower(): p["version"] for p in json.loads(out)}
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    _run([*_uv(), "build", "--wheel", "--out-dir", str(out), str(REPO)], env=_env())
-    (built,) = out.glob("airflow_provider_onceflow-*.whl")
-    return built
+    return build_wheel(tmp_path_factory.mktemp("dist"))
 
 
 def test_wheel_carries_code_sql_migrations_and_entry_points(wheel: Path) -> None:
@@ -122,36 +94,38 @@ def test_wheel_carries_code_sql_migrations_and_entry_points(wheel: Path) -> None
 
 
 def test_wheel_installs_into_a_plain_airflow_adding_only_itself(wheel: Path, tmp_path: Path) -> None:
-    env = _env()
+    env = clean_env()
     venv = tmp_path / "venv"
     py = venv / "bin" / "python"
-    _run([*_uv(), "venv", "--python", sys.executable, str(venv)], env=env)
+    check_run([*uv_cmd(), "venv", "--python", sys.executable, str(venv)], env=env)
     airflow = (
         f"apache-airflow=={installed_version('apache-airflow')}"  # the locked one (make installs the lock)
     )
-    _run([*_uv(), "pip", "install", "--python", str(py), airflow], env=env)
-    before = _installed(py)
+    check_run([*uv_cmd(), "pip", "install", "--python", str(py), airflow], env=env)
+    before = installed_packages(py)
     assert "pandas" not in before and "apache-airflow-providers-google" not in before
 
-    _run([*_uv(), "pip", "install", "--python", str(py), str(wheel)], env=env)
+    check_run([*uv_cmd(), "pip", "install", "--python", str(py), str(wheel)], env=env)
 
-    after = _installed(py)
+    after = installed_packages(py)
     assert set(after) - set(before) == {PROVIDER}
     changed = {name: (v, after.get(name)) for name, v in before.items() if after.get(name) != v}
     assert changed == {}  # no downgrade (python-dateutil, tenacity, importlib-metadata...), no upgrade
 
     run_env = {**env, "AIRFLOW_HOME": str(tmp_path / "home")}
-    get = _run([str(venv / "bin" / "airflow"), "providers", "get", PROVIDER], env=run_env)
+    get = check_run([str(venv / "bin" / "airflow"), "providers", "get", PROVIDER], env=run_env)
     assert PROVIDER in get.stdout
 
-    imported = json.loads(_run([str(py), "-c", IMPORT_OPERATORS], env=run_env).stdout.splitlines()[-1])
-    expected = json.loads(_run([sys.executable, "-c", IMPORT_OPERATORS], env=run_env).stdout.splitlines()[-1])
+    imported = json.loads(check_run([str(py), "-c", IMPORT_OPERATORS], env=run_env).stdout.splitlines()[-1])
+    expected = json.loads(
+        check_run([sys.executable, "-c", IMPORT_OPERATORS], env=run_env).stdout.splitlines()[-1]
+    )
     assert imported == expected
     assert {"PartitionOverwriteOperator", "SheetClaimOperator", "NewRowsSensor"} <= {
         name for names in imported.values() for name in names
     }
 
-    said = json.loads(_run([str(py), "-c", MISSING_EXTRAS], env=run_env).stdout.splitlines()[-1])
+    said = json.loads(check_run([str(py), "-c", MISSING_EXTRAS], env=run_env).stdout.splitlines()[-1])
     assert said == {
         "sheets": "the Sheet queue (Airflow's GSheetsHook) needs 'airflow.providers.google', which is not installed: "
         "pip install 'airflow-provider-onceflow[sheets]'",
@@ -159,21 +133,23 @@ def test_wheel_installs_into_a_plain_airflow_adding_only_itself(wheel: Path, tmp
         "pip install 'airflow-provider-onceflow[dashboard]'",
     }
 
-    version = _run([str(venv / "bin" / "onceflow"), "version"], env=run_env)
+    version = check_run([str(venv / "bin" / "onceflow"), "version"], env=run_env)
     import onceflow
 
     assert version.stdout.strip() == onceflow.__version__
     ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    upgrade = _run([str(venv / "bin" / "onceflow"), "ledger", "upgrade", "--url", ledger_url], env=run_env)
+    upgrade = check_run(
+        [str(venv / "bin" / "onceflow"), "ledger", "upgrade", "--url", ledger_url], env=run_env
+    )
     assert upgrade.stdout.splitlines()[-1].startswith("created the ledger's tables at revision ledger_v")
 
     # pytest is not a dependency of the provider (a cluster does not need it): a user who tests
     # their DAGs installs it, and then the plugin loads by its entry point, with no -p flag.
-    _run([*_uv(), "pip", "install", "--python", str(py), "pytest"], env=env)
+    check_run([*uv_cmd(), "pip", "install", "--python", str(py), "pytest"], env=env)
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_plugin.py").write_text(PLUGIN_TEST)
-    plugin = _run(
+    plugin = check_run(
         [str(py), "-m", "pytest", "-p", "no:cacheprovider", "-v", "--trace-config", "test_plugin.py"],
         env=run_env,
         cwd=suite,

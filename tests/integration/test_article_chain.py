@@ -91,8 +91,18 @@ def test_a_row_goes_from_new_to_done_with_a_link_to_its_page_published_once(
 ) -> None:  # fmt: skip
     url = site.url("/articles/huertos-urbanos.html")
     sid, [claim] = claimed(sheets_emulator, monkeypatch, [url])
+    sheets_emulator.request_log.reset()  # the claim's share is counted in test_sheet_claim_budget.py
     run = run_dag("article_pipeline", conf=claim.conf(sid, "queue", "v1"))
     assert run.state == "success", run.ti_states
+    # Sheets requests of the chain beyond the claim, from the emulator's request log:
+    # read_claimed_row's write_fields (1 read + 1 write) and write_back's finish (the tab id,
+    # 1 read, 2 writes); no task reads the whole tab (docs/articles.md#write-back-and-statuses)
+    assert dict(sheets_emulator.request_log.counts) == {
+        "values.batchGetByDataFilter": 2,
+        "values.batchUpdateByDataFilter": 2,
+        "spreadsheets.get": 1,
+        "spreadsheets.batchUpdate": 1,
+    }
     assert {t: run.ti_states[t] for t in STEPS} == dict.fromkeys(STEPS, "success")
     assert {t: run.ti_states[t] for t in ("polish", "mark_needs_review", "review")} == dict.fromkeys(
         ("polish", "mark_needs_review", "review"), "skipped"

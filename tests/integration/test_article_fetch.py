@@ -176,6 +176,24 @@ def test_the_connection_goes_to_the_checked_address_even_when_dns_changes(site: 
         assert rebound.connections == 0
 
 
+def test_proxies_in_the_environment_are_not_used(
+    site: ArticleSite, other_site: ArticleSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy resolves and connects by itself, around the checked address: the fetch must go
+    straight to the address it checked, whatever the environment names (a guard: a switch to a
+    client that honours these variables, such as requests or urllib, would fail here)."""
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, other_site.url("/"))
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+
+    page = fetch_page(site.url("/articles/gazpacho.html"), _allowing(site))
+
+    assert page.address == "127.0.0.1" and "Gazpacho" in page.text
+    assert [a.path for a in site.log] == ["/articles/gazpacho.html"]
+    assert other_site.connections == 0
+
+
 # -- redirects ----------------------------------------------------------------------------------
 
 

@@ -280,3 +280,61 @@ def test_failed_from_either_in_flight_status_in_one_batch(sheets_emulator: Sheet
     assert write_needs_review(_queue(sid), tokens[0], score=0.1, reason="low")
     assert not write_failed(_queue(sid), tokens[0], reason="x")
     assert _row(sheets_emulator, sid, tokens[0])["status"] == f"NEEDS_REVIEW #{tokens[0]}"
+
+
+def test_a_permanent_failure_after_an_approval_writes_failed_in_one_read_and_two_writes(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    """``ArticleStepOperator.record_invalid`` (a publish that fails permanently after the reviewer
+    approved: the row is NEEDS_REVIEW) moves the row FAILED with the reason in one write-back's
+    budget; it used to try PROCESSING first, one whole ``finish`` wasted on the wrong status."""
+    from onceflow.articles.publish import PublishConflict
+    from onceflow.operators.articles import PublishArticleOperator
+
+    sid, urls, tokens = _sheet(sheets_emulator, 2)
+    assert write_needs_review(_queue(sid), tokens[0], score=0.41, reason="score 0.41 below 0.60")
+    conf = {"claim_token": tokens[0], "spreadsheet_id": sid, "sheet": "queue", "processing_version": "v1"}
+    sheets_emulator.request_log.reset()
+    PublishArticleOperator(task_id="publish").record_invalid(
+        conf, PublishConflict("http://x/a", "ab" * 32, "cd" * 32)
+    )
+    assert _counted(sheets_emulator) == WRITE_BACK
+    row = _row(sheets_emulator, sid, tokens[0])
+    assert row["status"] == f"FAILED #{tokens[0]}" and row["url"] == urls[0]
+    assert str(row["reason"]).startswith("publish: a different page is already published at http://x/a")
+    assert _anchors(sheets_emulator, sid) == {tokens[1]}
+
+
+def test_a_row_given_up_after_its_re_drives_says_why_on_the_row(sheets_emulator: SheetsEmulator) -> None:
+    """A transient error that outlives Airflow's retries and every re-drive (a 503 that never
+    ends, a bad ``onceflow_translate`` connection): the row ends FAILED with the give-up and the
+    ledger's last error in its ``reason`` cell, where the editor looks; it used to be empty."""
+    from datetime import timedelta
+
+    from onceflow.sheets import reconcile
+    from onceflow.sheets.ledger_link import LedgerView
+    from onceflow.sheets.model import token_time
+
+    sid, urls, tokens = _sheet(sheets_emulator, 1)
+    queue = _queue(sid)
+    claimed = token_time(tokens[0])
+    assert claimed is not None
+    redrives = [
+        {"time": f"t{i}", "action": "reset_run", "reason": reconcile.REDRIVE_FAILED,
+         "claim_token": tokens[0], "url": urls[0]}
+        for i in range(3)
+    ]  # fmt: skip
+    error = "TranslateConfigError: connection 'onceflow_translate': backend 'google' needs extra 'project_id'"
+    plan = reconcile.plan(
+        queue.snapshot(),
+        now=claimed + timedelta(days=1),
+        lease=timedelta(minutes=30),
+        version="v1",
+        run_state=lambda _: "failed",
+        audit=redrives,
+        ledger=lambda _: LedgerView("pending", False, error + "\nTraceback ...", 7),
+    )
+    reconcile.apply(plan.actions, queue, now=claimed + timedelta(days=1), create_run=lambda *_: "exists")
+    row = _row(sheets_emulator, sid, tokens[0])
+    assert row["status"] == f"FAILED #{tokens[0]}"
+    assert row["reason"] == f"run failed after 3 re-drives; row marked FAILED; ledger: {error}"

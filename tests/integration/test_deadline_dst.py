@@ -12,6 +12,7 @@ does the same in ``tests/acceptance/test_deadline_scheduler.py``.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -66,15 +67,9 @@ def test_airflow_evaluates_the_deadline_to_seven_local_on_the_next_day(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review of issue 12, not fixed (a policy choice): the deadline's data day is the local date "
-    "of the logical date, but a manual run loads its data interval, which Airflow infers as the day "
-    "before (the REST API from the logical date, the CLI from the trigger time). Moving the deadline "
-    "to the loaded day makes it past at creation for a re-run of an old day: an immediate alert.",
-)
-def test_a_manual_run_is_due_the_day_after_the_day_it_loads(airflow_db: object) -> None:
-    """A manual run through the REST API with logical date 30 March 23:30 local loads 29 March."""
+def manual_run_deadline(logical_local: dt.datetime, run_after_local: dt.datetime, run_id: str) -> Any:
+    """Create a manual run as the REST API does for daily_sales' timetable; evaluate its deadline
+    as the scheduler does. Returns (loaded day, deadline or None)."""
     from airflow.models.dagrun import DagRun
     from airflow.serialization.decoders import decode_deadline_reference
     from airflow.serialization.encoders import encode_deadline_reference
@@ -87,32 +82,50 @@ def test_a_manual_run_is_due_the_day_after_the_day_it_loads(airflow_db: object) 
     from onceflow.sales.partitions import partition_for_interval
 
     alert = daily_load_deadline(business_timezone=TZ)
-    logical = dt.datetime(2024, 3, 30, 23, 30, tzinfo=ZoneInfo(TZ)).astimezone(dt.timezone.utc)
+    logical = logical_local.astimezone(dt.timezone.utc)
     # What TriggerDAGRunPostBody does for a DAG with daily_sales' timetable.
     interval = CronDataIntervalTimetable("0 0 * * *", timezone=TZ).infer_manual_data_interval(
         run_after=instance(logical)
     )
     loaded = partition_for_interval(interval.start, interval.end, TZ)
-    assert loaded == dt.date(2024, 3, 29)
-    dag_id, run_id = "deadline_manual_probe", "manual__2024-03-30T22:30:00+00:00"
     with create_session() as session:
         session.add(
             DagRun(
-                dag_id=dag_id,
+                dag_id="deadline_manual_probe",
                 run_id=run_id,
                 logical_date=logical,
                 data_interval=(interval.start, interval.end),
-                run_after=logical,
+                run_after=run_after_local.astimezone(dt.timezone.utc),
                 run_type=DagRunType.MANUAL,
             )
         )
         session.flush()
         reference = decode_deadline_reference(encode_deadline_reference(alert.reference))
         deadline = reference.evaluate_with(
-            session=session, interval=alert.interval, dag_id=dag_id, run_id=run_id
+            session=session, interval=alert.interval, dag_id="deadline_manual_probe", run_id=run_id
         )
         session.rollback()
+    return loaded, deadline
 
-    due = dt.datetime.combine(loaded + dt.timedelta(days=1), dt.time(7), tzinfo=ZoneInfo(TZ))
+
+def test_a_manual_run_is_due_the_day_after_the_day_it_loads(airflow_db: object) -> None:
+    """Triggered at 05:30 on 30 March (the night's load failed): it loads 29 March, so it is due
+    at 07:00 on 30 March, not on 31 March (the day after its logical date)."""
+    at = dt.datetime(2024, 3, 30, 5, 30, tzinfo=ZoneInfo(TZ))
+    loaded, deadline = manual_run_deadline(at, at, "manual__early")
+
+    assert loaded == dt.date(2024, 3, 29)
     assert deadline is not None
-    assert deadline.astimezone(ZoneInfo(TZ)) == due
+    assert deadline.astimezone(ZoneInfo(TZ)) == dt.datetime(2024, 3, 30, 7, tzinfo=ZoneInfo(TZ))
+
+
+def test_a_manual_run_asked_for_after_its_days_due_time_gets_no_deadline(airflow_db: object) -> None:
+    """A re-run of an old day (logical date 30 March 23:30, so it loads 29 March) triggered on
+    2 April: its 07:00 is long past, and an alert at creation would be noise."""
+    logical = dt.datetime(2024, 3, 30, 23, 30, tzinfo=ZoneInfo(TZ))
+    loaded, deadline = manual_run_deadline(
+        logical, dt.datetime(2024, 4, 2, 10, tzinfo=ZoneInfo(TZ)), "manual__late"
+    )
+
+    assert loaded == dt.date(2024, 3, 29)
+    assert deadline is None

@@ -114,6 +114,51 @@ def test_the_ledger_works_on_a_pool_of_one_connection(ledger_url):
         engine.dispose()
 
 
+def test_the_outbox_relay_and_its_reconcile_check_work_on_a_pool_of_one_connection(ledger_url):
+    """The relay records a delivery, and check_relay a repair, inside an open transaction; the
+    default clock must be read on that transaction's connection (on PostgreSQL a second checkout
+    from a pool of one waited out the pool timeout)."""
+    from onceflow.ledger import FollowUp
+    from onceflow.ledger.outbox import OutboxRelay, confirm_relayed, pending_rows
+
+    class Sink:
+        def __init__(self) -> None:
+            self.runs: list[tuple[str, str]] = []
+
+        def trigger_dag_run(self, dag_id: str, run_id: str, conf: dict) -> bool:
+            self.runs.append((dag_id, run_id))
+            return True
+
+        def emit_asset_event(self, uri: str, extra: dict) -> bool:
+            return False  # handed to a task's outlet: confirmed later
+
+    engine = create_ledger_engine(ledger_url, pool_size=1, max_overflow=0, pool_timeout=3)
+    try:
+        ledger = Ledger(engine)  # the database's clock, as in production
+        for key in ("relay:1", "relay:2"):
+            ledger.add("work", key)
+            lease = ledger.claim("work", "w", 60, "v1")
+            assert lease is not None
+            ledger.commit_result(
+                lease, "step", {}, follow_ups=[FollowUp.dag_run("d"), FollowUp.asset_event("x-a://b")]
+            )
+        sink = Sink()
+        first = OutboxRelay(ledger, sink).relay_once()
+        assert first.relayed == 4 and first.errors == [] and len(sink.runs) == 2
+        assert confirm_relayed(ledger, first.awaiting) == 2
+        assert pending_rows(ledger) == []
+
+        ledger.add("work", "relay:3")
+        lease = ledger.claim("work", "w", 60, "v1")
+        assert lease is not None
+        ledger.commit_result(lease, "step", {}, follow_ups=[FollowUp.dag_run("d")])
+        report = reconcile(ledger, relay_stall_seconds=0, sink=sink)  # stalled at once: repaired
+        assert report.count("stalled_relay", repaired=True) == 1 and len(sink.runs) == 3
+        assert ledger.history("relay:3")[-1].event == "repair_follow_up"
+    finally:
+        engine.dispose()
+
+
 def test_a_sink_commit_under_a_given_up_last_attempt_is_still_recorded(ledger, fake_clock):
     """The holder's sink (the warehouse, the sheet) committed under its token, then the holder died
     before ``commit_result`` on the item's last attempt. The reconciler gives the item up; its

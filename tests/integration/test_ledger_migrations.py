@@ -323,3 +323,28 @@ def test_onceflow_ledger_upgrade_runs_the_migrations_of_the_named_connection(tmp
         assert migrations.current_revision(engine) == migrations.head()
     finally:
         engine.dispose()
+
+
+def test_ledger_v4_creates_the_checks_it_was_released_with_whatever_schema_says_now(ledger_url, monkeypatch):
+    """A later release changes a check in schema.py (here: a new state) and adds a revision that
+    changes the constraint. ledger_v4 must still add the constraint it added when released, or
+    upgrading an old ledger gives a different database than upgrading it back then."""
+    from onceflow.ledger import schema
+
+    changed = dict(schema.CHECKS)
+    changed["ck_work_items_state"] = ("work_items", "state IN ('archived', 'done', 'pending')")
+    monkeypatch.setattr(schema, "CHECKS", changed)
+    engine = create_ledger_engine(ledger_url)
+    try:
+        handwritten.migrate(engine, target=3)
+        assert migrations.migrate(engine).after == "ledger_v4"
+        with engine.begin() as conn:
+            _insert_item(conn, "leased:1", state="leased")  # a state of the released model
+        assert "ck_work_items_state" in _assert_refused(
+            engine,
+            "INSERT INTO work_items (work_key, kind, state, priority, available_at, fencing_token,"
+            " attempts, max_attempts, created_at, updated_at)"
+            " VALUES ('archived:1', 'fetch', 'archived', 0, 0, 0, 0, 5, 0, 0)",
+        )
+    finally:
+        engine.dispose()

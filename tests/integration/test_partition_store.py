@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import types
 from typing import TYPE_CHECKING
 
 import pytest
@@ -138,6 +139,34 @@ def test_an_older_run_whose_lease_expired_cannot_overwrite_the_newer_run(
     with pytest.raises(StaleAttemptError, match="run 'scheduled__1' try 1 holds fence token 1"):
         store.overwrite(old, NIGHTLY.rows, NIGHTLY.rejects, processing_version=PROCESSING_VERSION)
     assert store.audit(DAY).run_id == "manual__2"  # type: ignore[union-attr]
+
+
+def test_a_warehouse_lease_expires_by_the_database_clock_not_a_skewed_worker_clock(
+    sales_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker A's clock runs two hours behind. Its warehouse-mode lease must still keep worker B
+    out: expiry comes from the warehouse database's clock, as the work ledger's leases do. (With
+    A's own clock the lease was written already expired and B took the partition while A loaded.)
+    The skew is simulated in-process by the process clock A's store reads (a real skewed host
+    clock cannot be made here without privileges)."""
+    import onceflow.sales.partition_store as partition_store
+
+    class Behind(dt.datetime):
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> Behind:
+            return super().now(tz) - dt.timedelta(hours=2)
+
+    engine = make_engine(sales_db_url)
+    try:
+        worker_a, worker_b = PartitionStore(engine, "daily_sales"), PartitionStore(engine, "daily_sales")
+        worker_a.create_schema()
+        with monkeypatch.context() as m:
+            m.setattr(partition_store, "dt", types.SimpleNamespace(datetime=Behind, timezone=dt.timezone))
+            worker_a.acquire_lease(DAY, run_id="scheduled__a", try_number=1, lease_seconds=600)
+        with pytest.raises(PartitionLeaseHeld, match="leased to run 'scheduled__a'"):
+            worker_b.acquire_lease(DAY, run_id="manual__b", try_number=1)
+    finally:
+        engine.dispose()
 
 
 def test_rejects_are_replaced_per_partition_with_their_reasons(store: PartitionStore) -> None:

@@ -211,9 +211,8 @@ def test_an_older_extract_refused_for_its_rejects_leaves_the_newer_loads_rejects
     extra = pd.DataFrame([{"source_row_id": 10**6, "order_id": "x", "reason": "bad_amount", "raw": "{}"}])
     nightly = dataclasses.replace(nightly, rejects=pd.concat([nightly.rejects, extra], ignore_index=True))
     folder = tmp_path / "nightly"
-    folder.mkdir()
-    (folder / "extract.json").write_text(json.dumps({"rows": 0, "source_watermark_utc": str(EARLY)}))
-    staging.write_clean(folder, nightly, partition=DAY, processing_version=PROCESSING_VERSION)
+    source = staging.StagedExtract(pd.DataFrame(), EARLY, "nightly-extract")
+    staging.write_clean(folder, nightly, partition=DAY, processing_version=PROCESSING_VERSION, source=source)
 
     real_check = PartitionStore.check_extract_age
 

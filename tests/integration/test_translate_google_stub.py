@@ -100,6 +100,18 @@ def test_a_429_is_transient_and_carries_retry_after_then_the_next_attempt_succee
     assert again == ["[en] Hola."]
 
 
+def test_a_retry_after_no_one_can_wait_for_is_left_out():
+    # "Retry-After: inf" became retry_after=inf, which no retry can be scheduled with
+    with serve(PROJECT, engine="tag") as stub:
+        stub.fail_next(429, retry_after=float("inf"))
+
+        with pytest.raises(TransientStepError) as failure:
+            GoogleTranslator(PROJECT, endpoint=stub.url).translate_chunks(["Hola."], "es", "en")
+
+        assert [r.status for r in stub.log] == [429]
+    assert failure.value.retry_after is None and "429" in failure.value.reason
+
+
 def test_a_503_is_transient():
     with serve(PROJECT, engine="tag") as stub:
         stub.fail_next(503)

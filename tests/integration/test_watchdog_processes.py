@@ -354,3 +354,70 @@ def test_the_compare_and_set_lets_one_of_two_racing_replicas_win(
     assert len(made) == 1, made
     assert keys == ["race/1/down/webhook"]
     assert tuple(row) == ("down", 1, 1)
+
+
+def test_the_duplicate_window_accepted_then_killed_before_marked_sent(
+    postgres_url: str, watchdogs: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The documented window for a repeat, made to happen: the receiver accepts while the test
+    holds the outbox row's lock, so the watchdog's "mark sent" UPDATE waits; the watchdog is
+    SIGKILLed there. Its restart sends the alert again (after the lease), with the same
+    ``Idempotency-Key``: the key is what lets a receiver drop the repeat."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    engine = sa.create_engine(postgres_url)
+    lock_conn = engine.connect()
+    keys: list[str | None] = []
+    locked = threading.Event()
+
+    class Receiver(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            key = self.headers.get("Idempotency-Key")
+            keys.append(key)
+            if len(keys) == 1:  # hold the row: the watchdog's UPDATE after this 200 must wait
+                lock_conn.begin()
+                lock_conn.execute(
+                    sa.text("SELECT 1 FROM watchdog_alerts WHERE dedup_key = :k FOR UPDATE"), {"k": key}
+                )
+                locked.set()
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def mark_sent_waits() -> bool:
+        with engine.connect() as conn:
+            return bool(
+                conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND query LIKE 'UPDATE watchdog_alerts%'"
+                    )
+                ).scalar()
+            )
+
+    try:
+        beat(postgres_url, "r1")
+        first = watchdogs(postgres_url, port, "a")
+        wait_until(locked.is_set, 60, "the first delivery", tmp_path)
+        wait_until(mark_sent_waits, 60, "the mark-sent UPDATE waiting on the lock", tmp_path)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        lock_conn.rollback()
+        assert [r["state"] for r in outbox(postgres_url)] == ["queued"]  # accepted, never marked
+        watchdogs(postgres_url, port, "a")
+        wait_until(lambda: [r["state"] for r in outbox(postgres_url)] == ["sent"], 90, "the resend", tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+        lock_conn.close()
+        engine.dispose()
+    assert keys == ["heartbeat/1/down/webhook"] * 2

@@ -115,3 +115,24 @@ def test_an_undeclared_language_is_detected_and_inline_markup_is_flattened():
     assert extracted.language == "fr"
     assert extracted.paragraphs[-1].startswith("Les pêcheurs et les commerçants")
     assert "une vendeuse. Le prix ne changera pas." in extracted.paragraphs[-1]  # <br> and <b> flattened
+
+
+@pytest.mark.parametrize("reference", ["&#11;", "&#xB;", "&#11", "&#8;", "&#xFFFF;", "&#65534;", "&#x1;"])
+def test_a_reference_to_a_character_xml_cannot_hold_does_not_lose_the_article(reference):
+    # Word's line break comes out of CMS exports as "&#11;": trafilatura's XML tree refused the
+    # whole document for it, and the article failed as "no article text found"
+    html = ARTICLE.format(lang="es").replace("después de dos años", f"después{reference}de dos años")
+
+    extracted = extract_article(html, "http://127.0.0.1:8000/puerto.html")
+
+    assert extracted.title == "El puerto recupera los ferris nocturnos"
+    assert "después de dos años de interrupción" in extracted.text
+    assert extracted.paragraphs[-1].startswith("El precio del billete no cambiará")
+
+
+def test_references_xml_can_hold_are_left_to_the_parser():
+    html = ARTICLE.format(lang="es").replace("una vendedora", "una vendedora&#8212;&#x1F600;&#146;&#9;x")
+
+    extracted = extract_article(html, "http://127.0.0.1:8000/puerto.html")
+
+    assert "una vendedora\u2014\U0001f600\u2019 x" in extracted.text

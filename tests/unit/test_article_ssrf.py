@@ -214,3 +214,5 @@ def test_retry_after_in_seconds_and_as_an_http_date() -> None:
     assert parse_retry_after(formatdate(999_000, usegmt=True), now=1_000_000) == 0.0
     assert parse_retry_after("next tuesday") is None
     assert parse_retry_after(None) is None
+    # a delay too long for a float (or for any timedelta the retry is scheduled with) is unreadable
+    assert parse_retry_after("9" * 400) is None

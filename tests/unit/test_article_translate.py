@@ -7,12 +7,16 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import onceflow
 from onceflow.articles.errors import PermanentStepError, TransientStepError
 from onceflow.articles.translate import Translation, chunk_paragraphs, translate_text
 from onceflow.articles.translate.apertium import ApertiumTranslator, strip_markers
@@ -79,6 +83,23 @@ def test_a_paragraph_ending_in_a_no_break_space_keeps_its_break_in_a_gap():
 
     assert list(chunks) == ["Hola mundo", "Otro"]
     assert chunks.gaps == ("", "\u00a0\n\n", "")
+
+
+def test_a_long_run_of_spaces_around_one_newline_is_chunked_at_all():
+    # the paragraph-break search was quadratic in the run's length (minutes for these 200 KB):
+    # run in a child with a bound far above the linear cost, far below the quadratic one
+    code = (
+        "from onceflow.articles.translate.base import chunk_paragraphs\n"
+        "text = 'a' + ' ' * 100_000 + '\\n' + ' ' * 100_000 + 'b'\n"
+        "chunks = chunk_paragraphs(text, 10_000)\n"
+        "assert list(chunks) == ['a', 'b'] and chunks.join(chunks) == text\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(onceflow.__file__).parents[1])}  # this checkout's code
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False, env=env
+    )
+
+    assert done.returncode == 0, done.stderr
 
 
 def test_apertium_keeps_the_paragraph_break_after_a_no_break_space():
@@ -163,6 +184,17 @@ def test_apertium_keeps_the_characters_its_stream_format_reserves():
 
     for kept in ("[", "]", "<", ">", "50%", "^", "$", "\\", "@", "#", "/"):
         assert kept in out
+
+
+def test_apertium_translates_past_the_characters_its_stream_reads_as_control():
+    # U+FFFF ended Apertium's output there (the rest of the chunk silently lost); NUL glued the
+    # words around it into one unknown word
+    [out] = ApertiumTranslator("spa-eng").translate_chunks(
+        ["La casa\uffffgrande. El perro\x00come."], "es", "en"
+    )
+
+    assert "house" in out and "big" in out and "dog" in out and "eats" in out
+    assert "*" not in out
 
 
 def test_apertium_past_its_timeout_is_transient():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 
 import pandas as pd
 import pytest
@@ -68,6 +69,9 @@ def test_each_malformed_row_is_rejected_with_its_reason(overrides: dict[str, obj
 
 def test_every_reason_is_covered_by_the_cases_above() -> None:
     assert set(REJECT_REASONS) == {
+        "nul_byte",
+        "invalid_text",
+        "value_too_long",
         "missing_order_id",
         "unknown_event_type",
         "missing_refund_id",
@@ -185,3 +189,61 @@ def test_the_column_wise_checksum_equals_the_row_wise_one_even_for_awkward_text(
     assert frame_checksum(rows, SALES_COLUMNS) != frame_checksum(
         pd.concat([rows, rows.iloc[:1]]), SALES_COLUMNS
     )
+
+
+LONG = "O" + "7" * 64  # 65 characters: one more than the warehouse's id columns hold
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"order_id": "O\x002"}, "nul_byte"),
+        ({"customer_id": "C\x00"}, "nul_byte"),
+        ({"event_type": "refund", "refund_id": "R\x00"}, "nul_byte"),
+        ({"customer_id": "C\udcff"}, "invalid_text"),  # a byte that is not UTF-8, as the shop read it
+        ({"order_id": "O\udc80"}, "invalid_text"),
+        ({"order_id": LONG}, "value_too_long"),
+        ({"customer_id": "C" * 65}, "value_too_long"),
+        ({"event_type": "refund", "refund_id": None, "order_id": LONG}, "value_too_long"),
+    ],
+)
+def test_values_the_warehouse_cannot_store_are_rejected_not_loaded(
+    overrides: dict[str, object], reason: str
+) -> None:
+    """PostgreSQL refuses NUL in text, text that is not UTF-8 and ids over varchar(64); SQLite
+    stores all three. Loading them would fail the load on every retry and block the day."""
+    rows = [event(1), event(2, **overrides)]
+    # Text as plain objects, as the extract hands it over: pandas' string dtype refuses surrogates.
+    text = {"order_id", "event_type", "refund_id", "customer_id", "amount", "currency"}
+    source = pd.DataFrame(
+        {c: pd.Series([r[c] for r in rows], dtype=object if c in text else None) for c in ORDER_COLUMNS}
+    )
+    result = clean_orders(source, partition=DAY)
+    assert result.rejects["reason"].tolist() == [reason]
+    assert result.rows["order_id"].tolist() == ["O1"]
+    raw = result.rejects["raw"].iloc[0]
+    raw.encode("utf-8")  # storable: NUL and stray bytes appear escaped, the full value kept
+    assert "\x00" not in raw
+    assert json.loads(raw) == {
+        k: (v.isoformat(sep=" ", timespec="microseconds") if isinstance(v, dt.datetime) else v)
+        for k, v in event(2, **overrides).items()
+    }
+    stored_id = result.rejects["order_id"].iloc[0]
+    # The reject's order_id column must be storable too (escaped, cut to the width).
+    assert stored_id is None or (len(stored_id) <= 64 and "\x00" not in stored_id)
+    assert stored_id is None or len(stored_id.encode("utf-8")) >= len(stored_id)  # no surrogates
+
+
+def test_an_id_of_exactly_the_column_width_is_kept() -> None:
+    result = clean_orders(frame(event(1, order_id="O" * 64, customer_id="C" * 64)), partition=DAY)
+    assert result.rejects.empty
+    assert result.rows["order_id"].tolist() == ["O" * 64]
+
+
+def test_the_largest_amount_accepted_fits_the_cents_columns() -> None:
+    """12 integer digits in the dearest currency stay far below bigint; a 13th digit is bad_amount."""
+    result = clean_orders(
+        frame(event(1, amount="999999999999.99", currency="GBP"), event(2, amount="1" * 13)), partition=DAY
+    )
+    assert result.rejects["reason"].tolist() == ["bad_amount"]
+    assert 0 < int(result.rows["gross_cents"].iloc[0]) < 2**63 - 1

@@ -109,25 +109,35 @@ def test_an_interval_in_the_wrong_timezone_is_refused() -> None:
         partition_for_interval(dt.datetime(2024, 6, 1, tzinfo=UTC), dt.datetime(2024, 6, 2, tzinfo=UTC), AMS)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review of issue 12, not fixed: where local midnight happens twice (Cuba ends DST at "
-    "01:00 -> 00:00), Airflow's timetable ends the day at the second midnight and "
-    "partition_for_interval (first midnight) refuses two days' runs",
+@pytest.mark.parametrize(
+    ("tz", "first"),
+    [
+        ("America/Havana", dt.date(2024, 11, 1)),  # 01:00 CDT -> 00:00 CST: 00:00-01:00 twice
+        ("America/Havana", dt.date(2024, 3, 8)),  # 00:00 CST -> 01:00 CDT: midnight skipped
+        ("America/Santiago", dt.date(2024, 9, 6)),  # midnight skipped
+        ("America/Santiago", dt.date(2024, 4, 5)),  # 23:00-24:00 twice
+        (AMS, dt.date(2024, 10, 25)),
+    ],
 )
-def test_every_interval_airflow_schedules_around_a_repeated_midnight_is_a_partition() -> None:
+def test_every_interval_airflow_schedules_around_an_odd_midnight_is_a_partition(
+    tz: str, first: dt.date
+) -> None:
+    """The repeated hour 00:00-01:00 of a repeated midnight belongs to the day before, as in
+    Airflow's own timetable; partition_for_interval and day_bounds_utc agree with every interval."""
     import pendulum
     from airflow.timetables.base import TimeRestriction
     from airflow.timetables.interval import CronDataIntervalTimetable
 
-    tz = "America/Havana"  # 2024-11-03: 01:00 CDT -> 00:00 CST, so 00:00-01:00 happens twice
     timetable = CronDataIntervalTimetable("0 0 * * *", timezone=tz)
-    restriction = TimeRestriction(earliest=pendulum.datetime(2024, 11, 1, tz=tz), latest=None, catchup=True)
+    earliest = pendulum.datetime(first.year, first.month, first.day, tz=tz)
+    restriction = TimeRestriction(earliest=earliest, latest=None, catchup=True)
     last, days = None, []
     for _ in range(4):
         info = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
         assert info is not None
-        last = info.data_interval
-        days.append(partition_for_interval(last.start, last.end, tz))
+        last = interval = info.data_interval
+        assert interval is not None
+        days.append(partition_for_interval(interval.start, interval.end, tz))
+        assert day_bounds_utc(days[-1], tz) == (interval.start, interval.end)
 
-    assert days == [dt.date(2024, 11, d) for d in (1, 2, 3, 4)]
+    assert days == [first + dt.timedelta(days=n) for n in range(4)]

@@ -84,3 +84,34 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path: Path
 
     assert target.read_bytes() == b"old"
     assert list(tmp_path.iterdir()) == [target]
+
+
+def test_the_watermark_travels_inside_the_parquet_files(tmp_path: Path) -> None:
+    """The load's watermark is in rows.parquet's own metadata: the manifest cannot change it."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    source = staging.StagedExtract(pd.DataFrame(), dt.datetime(2024, 10, 28, 9, 30), "extract-1")
+    staging.write_clean(tmp_path, RESULT, partition=DAY, processing_version="v1", source=source)
+    facts = json.loads(pq.read_schema(tmp_path / "rows.parquet").metadata[staging.METADATA_KEY])
+    assert facts["source_watermark_utc"] == "2024-10-28 09:30:00"
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({**manifest, "source_watermark_utc": "2030-01-01 00:00:00"})
+    )
+
+    assert staging.read_clean(tmp_path).source_watermark_utc == dt.datetime(2024, 10, 28, 9, 30)
+
+
+def test_rows_and_rejects_of_different_extracts_are_refused(tmp_path: Path) -> None:
+    """Two clean tries of two extract tries overlapping: rows of one, rejects of the other."""
+    first = staging.StagedExtract(pd.DataFrame(), dt.datetime(2024, 10, 27, 23, 5), "extract-a")
+    second = staging.StagedExtract(pd.DataFrame(), dt.datetime(2024, 10, 28, 9, 30), "extract-b")
+    staging.write_clean(tmp_path, RESULT, partition=DAY, processing_version="v1", source=first)
+    other = tmp_path / "other"
+    staging.write_clean(other, RESULT, partition=DAY, processing_version="v1", source=second)
+    (other / "rejects.parquet").replace(tmp_path / "rejects.parquet")
+
+    with pytest.raises(staging.StagingMismatchError, match="different clean or extract tries"):
+        staging.read_clean(tmp_path)

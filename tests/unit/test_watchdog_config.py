@@ -50,6 +50,23 @@ BAD = [
     ),
     (('ledger_url = "sqlite', 'ledger_url = "mysql'), ["ledger_url", "unsupported URL scheme", "mysql"]),
     (('kind = "business_freshness"', 'kind = "vibes"'), ["checks.sales.kind", "vibes"]),
+    # A check that can never go down (nan/inf is never exceeded), or a typo that means "on".
+    (("grace_seconds = 5", "grace_seconds = nan"), ["checks.heartbeat.grace_seconds", "nan"]),
+    (("period_seconds = 10", "period_seconds = inf"), ["checks.heartbeat.period_seconds", "inf"]),
+    (("grace_seconds = 5", 'grace_seconds = 5\nenabled = "no"'), ["checks.heartbeat.enabled", "'no'"]),
+    (
+        ('webhook_url = "http://127.0.0.1:9/webhook"', 'smtp_url = "smtp://mail:twenty"\nemail_to = ["a@b"]'),
+        ["alerts.smtp_url", "smtp://mail:twenty"],
+    ),
+    (
+        # An integer would be opened as a file descriptor: the watchdog's own SQLite file.
+        (
+            "[checks.heartbeat]",
+            '[checks.q]\nkind = "sheet_queue"\nendpoint = "http://127.0.0.1:9"\nspreadsheet_id = "s"\n'
+            "credentials_file = 3\n\n[checks.heartbeat]",
+        ),
+        ["checks.q.credentials_file", "3"],
+    ),
 ]
 
 
@@ -98,3 +115,29 @@ def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     path.write_text("ledger_url = \n")
     with pytest.raises(ConfigError, match=r"broken\.toml"):
         load_config(path)
+
+
+def test_a_file_that_is_not_utf8_is_refused_with_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(_write(tmp_path, GOOD).read_text().replace("ledger", "l\u00e9dger", 1).encode("latin-1"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "onceflow.watchdog", "--config", str(path), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "latin1.toml" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_unusable_state_dir_is_refused_with_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")  # state_dir under a regular file cannot be made
+    path = _write(tmp_path, GOOD.replace('state_dir = "{tmp}/state"', 'state_dir = "{tmp}/file/state"'))
+    proc = subprocess.run(
+        [sys.executable, "-m", "onceflow.watchdog", "--config", str(path), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "state_dir" in proc.stderr and "file/state" in proc.stderr and "Traceback" not in proc.stderr

@@ -215,18 +215,18 @@ def _utc(text: str) -> float:
     return dt.datetime.fromisoformat(text).timestamp()
 
 
-def _load_audit(tmp_path: Path, partitions: list[str]) -> None:
+def _load_audit(tmp_path: Path, partitions: list[str], table: str = "daily_sales") -> None:
     from onceflow.sales.schema import warehouse_tables
 
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'warehouse.db'}")
     md = sa.MetaData()
     audit = warehouse_tables(md).audit
-    md.create_all(engine)
+    md.create_all(engine, checkfirst=True)
     with engine.begin() as conn:
         for key in partitions:
             conn.execute(
                 audit.insert().values(
-                    table_name="daily_sales",
+                    table_name=table,
                     partition_key=key,
                     row_count=1,
                     reject_count=0,
@@ -324,3 +324,20 @@ def test_beats_back_but_slow_end_the_incident_and_leave_the_check_late(
     beat(tmp_path, "queued-before-the-hang", T0 + 555, T0 + 600)  # 45 s lag, max 30
     assert wd.run_once().states == {"heartbeat": "late"}
     assert received(receiver) == [("heartbeat", "down", 1), ("heartbeat", "recovery", 1)]
+
+
+def test_a_later_partition_or_another_tables_does_not_stand_in_for_the_missing_one(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    """Yesterday (the 26th) failed; today's partition was loaded early and another table's
+    yesterday is there: the 26th is still missing at 07:00 CET on the 27th."""
+    _load_audit(tmp_path, ["2024-10-25", "2024-10-27"])
+    _load_audit(tmp_path, ["2024-10-26"], table="returns")
+    sales = {"kind": "business_freshness", "timezone": AMS, "grace_seconds": 1800}
+    clock = FakeClock(_utc("2024-10-27T07:00:00+00:00"))
+    assert Watchdog(make_config(tmp_path, receiver, sales=sales), clock=clock.now).run_once().states == {
+        "sales": "down"
+    }
+    [message] = receiver.webhooks()
+    assert message["onceflow"]["evidence"]["first_missing_partition"] == "2024-10-26"
+    assert incident_row(tmp_path, "sales")["since"] == _utc("2024-10-27T06:30:00+00:00")

@@ -17,6 +17,7 @@ import hashlib
 import html
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,7 @@ FETCH, EXTRACT, TRANSLATE, SCORE, POLISH, PUBLISH, WRITE_BACK = (
 TARGET_LANGUAGE = "en"
 #: Most characters of the translated text shown to a reviewer in the HITL body.
 REVIEW_TEXT_CHARS = 6000
+_AUTOLINK = re.compile(r"https?://[^\s<>`\\]+")
 
 
 def checkpoint(stage: str) -> None:
@@ -298,16 +300,43 @@ def write_back(run: StepRun, queue: Any) -> dict[str, Any]:
     }
 
 
-def review_body(run: StepRun, store: Any, threshold: float) -> str:
-    """What the reviewer sees (Markdown): score and why, the source link, the translated text."""
-    doc, value, reasons = final_translation(run, store)
-    fetched = run.result(FETCH)
+def markdown_text(text: str) -> str:
+    """``text`` as literal Markdown: every ASCII punctuation character backslash-escaped.
+
+    The reviewer's body is rendered as Markdown, and the title and text come from a fetched page:
+    unescaped, ``[Approve here](https://evil.example)`` would be a link, ``![](https://tracker)``
+    an image the reviewer's browser loads, ``<img onerror=...>`` raw HTML. CommonMark allows a
+    backslash before any ASCII punctuation and shows the character itself, so nothing survives
+    as markup (entities included: ``\\&amp;`` stays text).
+    """
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", text)
+
+
+def review_markdown(
+    doc: dict[str, Any], value: float, reasons: list[str], source_url: str, threshold: float
+) -> str:
+    """What the reviewer sees (Markdown): score and why, the source link, the translated text.
+
+    Everything from the fetched page (title, text, the reasons quoting it) is escaped with
+    :func:`markdown_text`; only the layout here is Markdown.
+    """
     text = doc["text"]
-    shown = text if len(text) <= REVIEW_TEXT_CHARS else text[:REVIEW_TEXT_CHARS] + "\n\n[... truncated]"
-    why = "\n".join(f"- {r}" for r in reasons) or "- (no reasons given)"
+    shown = text if len(text) <= REVIEW_TEXT_CHARS else text[:REVIEW_TEXT_CHARS]
+    more = "\n\n*[... truncated]*" if len(text) > REVIEW_TEXT_CHARS else ""
+    why = "\n".join(f"- {markdown_text(r)}" for r in reasons) or "- (no reasons given)"
+    # an autolink keeps the source clickable; the fetch only follows http(s), and a URL with
+    # spaces or angle brackets (which could close the autolink) is shown as text instead
+    source = f"<{source_url}>" if _AUTOLINK.fullmatch(source_url) else markdown_text(source_url)
     return (
         f"**Score {value:.2f}** (threshold {threshold:.2f}) after the glossary pass.\n\n{why}\n\n"
-        f"**Source:** <{fetched.get('final_url') or fetched['url']}>\n\n"
-        f"**Title:** {doc.get('title') or ''}\n\n---\n\n{shown}\n\n---\n\n"
+        f"**Source:** {source}\n\n"
+        f"**Title:** {markdown_text(doc.get('title') or '')}\n\n---\n\n{markdown_text(shown)}{more}\n\n---\n\n"
         "Approve to publish this translation; Reject (with a note) marks the row REJECTED."
     )
+
+
+def review_body(run: StepRun, store: Any, threshold: float) -> str:
+    """:func:`review_markdown` of this run's final translation and fetched page."""
+    doc, value, reasons = final_translation(run, store)
+    fetched = run.result(FETCH)
+    return review_markdown(doc, value, reasons, fetched.get("final_url") or fetched["url"], threshold)

@@ -77,6 +77,23 @@ def _paragraphs(main: Any) -> list[str]:
     return out
 
 
+# a numeric character reference to a code point XML cannot hold (C0 controls but tab, newline and
+# CR; U+FFFE, U+FFFF): lxml's HTML parser keeps it, and trafilatura's XML output tree then refuses
+# the whole document, so one "&#11;" (Word's line break, common in CMS exports) lost the article
+_XML_INVALID_REF = re.compile(r"&#(?:[xX]0*([0-9A-Fa-f]{1,6})|0*([0-9]{1,7}));?")
+_XML_INVALID = frozenset([*range(0x0, 0x9), 0xB, 0xC, *range(0xE, 0x20), 0xFFFE, 0xFFFF])
+
+
+def _xml_safe_references(html: str) -> str:
+    """``html`` with references to code points XML cannot hold replaced by a space."""
+
+    def fix(match: re.Match[str]) -> str:
+        code = int(match.group(1), 16) if match.group(1) else int(match.group(2))
+        return " " if code in _XML_INVALID else match.group(0)
+
+    return _XML_INVALID_REF.sub(fix, html)
+
+
 def declared_language(html: str, metadata_language: str | None = None) -> str | None:
     """The page's declared language: ``<html lang>``, else trafilatura's metadata."""
     match = _HTML_LANG.search(html[:20_000])
@@ -100,7 +117,7 @@ def extract_article(html: str, url: str) -> Extracted:
     import trafilatura
 
     document = trafilatura.bare_extraction(
-        html,
+        _xml_safe_references(html),
         url=url,
         with_metadata=True,
         include_tables=True,

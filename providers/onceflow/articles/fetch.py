@@ -359,7 +359,8 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
         return None
     text = value.strip()
     if text.isdigit():
-        return float(text)
+        seconds = float(text)  # 400 digits are float("inf"): no delay anyone can wait for
+        return seconds if math.isfinite(seconds) else None
     try:
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):

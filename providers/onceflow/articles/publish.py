@@ -24,7 +24,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from onceflow.articles.errors import PermanentStepError
 from onceflow.articles.localfiles import create_exclusive
@@ -85,7 +85,8 @@ class Publisher:
         parts = urlsplit(publish_base)
         self.public_url = public_url.rstrip("/")
         if parts.scheme == "file":
-            self.root: str | None = parts.path
+            # a file URI spells its path percent-encoded (Path.as_uri: "my dir" -> "my%20dir")
+            self.root: str | None = unquote(parts.path)
             self.bucket = self.prefix = ""
         elif parts.scheme in ("gs", "gcs"):
             if gcs_client is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from onceflow.articles.localfiles import replace_atomic
 
@@ -26,9 +27,12 @@ _SEGMENT_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
 
 
 def _segment(what: str, value: str) -> str:
-    # one path segment: no "/", no "..", nothing a shell or URL would reinterpret
-    if not isinstance(value, str) or not _SEGMENT_RE.match(value) or ".." in value:
-        raise ValueError(f"{what} must match [A-Za-z0-9_.-] (no '..', at most 128 characters), got {value!r}")
+    # one path segment: no "/", not "." or ".." (no leading dot at all), nothing a shell or URL
+    # would reinterpret; inner dots are plain characters ("v1..2" is a processing version)
+    if not isinstance(value, str) or not _SEGMENT_RE.fullmatch(value):
+        raise ValueError(
+            f"{what} must match [A-Za-z0-9_.-], not start with '.', at most 128 characters, got {value!r}"
+        )
     return value
 
 
@@ -44,6 +48,10 @@ class StepStore:
 
         self.base = base if isinstance(base, ObjectStoragePath) else ObjectStoragePath(base)
         self.local = self.base.protocol in ("file", "local", "")
+        if self.base.protocol == "file" and "%" in self.base.path:
+            # a file URI spells its path percent-encoded (Path.as_uri: "my dir" -> "my%20dir"),
+            # and ObjectStoragePath keeps the escapes as characters of the path
+            self.base = ObjectStoragePath("file://" + unquote(self.base.path))
 
     def _uri(self, path: ObjectStoragePath) -> str:
         return path.as_uri() if self.local else f"{self.base.protocol}://{path.path}"

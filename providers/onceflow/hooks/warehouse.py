@@ -175,7 +175,16 @@ class ShopDbHook(_SqlConnectionHook):
             rows = conn.execute(stmt).all()
         if isinstance(watermark, str):
             watermark = dt.datetime.fromisoformat(watermark)
-        frame = pd.DataFrame([r._asdict() for r in rows], columns=[c.name for c in orders.columns])
+        # Text as plain objects: pandas' string dtype cannot hold the surrogate-escaped bytes a
+        # SQLite shop may return (make_source_engine); cleaning rejects those rows.
+        frame = pd.DataFrame(
+            {
+                c.name: pd.Series(
+                    [r[i] for r in rows], dtype=object if isinstance(c.type, sa.String) else None
+                )
+                for i, c in enumerate(orders.columns)
+            }
+        )
         return SourceExtract(frame, watermark)
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import sqlalchemy as sa
 
 from onceflow.ledger import items, schema
+from onceflow.ledger.clock import db_now, statement_now
 from onceflow.ledger.db import is_sqlite
 from onceflow.ledger.models import ASSET_EVENT, DAG_RUN
 from onceflow.ledger.queries import query
@@ -159,7 +160,9 @@ class OutboxRelay:
     def _record(
         self, conn: Connection, row: OutboxRow, outcome: tuple[bool, bool] | Exception, report: RelayReport
     ) -> None:
-        now = self.ledger.clock.now()
+        # On this transaction's connection: DatabaseClock.now() would check out a second one
+        # while this transaction holds the first (a pool of one would wait forever).
+        now = db_now(conn, statement_now(self.ledger.clock))
         if isinstance(outcome, Exception):
             error = f"{type(outcome).__name__}: {outcome}"
             conn.execute(query("outbox_mark_error"), {"id": row.id, "error": error[:4000]})
@@ -201,7 +204,8 @@ def confirm_relayed(ledger: Ledger, row_ids: Sequence[int]) -> int:
         return 0
     stmt = query("outbox_confirm").bindparams(sa.bindparam("ids", expanding=True))
     with ledger.engine.begin() as conn:
-        return int(conn.execute(stmt, {"ids": list(row_ids), "now": ledger.clock.now()}).rowcount)
+        now = db_now(conn, statement_now(ledger.clock))  # this connection's clock, see _record
+        return int(conn.execute(stmt, {"ids": list(row_ids), "now": now}).rowcount)
 
 
 def rows_by_id(ledger: Ledger, row_ids: Sequence[int]) -> list[OutboxRow]:

@@ -183,7 +183,11 @@ def check_relay(
                         item,
                         "repair_follow_up",
                         states.RECONCILER,
-                        {"now": ledger.clock.now(), "reason": f"relay stalled; reconciler relayed {dedup}"},
+                        {
+                            # read on this transaction's connection, not a second one from the pool
+                            "now": db_now(conn, statement_now(ledger.clock)),
+                            "reason": f"relay stalled; reconciler relayed {dedup}",
+                        },
                     )
         report.findings.append(
             Finding("stalled_relay", work_key, f"{dedup} stuck in outbox", repaired=repaired)

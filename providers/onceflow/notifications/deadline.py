@@ -28,12 +28,13 @@ from airflow.sdk.bases.notifier import BaseNotifier
 # The same classes as ``airflow.sdk.AsyncCallback`` etc.; imported from their modules because
 # ``airflow/sdk/__init__.pyi`` does not list them for type checkers.
 from airflow.sdk.definitions.callback import AsyncCallback
-from airflow.sdk.definitions.deadline import DeadlineAlert
 
+from onceflow.compat import deadline_alert
 from onceflow.notifications.deadline_reference import BusinessTimeDeadline, business_due
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.context import Context
+    from airflow.sdk.definitions.deadline import DeadlineAlert
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,9 @@ def daily_load_deadline(
     the scheduler computes ``due`` on the day after the run's data day *in the business timezone*
     when it creates the run, so the deadline stays at 07:00 local on the 23- and 25-hour days
     (a fixed ``timedelta`` in UTC would be an hour off there). Needs ``OnceflowPriorityPlugin``
-    loaded in the scheduler (the provider's ``airflow.plugins`` entry point does that). Runs without
-    a logical date (manual runs of Airflow 3) get no deadline.
+    loaded in the scheduler (the provider's ``airflow.plugins`` entry point does that). The data day
+    is the day a run loads (its data interval); a manual run triggered after that day's due time
+    gets no deadline (see ``BusinessTimeDeadline.due_for_run``).
 
     :param business_timezone: IANA name of the business timezone, e.g. ``Europe/Berlin``.
     :param due: local time on the day after the data day by which the load must be finished.
@@ -80,7 +82,7 @@ def daily_load_deadline(
     }
     if path is not None:
         kwargs["path"] = path
-    return DeadlineAlert(
+    return deadline_alert(
         reference=reference,
         interval=timedelta(0),
         callback=AsyncCallback(MissedDeadlineNotifier, kwargs=kwargs),
@@ -169,9 +171,9 @@ def build_alert_record(
     interval_start = _parse_dt(dag_run.get("data_interval_start"))
     interval_end = _parse_dt(dag_run.get("data_interval_end"))
     logical_date = _parse_dt(dag_run.get("logical_date"))
-    # The day the deadline was computed from (BusinessTimeDeadline): the logical date, which is
-    # the interval start of a scheduled or backfill run; a manual run's interval is its trigger time.
-    day_from = logical_date or interval_start
+    # The day the deadline was computed from (BusinessTimeDeadline.due_for_run): the day the run
+    # loads, its interval start (a manual run's logical date may lie in the next day).
+    day_from = interval_start or logical_date
     data_day: date | None = None
     due_local: datetime | None = None
     if business_timezone and day_from is not None:

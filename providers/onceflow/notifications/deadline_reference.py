@@ -3,9 +3,10 @@
 Airflow's built-in references add a fixed ``timedelta`` in UTC to an instant, so
 ``DAGRUN_LOGICAL_DATE + 31h`` is 08:00 local after the spring DST change and 06:00 after the
 autumn one. :class:`BusinessTimeDeadline` computes the local due time itself, when the scheduler
-creates the run: the data day D is the business-local date of the run's logical date (for
-``CronDataIntervalTimetable`` the start of its data interval, D 00:00 local), the deadline is
-``due`` on D+``days_after`` in that zone.
+creates the run: the data day D is the business-local date of the start of the run's data
+interval (the day it loads; for a scheduled run also its logical date), the deadline is ``due``
+on D+``days_after`` in that zone. A manual run asked for after that time gets none
+(:meth:`BusinessTimeDeadline.due_for_run`).
 Use it with ``interval=timedelta(0)``.
 
 Airflow 3.3 evaluates a custom reference only when a plugin lists it in ``deadline_references``
@@ -79,25 +80,57 @@ class BusinessTimeDeadline(BaseDeadlineReference):
         )
 
     def due_for(self, logical_date: dt.datetime) -> dt.datetime:
-        """The deadline of a run with this logical date."""
+        """The deadline of a run whose data day is the local date of ``logical_date``."""
         day = data_day(logical_date, self.timezone)
         return business_due(day, self.timezone, dt.time.fromisoformat(self.due), self.days_after)
+
+    def due_for_run(
+        self,
+        *,
+        logical_date: dt.datetime | None,
+        data_interval_start: dt.datetime | None = None,
+        run_type: str | None = None,
+        run_after: dt.datetime | None = None,
+    ) -> dt.datetime | None:
+        """The deadline of one run, or None for no deadline.
+
+        The data day is the day the run **loads**: the local date of its data interval's start
+        (for a scheduled or backfill run that is its logical date; a manual run of
+        ``CronDataIntervalTimetable`` loads the last whole interval before its logical date or
+        trigger time, i.e. the day before). A manual run asked for (``run_after``) at or after
+        that day's due time gets no deadline: it re-loads a day whose deadline is over, and an
+        alert at creation would only be noise (the scheduled run of that day had its own). A
+        scheduled run created late keeps its deadline: the day really is late.
+        """
+        start = data_interval_start or logical_date
+        if start is None:
+            return None
+        due = self.due_for(start)
+        kind = str(getattr(run_type, "value", run_type)) if run_type is not None else None
+        if kind == "manual" and run_after is not None:
+            if run_after.tzinfo is None:
+                run_after = run_after.replace(tzinfo=dt.timezone.utc)  # the metadata DB is UTC
+            if run_after >= due:
+                return None
+        return due
 
     def _evaluate_with(self, *, session: Session, **kwargs: Any) -> dt.datetime | None:
         """Called by the scheduler (core imports stay inside: the SDK side must not need them)."""
         run = kwargs.get("dag_run")  # later Airflow versions hand over the run itself
-        if run is not None:
-            logical_date = run.logical_date
-        else:
+        if run is None:
             from airflow.models.dagrun import DagRun
             from sqlalchemy import select
 
-            logical_date = session.scalar(
-                select(DagRun.logical_date).where(
-                    DagRun.dag_id == kwargs["dag_id"], DagRun.run_id == kwargs["run_id"]
-                )
-            )
-        # Not the data interval: a manual run of an unscheduled DAG has the trigger time there.
-        # A manual run without a logical date has no data day, hence no deadline (as Airflow's
-        # DAGRUN_LOGICAL_DATE reference).
-        return self.due_for(logical_date) if logical_date is not None else None
+            run = session.execute(
+                select(
+                    DagRun.logical_date, DagRun.data_interval_start, DagRun.run_type, DagRun.run_after
+                ).where(DagRun.dag_id == kwargs["dag_id"], DagRun.run_id == kwargs["run_id"])
+            ).one_or_none()
+            if run is None:
+                return None
+        return self.due_for_run(
+            logical_date=getattr(run, "logical_date", None),
+            data_interval_start=getattr(run, "data_interval_start", None),
+            run_type=getattr(run, "run_type", None),
+            run_after=getattr(run, "run_after", None),
+        )

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk import BaseOperator
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from airflow.sdk import Context
 
     from onceflow.articles.chain import StepRun
@@ -41,8 +43,13 @@ def claimed_queue(conf: dict[str, Any]) -> Any:
     return hook.queue(str(conf.get("processing_version", "v1")))
 
 
-def run_claim_conf(context: Context, ledger: Ledger, lane: str, dag_id: str) -> dict[str, Any]:
+def run_claim_conf(
+    context: Context, ledger: Ledger, lane: str, dag_id: str, claim: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The run's conf with its claim (token, row key, URL, sheet), checked against the lane.
+
+    ``claim``, when given, stands in for the run's conf: one run working on many claims (a task
+    mapped over a batch of claims) passes each task its own.
 
     :raises AirflowFailException: wrong lane, or a conf without a claim (a retry cannot help).
     """
@@ -52,7 +59,7 @@ def run_claim_conf(context: Context, ledger: Ledger, lane: str, dag_id: str) -> 
     from onceflow.operators.sheets import run_claim_token
     from onceflow.sheets.ledger_link import owner_claim
 
-    conf = dict(context["dag_run"].conf or {})
+    conf = dict(claim) if claim is not None else dict(context["dag_run"].conf or {})
     try:
         check_run_lane(conf, lane, dag_id)
     except WrongLane as exc:
@@ -100,10 +107,16 @@ class ArticleStepOperator(BaseOperator):
     :param max_waits: deferrals for a held lease or a server's ``Retry-After`` before the error
         goes to Airflow's retry instead (a version wait never gives up).
     :param lane: the lane this task's DAG serves: ``new`` (default) or ``recheck``.
+    :param claim: the claim conf to work on instead of the run's conf (templated; a mapped task
+        over a batch of claims gets one each, ``.expand(claim=...)``).
     """
+
+    template_fields: Sequence[str] = ("claim",)
 
     #: The ledger step name the result is committed under.
     step: str = ""
+    #: The package extra the step's libraries come from (checked first, so a missing one is named).
+    requires_extra: str | None = "articles"
     ui_color = "#e8f7e4"
 
     def __init__(
@@ -114,6 +127,7 @@ class ArticleStepOperator(BaseOperator):
         version_wait_seconds: float = 60.0,
         max_waits: int = 5,
         lane: str = "new",
+        claim: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         from onceflow.lanes import LANES
@@ -128,6 +142,7 @@ class ArticleStepOperator(BaseOperator):
         self.version_wait_seconds = version_wait_seconds
         self.max_waits = max_waits
         self.lane = lane
+        self.claim = claim
         self._shutdown: GracefulShutdown | None = None
 
     def work(self, run: StepRun, context: Context) -> dict[str, Any]:
@@ -151,6 +166,10 @@ class ArticleStepOperator(BaseOperator):
             self._shutdown.request()
 
     def _execute(self, context: Context, *, waits: int) -> Any:
+        if self.requires_extra:
+            from onceflow.extras import require
+
+            require(self.requires_extra)  # the task log names the extra to install, not a bare ImportError
         from airflow.sdk.exceptions import AirflowFailException
 
         from onceflow.articles import chain
@@ -163,7 +182,7 @@ class ArticleStepOperator(BaseOperator):
         from onceflow.shutdown import GracefulShutdown
 
         ledger = LedgerHook(self.ledger_conn_id).get_ledger()
-        conf = run_claim_conf(context, ledger, self.lane, self.dag_id)
+        conf = run_claim_conf(context, ledger, self.lane, self.dag_id, self.claim)
         run = step_run(context, ledger, conf)
         self._shutdown = GracefulShutdown()
         ti = context["ti"]
@@ -221,11 +240,11 @@ class ArticleStepOperator(BaseOperator):
 
         reason = exc.reason if exc.reason.startswith(f"{self.step}") else f"{self.step}: {exc.reason}"
         try:
-            queue = claimed_queue(conf)
-            # PROCESSING, or NEEDS_REVIEW when the failure came after a reviewer's approval
-            for old in (Status.PROCESSING, Status.NEEDS_REVIEW):
-                if write_failed(queue, str(conf["claim_token"]), reason=reason, old=old):
-                    return
+            # PROCESSING, or NEEDS_REVIEW when the failure came after a reviewer's approval: both
+            # fenced moves ride in one batch (1 read + 2 writes), and a row carries one status
+            old = (Status.PROCESSING, Status.NEEDS_REVIEW)
+            if write_failed(claimed_queue(conf), str(conf["claim_token"]), reason=reason, old=old):
+                return
             self.log.warning(
                 "the row of claim %s was in neither state: FAILED not written", conf["claim_token"]
             )

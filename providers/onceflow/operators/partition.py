@@ -86,11 +86,14 @@ class PartitionOverwriteOperator(BaseOperator):
         from onceflow.hooks.warehouse import WarehouseHook
         from onceflow.sales.fencing import OlderExtractError
         from onceflow.sales.partitions import validate_partition, validate_table_name
-        from onceflow.sales.staging import read_clean
+        from onceflow.sales.staging import StagingMismatchError, read_clean
 
         day = validate_partition(self.partition)
         validate_table_name(self.table)
-        staged = read_clean(Path(self.staging_dir))
+        try:
+            staged = read_clean(Path(self.staging_dir))
+        except StagingMismatchError as exc:
+            raise AirflowFailException(str(exc)) from exc  # the files will not change by waiting
         if staged.partition != day:
             raise ValueError(
                 f"staging folder {self.staging_dir} holds partition {staged.partition}, not {day}"

@@ -245,6 +245,7 @@ class ClaimedRowOperator(ArticleStepOperator):
     """
 
     step = "read_claimed_row"  # onceflow.sheets.ledger_link.CLAIM_STEP
+    requires_extra = None  # the sheet queue's own libraries
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("pool", "onceflow_sheets")

@@ -3,8 +3,12 @@
 Rules, in order:
 
 1. **Reject** malformed rows into ``rejects`` with one reason each (first matching reason wins):
-   ``missing_order_id``, ``unknown_event_type``, ``missing_refund_id``, ``bad_amount``,
-   ``non_positive_amount``, ``unknown_currency``. Nothing is dropped silently.
+   ``nul_byte``, ``invalid_text``, ``value_too_long`` (values the warehouse cannot store: a
+   SQLite shop holds them, PostgreSQL refuses them, and a load that fails on every retry would
+   block the day), ``missing_order_id``, ``unknown_event_type``, ``missing_refund_id``,
+   ``bad_amount``, ``non_positive_amount``, ``unknown_currency``. Nothing is dropped silently:
+   each reject keeps the whole raw row as ASCII JSON (NUL as ``\\u0000``, a byte that is not
+   UTF-8, read as U+DC80 + byte, as ``\\udcXX``).
 2. **Dedupe**: a sale is identified by its order id, a refund by its refund id; of several rows
    for the same event the latest ingested one wins (ties: the higher source ``row_id``).
 3. **Normalise currency** into the reporting currency with a fixed rate table, rounding each event
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS, SALES_COLUMNS
+from onceflow.sales.schema import ID_LENGTH, ORDER_COLUMNS, REJECT_COLUMNS, SALES_COLUMNS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -40,8 +44,12 @@ RATES_TO_EUR: Mapping[str, Decimal] = {
     "GBP": Decimal("1.17"),
     "SEK": Decimal("0.087"),
 }
-PROCESSING_VERSION = "sales-clean-v1"
+# v2: rows the warehouse cannot store (nul_byte, invalid_text, value_too_long) are rejected.
+PROCESSING_VERSION = "sales-clean-v2"
 REJECT_REASONS: tuple[str, ...] = (
+    "nul_byte",
+    "invalid_text",
+    "value_too_long",
     "missing_order_id",
     "unknown_event_type",
     "missing_refund_id",
@@ -50,6 +58,13 @@ REJECT_REASONS: tuple[str, ...] = (
     "unknown_currency",
 )
 _AMOUNT_RE = re.compile(r"^-?\d{1,12}(\.\d{1,2})?$")
+_TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
+# Columns that reach the warehouse's varchar(ID_LENGTH) columns as they are.
+_STORED_ID_COLUMNS = ("order_id", "customer_id")
+# A lone surrogate: how a byte that is not UTF-8 arrives (the shop engine decodes with
+# surrogateescape, so the byte is kept rather than failing the extract).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NUL = re.compile("\x00")
 _CENT = Decimal("0.01")
 
 
@@ -100,6 +115,17 @@ def _raw_json(row: Mapping[Any, object]) -> str:
     return json.dumps({k: plain(row[k]) for k in ORDER_COLUMNS}, sort_keys=True)
 
 
+def _storable_id(value: object) -> str | None:
+    """A reject's ``order_id`` as the warehouse can store it: escaped, cut to the column width.
+
+    The whole value stays in the reject's raw JSON; this column is for finding the row.
+    """
+    if not isinstance(value, str):
+        return None
+    text = value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return text if len(text) <= ID_LENGTH else text[: ID_LENGTH - 3] + "..."
+
+
 def _blank(series: pd.Series) -> pd.Series:
     return series.isna() | (series.astype("string").str.strip() == "")
 
@@ -115,8 +141,26 @@ def _reject_reasons(df: pd.DataFrame) -> pd.Series:
     def mark(mask: pd.Series, reason: str) -> None:
         reasons[mask.fillna(True).astype(bool) & reasons.isna()] = reason
 
+    def any_text(pattern: re.Pattern[str]) -> pd.Series:
+        # Plain Python per value: pandas' string dtype cannot even hold a lone surrogate.
+        found = [
+            df[c].map(lambda v: isinstance(v, str) and pattern.search(v) is not None) for c in _TEXT_COLUMNS
+        ]
+        return pd.concat(found, axis=1).any(axis=1).astype(bool)
+
+    mark(any_text(_NUL), "nul_byte")
+    invalid = any_text(_SURROGATE)
+    mark(invalid, "invalid_text")
+    if invalid.any():  # the rules below run on text; these rows are rejected already
+        df = df.copy()
+        for c in _TEXT_COLUMNS:
+            df[c] = df[c].map(
+                lambda v: v.encode("utf-8", "backslashreplace").decode() if isinstance(v, str) else v
+            )
     event = df["event_type"].astype("string")
     amount = df["amount"].astype("string").str.strip()
+    too_long = [df[c].astype("string").str.len().fillna(0) > ID_LENGTH for c in _STORED_ID_COLUMNS]
+    mark(pd.concat(too_long, axis=1).any(axis=1), "value_too_long")
     mark(_blank(df["order_id"]), "missing_order_id")
     mark(~event.isin(["sale", "refund"]), "unknown_event_type")
     mark((event == "refund") & _blank(df["refund_id"]), "missing_refund_id")
@@ -151,7 +195,7 @@ def clean_orders(
     rejects = pd.DataFrame(
         {
             "source_row_id": rejected["row_id"].astype("int64"),
-            "order_id": rejected["order_id"].astype(object).where(rejected["order_id"].notna(), None),
+            "order_id": [_storable_id(v) for v in rejected["order_id"]],
             "reason": reasons[reasons.notna()].astype(object),
             "raw": [_raw_json(r) for r in rejected.to_dict("records")],
         },

@@ -60,6 +60,9 @@ def make_source_engine(url: str, **kwargs: Any) -> Engine:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # SQLAlchemy's "begin" event issues BEGIN
+        # SQLite stores any bytes as TEXT; a value that is not UTF-8 would fail the whole read on
+        # every retry. Keep its bytes as lone surrogates instead: cleaning rejects the row.
+        dbapi_connection.text_factory = lambda raw: raw.decode("utf-8", "surrogateescape")
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA busy_timeout = 60000")
         cursor.close()

@@ -15,7 +15,10 @@ Every overwrite locks the row (``SELECT ... FOR UPDATE`` on PostgreSQL; ``BEGIN 
 SQLite) and refuses unless the attempt holds the newest token (:meth:`PartitionFence.check`), so
 a writer of one mode is refused after a newer attempt of the other, and a zombie is refused even
 before the newer attempt commits. No clock is trusted for that: expiry only decides when a
-warehouse lease may be taken over.
+warehouse lease may be taken over, and it is the **warehouse database's clock**, read in the
+same transaction (PostgreSQL ``clock_timestamp()``; SQLite ``'now'``, the clock of the host that
+reads the file), as the work ledger's leases use the ledger database's: a worker whose clock
+runs behind would otherwise write leases that others already see expired.
 """
 
 from __future__ import annotations
@@ -80,11 +83,12 @@ class PartitionFence:
     :param table_name: the validated sales table name.
     :param fence: the ``load_fence`` table.
     :param dialect: ``postgresql`` or ``sqlite``.
-    :param clock: naive-UTC wall clock (lease expiry and ``updated_at`` only).
+    :param clock: naive-UTC clock for lease expiry and ``updated_at``; None (the default of
+        :class:`~onceflow.sales.partition_store.PartitionStore`): the database's, see :meth:`now`.
     """
 
     def __init__(
-        self, table_name: str, fence: sa.Table, dialect: str, clock: Callable[[], dt.datetime]
+        self, table_name: str, fence: sa.Table, dialect: str, clock: Callable[[], dt.datetime] | None = None
     ) -> None:
         if dialect not in ("postgresql", "sqlite"):
             raise NotImplementedError(f"partition loads support postgresql and sqlite, not {dialect}")
@@ -92,6 +96,20 @@ class PartitionFence:
         self.fence = fence
         self.dialect = dialect
         self.clock = clock
+
+    def now(self, conn: Connection) -> dt.datetime:
+        """Naive UTC now: the injected clock (tests), else the database's, read on ``conn``.
+
+        On the transaction's own connection, so a pool of one connection does not wait for itself.
+        """
+        if self.clock is not None:
+            return self.clock()
+        if self.dialect == "postgresql":
+            return conn.execute(
+                sa.text("SELECT (clock_timestamp() AT TIME ZONE 'UTC')::timestamp")
+            ).scalar_one()
+        value = conn.execute(sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
+        return dt.datetime.fromisoformat(value)
 
     def _where(self, key: str) -> Any:
         ft = self.fence
@@ -107,7 +125,7 @@ class PartitionFence:
     def _lock_or_create(self, conn: Connection, key: str, work_key: str) -> Any:
         values = {
             "table_name": self.table_name, "partition_key": key, "work_key": work_key, "fence_token": 0,
-            "committed_token": 0, "run_id": "", "try_number": 0, "updated_at_utc": self.clock(),
+            "committed_token": 0, "run_id": "", "try_number": 0, "updated_at_utc": self.now(conn),
             "ledger_token": 0, "fenced_by": "warehouse", "expires_at_utc": _EPOCH,
         }  # fmt: skip
         if self.dialect == "postgresql":
@@ -129,7 +147,7 @@ class PartitionFence:
         :raises StaleAttemptError: a newer try of the same run already took the partition.
         """
         key = partition_key(partition)
-        now = self.clock()
+        now = self.now(conn)
         row = self._lock_or_create(conn, key, "")
         if row.run_id == run_id and row.try_number > try_number:
             raise StaleAttemptError(
@@ -160,7 +178,7 @@ class PartitionFence:
         :raises PartitionLeaseHeld: another run holds an unexpired warehouse-mode lease.
         """
         key = partition_key(partition)
-        now = self.clock()
+        now = self.now(conn)
         row = self._lock_or_create(conn, key, work_key)
         if int(row.ledger_token) > token:
             raise StaleAttemptError(
@@ -198,7 +216,7 @@ class PartitionFence:
 
     def mark_committed(self, conn: Connection, lease: Lease) -> None:
         """Record the commit; a warehouse lease ends so another run may load at once."""
-        now = self.clock()
+        now = self.now(conn)
         conn.execute(
             self.fence.update()
             .where(self._where(partition_key(lease.partition)))
@@ -211,5 +229,5 @@ class PartitionFence:
             conn.execute(
                 self.fence.update()
                 .where(self._where(partition_key(lease.partition)))
-                .values(expires_at_utc=self.clock())
+                .values(expires_at_utc=self.now(conn))
             )

@@ -62,7 +62,8 @@ _SCHEMA_LOCK = "onceflow.warehouse.schema"
 
 
 def utcnow_naive() -> dt.datetime:
-    """Wall clock for audit metadata only (``loaded_at``, lease expiry), never for results."""
+    """This process's wall clock, naive UTC (pass it as ``clock`` for a warehouse only this
+    process uses; the default is the database's clock)."""
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
@@ -71,11 +72,13 @@ class PartitionStore:
 
     :param engine: warehouse engine (see :func:`onceflow.sales.engine.make_engine`).
     :param table: sales table name (``table`` or ``schema.table``); refused if not an identifier.
-    :param clock: naive-UTC wall clock for lease expiry and ``loaded_at`` (tests pass a fake).
+    :param clock: naive-UTC clock for lease expiry and ``loaded_at`` (tests pass a fake); None
+        (default): the warehouse database's clock, read in each transaction
+        (:meth:`~onceflow.sales.fencing.PartitionFence.now`), so workers' clocks never decide leases.
     """
 
     def __init__(
-        self, engine: Engine, table: str = "daily_sales", *, clock: Callable[[], dt.datetime] = utcnow_naive
+        self, engine: Engine, table: str = "daily_sales", *, clock: Callable[[], dt.datetime] | None = None
     ):
         self.engine = engine
         self.table_name = validate_table_name(table)
@@ -310,7 +313,7 @@ class PartitionStore:
             try_number=lease.try_number,
             fence_token=lease.fence_token,
             processing_version=processing_version,
-            loaded_at_utc=self.clock(),
+            loaded_at_utc=self.fencing.now(conn),
             ledger_token=lease.ledger_token,
             source_watermark_utc=source_watermark_utc,
         )

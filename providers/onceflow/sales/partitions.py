@@ -62,16 +62,29 @@ def bigquery_decorator(table: str, day: dt.date) -> str:
 def day_bounds_utc(day: dt.date, timezone: str) -> tuple[dt.datetime, dt.datetime]:
     """The half-open UTC interval ``[day 00:00, day+1 00:00)`` of a business-local day.
 
-    The result is 23, 24 or 25 hours long depending on DST.
+    The result is 23, 24 or 25 hours long depending on DST; a day starts at
+    :func:`local_midnight_utc`.
 
     :param day: the business-local calendar day.
     :param timezone: IANA name of the business timezone.
     :return: aware UTC datetimes ``(start, end)``.
     """
     tz = ZoneInfo(timezone)
-    start = dt.datetime.combine(day, dt.time(0), tzinfo=tz)
-    end = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(0), tzinfo=tz)
-    return start.astimezone(dt.timezone.utc), end.astimezone(dt.timezone.utc)
+    return local_midnight_utc(day, tz), local_midnight_utc(day + dt.timedelta(days=1), tz)
+
+
+def local_midnight_utc(day: dt.date, tz: ZoneInfo) -> dt.datetime:
+    """When ``day`` starts in ``tz``: the last instant the clock shows ``day`` 00:00, as UTC.
+
+    Where midnight happens twice (America/Havana, 3 November 2024: 01:00 CDT -> 00:00 CST), the
+    day starts at the second one, so the repeated hour belongs to the day before; where midnight
+    is skipped (Havana, 10 March 2024: 00:00 -> 01:00), at the jump. Both are what Airflow's
+    ``CronDataIntervalTimetable`` schedules, so every interval it hands a run is one partition.
+    Of the two readings (``fold`` 0 and 1) of local 00:00, that is the later instant.
+    """
+    naive = dt.datetime.combine(day, dt.time(0))
+    readings = (naive.replace(tzinfo=tz, fold=fold).astimezone(dt.timezone.utc) for fold in (0, 1))
+    return max(readings)
 
 
 def partition_for_interval(start: dt.datetime, end: dt.datetime, timezone: str) -> dt.date:

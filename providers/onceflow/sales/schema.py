@@ -20,6 +20,10 @@ from onceflow.sales.partitions import validate_table_name
 
 shop_metadata = sa.MetaData()
 
+#: Width of the warehouse's id columns (``order_id``, ``customer_id``, ``rejects.order_id``).
+#: PostgreSQL refuses a longer value; cleaning rejects such rows (``value_too_long``) first.
+ID_LENGTH = 64
+
 orders = sa.Table(
     "orders",
     shop_metadata,
@@ -65,8 +69,8 @@ def sales_table(name: str, metadata: sa.MetaData) -> sa.Table:
         table,
         metadata,
         sa.Column("partition_date", sa.Date, nullable=False),
-        sa.Column("order_id", sa.String(64), nullable=False),
-        sa.Column("customer_id", sa.String(64)),
+        sa.Column("order_id", sa.String(ID_LENGTH), nullable=False),
+        sa.Column("customer_id", sa.String(ID_LENGTH)),
         sa.Column("source_currency", sa.String(8), nullable=False),
         sa.Column("gross_cents", sa.BigInteger, nullable=False),
         sa.Column("refund_cents", sa.BigInteger, nullable=False),
@@ -98,7 +102,7 @@ def warehouse_tables(metadata: sa.MetaData) -> WarehouseTables:
         sa.Column("table_name", sa.String(128), nullable=False),
         sa.Column("partition_key", sa.String(10), nullable=False),
         sa.Column("source_row_id", sa.BigInteger, nullable=False),
-        sa.Column("order_id", sa.String(64)),
+        sa.Column("order_id", sa.String(ID_LENGTH)),
         sa.Column("reason", sa.String(64), nullable=False),
         sa.Column("raw", sa.Text, nullable=False),
         sa.Index("ix_rejects_table_partition", "table_name", "partition_key"),

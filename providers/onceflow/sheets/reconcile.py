@@ -236,7 +236,21 @@ def plan(
         elif state == "failed":
             redrives = _already_logged(audit, Action("reset_run", REDRIVE_FAILED, row))
             if redrives >= max_redrives:
-                add(Action("transition", GIVE_UP.format(n=redrives), row, run_id, Status.FAILED))
+                # the row's reason says why: the give-up and what the ledger last recorded (the
+                # error that outlived every retry: a 503 that never ends, a bad connection...)
+                why = GIVE_UP.format(n=redrives)
+                if view is not None and view.reason.strip():
+                    why = f"{why}; ledger: {view.reason.strip().splitlines()[0][:300]}"
+                add(
+                    Action(
+                        "transition",
+                        GIVE_UP.format(n=redrives),
+                        row,
+                        run_id,
+                        Status.FAILED,
+                        fields=(("reason", why),),
+                    )
+                )
                 if view is not None and view.state in (states.PENDING, states.LEASED):
                     add(Action("ledger_abandon", SHEET_GAVE_UP, row, run_id))
             else:

@@ -1,11 +1,11 @@
 """pytest fixtures for the demo article site; registered by ``onceflow.testing.pytest_plugin``.
 
-``article_site`` serves the demo site on a free 127.0.0.1 port for one test, with
+``onceflow_article_site`` serves the demo site on a free 127.0.0.1 port for one test, with
 ``tmp_path / "published"`` under ``/published/``, and sets the ``onceflow_fetch`` connection so
 that ``FetchHook()`` may fetch from it (and from nothing else private)::
 
-    def test_it_fetches(article_site):
-        page = FetchHook().fetch(article_site.url("/articles/gazpacho.html"))
+    def test_it_fetches(onceflow_article_site):
+        page = FetchHook().fetch(onceflow_article_site.url("/articles/gazpacho.html"))
         assert "Gazpacho" in page.text
 """
 
@@ -31,7 +31,7 @@ def fetch_connection_json(site: ArticleSite, **extra: Any) -> str:
 
 
 @pytest.fixture
-def article_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArticleSite]:
+def onceflow_article_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArticleSite]:
     """The demo article site for one test, allowed by the ``onceflow_fetch`` connection."""
     published = tmp_path / "published"
     published.mkdir()

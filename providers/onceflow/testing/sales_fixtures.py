@@ -1,10 +1,10 @@
 """pytest fixtures for the daily_sales flow; registered by onceflow.testing.pytest_plugin.
 
-* ``sales_db_url``: a warehouse/shop database URL, parametrized over a SQLite file and a fresh
+* ``onceflow_sales_db_url``: a warehouse/shop database URL, parametrized over a SQLite file and a fresh
   PostgreSQL database (the PostgreSQL case carries the ``postgres`` marker).
-* ``shop_orders``: ``shop_orders(url, start, end, **config)`` writes deterministic generated orders
+* ``onceflow_shop_orders``: ``onceflow_shop_orders(url, start, end, **config)`` writes deterministic generated orders
   into ``url`` and returns the rows written.
-* ``sales_connections``: ``sales_connections(shop_url, warehouse_url)`` points the
+* ``onceflow_sales_connections``: ``onceflow_sales_connections(shop_url, warehouse_url)`` points the
   ``onceflow_shop_db`` and ``onceflow_warehouse`` connections (``AIRFLOW_CONN_*``) at two databases
   for the rest of the test, plus a per-test staging folder.
 
@@ -31,16 +31,16 @@ def _sqlite_url(path: Path) -> str:
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def sales_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def onceflow_sales_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh empty database: a SQLite file, or (``postgres`` marker) a PostgreSQL database."""
     if request.param == "sqlite":
         return _sqlite_url(tmp_path / "sales.db")
-    factory: Callable[..., str] = request.getfixturevalue("postgres_url_factory")
+    factory: Callable[..., str] = request.getfixturevalue("onceflow_postgres_url_factory")
     return factory("sales")
 
 
 @pytest.fixture
-def shop_orders() -> Callable[..., list[OrderRow]]:
+def onceflow_shop_orders() -> Callable[..., list[OrderRow]]:
     """``shop_orders(url, start, end, ingested_before=None, **config)`` -> rows written."""
     from onceflow.sales.engine import make_engine
 
@@ -66,7 +66,7 @@ def shop_orders() -> Callable[..., list[OrderRow]]:
 
 
 @pytest.fixture
-def sales_connections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str, str], Path]:
+def onceflow_sales_connections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str, str], Path]:
     """Point ``onceflow_shop_db`` and ``onceflow_warehouse`` at two URLs; returns the staging dir."""
 
     def point(shop_url: str, warehouse_url: str) -> Path:

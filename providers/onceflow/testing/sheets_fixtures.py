@@ -1,13 +1,13 @@
 """pytest fixtures for the Sheets API emulator; registered by ``onceflow.testing.pytest_plugin``.
 
-``sheets_emulator`` starts a fresh emulator per test on a free 127.0.0.1 port (in a thread of the
+``onceflow_sheets_emulator`` starts a fresh emulator per test on a free 127.0.0.1 port (in a thread of the
 test process, state in ``tmp_path``) and sets the ``onceflow_sheets`` Airflow connection to reach it
-anonymously, so ``GSheetsHook(gcp_conn_id="onceflow_sheets", api_endpoint=sheets_emulator.endpoint)``
+anonymously, so ``GSheetsHook(gcp_conn_id="onceflow_sheets", api_endpoint=onceflow_sheets_emulator.endpoint)``
 talks to it through the real google-api-python-client::
 
-    def test_it_reads_the_queue(sheets_emulator):
-        sid = sheets_emulator.create_spreadsheet("q", sheets={"Queue": [["url", "status"], ["u", "NEW"]]})
-        hook = sheets_emulator.hook()
+    def test_it_reads_the_queue(onceflow_sheets_emulator):
+        sid = onceflow_sheets_emulator.create_spreadsheet("q", sheets={"Queue": [["url", "status"], ["u", "NEW"]]})
+        hook = onceflow_sheets_emulator.hook()
         assert hook.get_values(sid, "Queue!A:B") == [["url", "status"], ["u", "NEW"]]
 """
 
@@ -150,7 +150,7 @@ class SheetsEmulator:
 
 
 @pytest.fixture
-def sheets_emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SheetsEmulator]:
+def onceflow_sheets_emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SheetsEmulator]:
     """A fresh Sheets API emulator per test, with ``AIRFLOW_CONN_ONCEFLOW_SHEETS`` pointing at it."""
     emulator = SheetsEmulator(tmp_path / "sheets-state.json")
     monkeypatch.setenv(f"AIRFLOW_CONN_{DEFAULT_CONN_ID.upper()}", emulator.connection_json())
@@ -164,7 +164,7 @@ _DEFAULT_STATE = object()
 
 
 @pytest.fixture
-def sheets_emulator_factory(tmp_path: Path) -> Iterator[Callable[..., SheetsEmulator]]:
+def onceflow_sheets_emulator_factory(tmp_path: Path) -> Iterator[Callable[..., SheetsEmulator]]:
     """Make more emulators: ``factory(state=<tmp file>, port=0)``; ``state=None`` keeps state in
     memory only. Every one is stopped at teardown. It sets no connection: use ``.connection_json()``."""
     made: list[SheetsEmulator] = []
@@ -183,4 +183,9 @@ def sheets_emulator_factory(tmp_path: Path) -> Iterator[Callable[..., SheetsEmul
             emulator.stop()
 
 
-__all__ = ["SheetsEmulator", "connection_json", "sheets_emulator", "sheets_emulator_factory"]
+__all__ = [
+    "SheetsEmulator",
+    "connection_json",
+    "onceflow_sheets_emulator",
+    "onceflow_sheets_emulator_factory",
+]

@@ -32,7 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"onceflow-watchdog: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    watchdog = Watchdog(config)
+    try:
+        watchdog = Watchdog(config)
+    except OSError as exc:  # the state directory cannot be made or written
+        print(f"onceflow-watchdog: configuration error: state_dir: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     if args.once:
         result = watchdog.run_once()
         for name, state in sorted(result.states.items()):

@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import smtplib
-import urllib.error
-import urllib.request
 from email.message import EmailMessage
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -239,14 +237,7 @@ def post_json(url: str, payload: Any, timeout: float, *, idempotency_key: str | 
     headers = {"Content-Type": "application/json"}
     if idempotency_key:
         headers["Idempotency-Key"] = idempotency_key
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status = int(response.status)
-    except urllib.error.HTTPError as exc:
-        raise DeliveryError(f"{url} answered {exc.code}") from exc
-    except (OSError, urllib.error.URLError) as exc:
-        raise DeliveryError(f"{url} unreachable: {exc}") from exc
+    status = _post(url, json.dumps(payload).encode(), headers, timeout)
     if not 200 <= status < 300:
         raise DeliveryError(f"{url} answered {status}")
     return status
@@ -255,9 +246,51 @@ def post_json(url: str, payload: Any, timeout: float, *, idempotency_key: str | 
 def ping(url: str, timeout: float, body: str = "") -> bool:
     """A healthchecks.io-style ping; never raises (a monitor's outage must not stop the work)."""
     try:
-        request = urllib.request.Request(url, data=body.encode() or None, method="POST")
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return 200 <= int(response.status) < 300
+        return 200 <= _post(url, body.encode(), {}, timeout) < 300
     except Exception as exc:
         log.warning("ping %s failed: %r", url, exc)
         return False
+
+
+def _post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> int:
+    """POST and read the whole answer within ``timeout`` seconds in total.
+
+    A socket timeout bounds each read only: an endpoint that drips a header byte every second
+    would hold the beat (or the watchdog's pass, and past its alert lease) for ever. A timer
+    shuts the socket down at the deadline, and whatever was read by then does not count.
+    """
+    import contextlib
+    import http.client
+    import socket
+    import threading
+
+    parts = urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname or "localhost", parts.port, timeout=timeout)
+    expired = threading.Event()
+
+    def abort() -> None:
+        expired.set()
+        if conn.sock is not None:
+            with contextlib.suppress(OSError):  # already closed: nothing to stop
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(timeout, abort)
+    timer.daemon = True
+    timer.start()
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        conn.request("POST", target, body=body, headers={"Content-Length": str(len(body)), **headers})
+        response = conn.getresponse()
+        response.read()
+        status = int(response.status)
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise DeliveryError(f"{url}: no complete answer within {timeout:.0f} s") from exc
+        raise DeliveryError(f"{url} unreachable: {exc}") from exc
+    finally:
+        timer.cancel()
+        conn.close()
+    if expired.is_set():  # the shutdown ended the answer early: it was not given in time
+        raise DeliveryError(f"{url}: no complete answer within {timeout:.0f} s")
+    return status

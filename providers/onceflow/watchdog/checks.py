@@ -93,6 +93,8 @@ def api_health(check: CheckConfig, now: float, fetch: Callable[[str, float], Any
         body = (fetch or _get_json)(url, check.options["timeout"])
     except Exception as exc:
         return Verdict(FAILING, f"api-server health endpoint failed: {exc}", {"url": url})
+    if not isinstance(body, dict):  # a proxy's page or a wrong URL: the api-server is not answering
+        return Verdict(FAILING, f"api-server health endpoint answered {body!r:.200}", {"url": url})
     unhealthy = {
         name: part.get("status")
         for name, part in body.items()
@@ -110,7 +112,7 @@ def _get_json(url: str, timeout: float) -> Any:
 
 
 def business_freshness(check: CheckConfig, warehouse: Engine, now: float) -> Verdict:
-    """The newest ``load_audit`` partition of the table against the newest passed deadline.
+    """The table's ``load_audit`` partitions against the newest passed deadline.
 
     The deadline is a cron schedule in the business timezone (``0 7 * * *``: 07:00 local each
     day, whatever the UTC offset that day); at each deadline the partition
@@ -119,19 +121,28 @@ def business_freshness(check: CheckConfig, warehouse: Engine, now: float) -> Ver
     reported at the first missed deadline (plus grace), not later.
     """
     table = check.options["table"]
+    fires = deadlines(check, now)
+    newest_fire = first = next(fires)
+    expected = expected_partition(check, newest_fire)
     with warehouse.connect() as conn:
         newest = conn.execute(
             sa.text("SELECT MAX(partition_key) FROM load_audit WHERE table_name = :t"), {"t": table}
         ).scalar()
-    fires = deadlines(check, now)
-    newest_fire = first = next(fires)
-    expected = expected_partition(check, newest_fire)
+        # The newest partition not after the expected one: a partition of a later day (today's,
+        # loaded early, or a wrong date) must not stand in for a missing one when the table has
+        # older ones. With none older (its first load was for a later day) nothing is missing.
+        loaded = conn.execute(
+            sa.text(
+                "SELECT MAX(partition_key) FROM load_audit WHERE table_name = :t AND partition_key <= :e"
+            ),
+            {"t": table, "e": expected},
+        ).scalar()
     evidence: dict[str, Any] = {"table": table, "newest_partition": newest, "expected_partition": expected}
-    if newest is not None and str(newest) >= expected:
+    if (loaded is None and newest is not None) or str(loaded) == expected:
         return Verdict(UP, f"{table} {expected} loaded", evidence)
     # The first deadline whose partition is missing: walk back while the partition is still missing.
     for fire in fires:
-        if newest is not None and expected_partition(check, fire) <= str(newest):
+        if loaded is not None and expected_partition(check, fire) <= str(loaded):
             break
         first = fire
     evidence["first_missed_deadline"] = first.isoformat()

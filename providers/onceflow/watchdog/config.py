@@ -26,6 +26,7 @@ See ``docs/watchdog.md`` for the full reference.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,7 +140,7 @@ def load_config(path: str | Path) -> WatchdogConfig:
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:  # a binary or Latin-1 file is unreadable too
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
@@ -165,7 +166,10 @@ def parse_config(raw: dict[str, Any], *, source: str = "<memory>") -> WatchdogCo
     checks = []
     for name, body in checks_raw.items():
         _table(body, f"checks.{name}")
-        if body.get("enabled", True) is False:
+        enabled = body.get("enabled", True)
+        if not isinstance(enabled, bool):  # "no" or 0 would otherwise silently mean "on"
+            raise ConfigError(f"checks.{name}.enabled: expected true or false, got {enabled!r}")
+        if not enabled:
             continue
         checks.append(_check(name, body, runbook_base))
     if not checks:
@@ -193,6 +197,10 @@ def _alerts(raw: Any) -> AlertConfig:
     smtp = raw.get("smtp_url")
     if smtp is not None:
         parts = urlsplit(str(smtp))
+        try:
+            parts.port  # noqa: B018 -- raises on a port that is not a number (smtp://h:twenty-five)
+        except ValueError:
+            parts = urlsplit("")
         if parts.scheme != "smtp" or not parts.hostname:
             raise ConfigError(f"alerts.smtp_url: unsupported URL {smtp!r} (expected smtp://host:port)")
     to = raw.get("email_to", [])
@@ -261,7 +269,8 @@ def _check(name: str, raw: dict[str, Any], runbook_base: str) -> CheckConfig:
             endpoint=endpoint,
             spreadsheet_id=_str(raw, "spreadsheet_id", default="", prefix=p),
             range=_str(raw, "range", default="Queue!A:Z", prefix=p),
-            credentials_file=raw.get("credentials_file"),
+            # Not str(): an integer would be opened as a file descriptor (the watchdog's own DB).
+            credentials_file=_optional_str(raw, "credentials_file", p),
             max_age=_seconds(raw, "max_age_seconds", 3600.0, prefix=p, positive=True),
         )
     elif kind == "article_queue":
@@ -308,12 +317,20 @@ def _str(raw: dict[str, Any], key: str, *, default: str, prefix: str = "") -> st
     return value
 
 
+def _optional_str(raw: dict[str, Any], key: str, prefix: str) -> str | None:
+    value = raw.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{prefix}{key}: expected a string, got {value!r}")
+    return value
+
+
 def _seconds(
     raw: dict[str, Any], key: str, default: float, *, prefix: str = "", positive: bool = False
 ) -> float:
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{prefix}{key}: expected a number of seconds, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        # nan or inf would never be exceeded: a check that can never go down.
+        raise ConfigError(f"{prefix}{key}: expected a finite number of seconds, got {value!r}")
     if value < 0 or (positive and value == 0):
         raise ConfigError(f"{prefix}{key}: must be {'> 0' if positive else '>= 0'}, got {value!r}")
     return float(value)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from onceflow.ledger.clock import DatabaseClock
 from onceflow.watchdog import checks, incidents
 from onceflow.watchdog.alerts import Outbox, ping
 from onceflow.watchdog.config import CheckConfig
@@ -56,6 +57,9 @@ class PassResult:
 class Watchdog:
     """The checks of one config, evaluated against ``clock()`` (seconds since the epoch).
 
+    :param clock: a time source for tests. Default: the ledger database's clock, so replicas on
+        hosts whose clocks disagree judge (and lease alerts) on one time line, as the ledger
+        does; this host's clock only while the ledger cannot be read (blindness, kept locally).
     :param sheets_service: a Sheets client to use instead of building one (tests).
     """
 
@@ -63,11 +67,12 @@ class Watchdog:
         self,
         config: WatchdogConfig,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         sheets_service: Any | None = None,
     ) -> None:
         self.config = config
-        self.clock = clock
+        self.clock: Callable[[], float] = clock or self._database_now
+        self._db_clock: DatabaseClock | None = None
         self.owner = config.replica or f"{socket.gethostname()}:{os.getpid()}"
         self.outbox = Outbox(config.alerts, self.owner)
         self._sheets_service = sheets_service
@@ -110,6 +115,15 @@ class Watchdog:
             self._warehouse = self._engine(self.config.warehouse_url)
         return self._warehouse
 
+    def _database_now(self) -> float:
+        try:
+            if self._db_clock is None:
+                self._db_clock = DatabaseClock(self.ledger)
+            return self._db_clock.now()
+        except Exception as exc:  # blind: the runner reports it; judge locally meanwhile
+            log.warning("ledger clock unreadable (%s); using this host's clock", _short(exc))
+            return time.time()
+
     # -- one pass ----------------------------------------------------------------------------
 
     def run_once(self, *, only_due: bool = False) -> PassResult:
@@ -125,8 +139,6 @@ class Watchdog:
         except Exception as exc:
             ledger = None
             self._blind("ledger", f"ledger database unreachable: {_short(exc)}", now, result)
-        else:
-            self._clear_blind("ledger", now)
         if ledger is not None:
             for check in self.config.checks:
                 # Ledger/warehouse reads are cheap: judged every pass, so an alert comes within
@@ -151,6 +163,10 @@ class Watchdog:
                 self.outbox.deliver(ledger, self.clock())
             except Exception as exc:
                 self._blind("ledger", f"alert outbox unreachable: {_short(exc)}", now, result)
+            if "ledger" not in result.blind:
+                # Only a whole pass clears it: a ledger that answers SELECT 1 but refuses writes
+                # (read-only standby, full disk) would otherwise flip late -> up every pass, never down.
+                self._clear_blind("ledger", now)
         self.outbox.deliver(self.local, self.clock())
         return result
 

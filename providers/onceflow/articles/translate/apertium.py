@@ -41,6 +41,9 @@ APERTIUM_CODES: dict[str, str] = {
 PACKAGES_HINT = "Debian packages 'apertium' and a language pair such as 'apertium-eng-spa'"
 _MODE = re.compile(r"^([a-z]{2,3})-([a-z]{2,3})(?:_[A-Za-z0-9_]+)?$")
 _MARKER = re.compile(r"(?<![\w*])\*(?=\w)")
+# characters Apertium's stream reads as control: NUL (its flush) glues the words around it into
+# one unknown word, U+FFFF silently ends the output there; a space keeps the words apart
+_STREAM_BREAKERS = {0x0: " ", 0xFFFF: " "}
 
 
 def strip_markers(text: str) -> str:
@@ -190,7 +193,9 @@ class ApertiumTranslator:
             start_new_session=True,
         ) as process:
             try:
-                stdout, stderr = process.communicate(chunk.encode("utf-8"), timeout=self.timeout)
+                stdout, stderr = process.communicate(
+                    chunk.translate(_STREAM_BREAKERS).encode("utf-8"), timeout=self.timeout
+                )
             except subprocess.TimeoutExpired as exc:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)

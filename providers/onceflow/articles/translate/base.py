@@ -22,8 +22,10 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 # a blank line, with any whitespace but a newline around it (a paragraph ending in "&nbsp;" too:
-# its no-break space belongs to the break, else it ends a piece that then carries the break away)
-_PARAGRAPH_BREAK = re.compile(r"[^\S\n]*\n[^\S\n]*\n\s*")
+# its no-break space belongs to the break, else it ends a piece that then carries the break away).
+# It starts only where a run of such whitespace starts: tried from every space of a long run, with
+# one newline and no blank line after it, the search was quadratic (minutes for 100 KB of spaces).
+_PARAGRAPH_BREAK = re.compile(r"(?<![^\S\n])[^\S\n]*+\n[^\S\n]*+\n\s*")
 # a sentence ends with . ! ? … (and closing quotes or brackets, which stay with it), then whitespace
 _SENTENCE_END = re.compile(r"[.!?\u2026][\"'\u00bb\u201d\u2019)\]]*(\s+)")
 

@@ -20,6 +20,7 @@ becomes a :class:`~onceflow.articles.errors.PermanentStepError`.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -64,9 +65,10 @@ def _retry_after(err: Any) -> float | None:
     response = getattr(err, "response", None)
     value = getattr(response, "headers", {}).get("Retry-After") if response is not None else None
     try:
-        return max(0.0, float(value)) if value is not None else None
+        seconds = float(value) if value is not None else math.nan
     except ValueError:
         return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None  # "inf", "nan": unreadable
 
 
 class GoogleTranslator:

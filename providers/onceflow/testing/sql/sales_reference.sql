@@ -7,14 +7,19 @@
 -- One business day [:start_utc, :end_utc): source rows, rejected rows, orders (= rows of the
 -- day's partition) and net cents in EUR. Rates: EUR 1, USD 0.92, GBP 1.17, SEK 0.087; each
 -- event rounded half-even to cents; of duplicate events the latest ingested wins (then the
--- higher row_id); an event is a sale by order_id or a refund by refund_id.
+-- higher row_id); an event is a sale by order_id or a refund by refund_id. Processing version
+-- sales-clean-v2 (onceflow.sales.clean.PROCESSING_VERSION).
 WITH day_events AS (
     SELECT * FROM orders WHERE created_at_utc >= :start_utc AND created_at_utc < :end_utc
 ),
 valid AS (
     SELECT e.*, btrim(e.amount, E' \t\r\n') AS amount_text
     FROM day_events e
-    WHERE btrim(coalesce(e.order_id, ''), E' \t\r\n') <> ''
+    -- Ids wider than the warehouse's varchar(64) columns are rejected (value_too_long). NUL
+    -- bytes and text that is not UTF-8, also rejected by cleaning, cannot exist in PostgreSQL.
+    WHERE coalesce(length(e.order_id), 0) <= 64
+      AND coalesce(length(e.customer_id), 0) <= 64
+      AND btrim(coalesce(e.order_id, ''), E' \t\r\n') <> ''
       AND e.event_type IN ('sale', 'refund')
       AND NOT (e.event_type = 'refund' AND btrim(coalesce(e.refund_id, ''), E' \t\r\n') = '')
       AND btrim(e.amount, E' \t\r\n') ~ '^-?[0-9]{1,12}(\.[0-9]{1,2})?$'

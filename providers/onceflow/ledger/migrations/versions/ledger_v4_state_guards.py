@@ -20,8 +20,8 @@ import time
 import sqlalchemy as sa
 from alembic import op
 
-from onceflow.ledger import schema
 from onceflow.ledger.errors import LedgerSchemaError
+from onceflow.ledger.queries import query
 
 revision = "ledger_v4"
 down_revision = "ledger_v3"
@@ -29,19 +29,40 @@ branch_labels = None
 depends_on = None
 
 _TABLES = ("work_items", "transitions")
-# By name, so a later revision that changes one of them finds it where this one left it.
-_ADDED = (
-    "ck_work_items_state",
-    "ck_work_items_fencing_token",
-    "ck_work_items_attempts",
-    "ck_transitions_from_state",
-    "ck_transitions_to_state",
-)
+_STATES = "'cancelled', 'done', 'failed', 'leased', 'needs_correction', 'pending'"
+# A frozen copy of schema.CHECKS as this revision adds them (name: table, SQL). Not the live
+# dict: once a later release changes a check, this revision must still create the constraint it
+# created when it was released, or the revision that changes it finds something else.
+_ADDED: dict[str, tuple[str, str]] = {
+    "ck_work_items_state": ("work_items", f"state IN ({_STATES})"),
+    "ck_work_items_fencing_token": ("work_items", "fencing_token >= 0"),
+    "ck_work_items_attempts": ("work_items", "attempts >= 0 AND max_attempts >= 0"),
+    "ck_transitions_from_state": ("transitions", f"from_state IS NULL OR from_state IN ({_STATES})"),
+    "ck_transitions_to_state": ("transitions", f"to_state IS NULL OR to_state IN ({_STATES})"),
+}
+# The triggers this revision adds: named statements of sql/guards.sql, which are never edited
+# once released (a changed guard is a new statement and a new revision), listed here, not taken
+# from schema.GUARDS.
+_GUARDS: dict[str, tuple[str, ...]] = {
+    "postgresql": ("guard_fencing_token_function_postgresql", "guard_fencing_token_trigger_postgresql"),
+    "sqlite": ("guard_fencing_token_trigger_sqlite",),
+}
+# The claim index as released (SQLite's table rebuild drops it; it is put back with this shape).
+_LIVE = "state IN ('pending', 'leased')"
+
+
+def _create_claim_index() -> None:
+    op.create_index(
+        "ix_work_items_claim",
+        "work_items",
+        ["kind", "lane", sa.text("priority DESC"), "available_at", "id"],
+        postgresql_where=sa.text(_LIVE),
+        sqlite_where=sa.text(_LIVE),
+    )
 
 
 def _refuse_violations(conn: sa.Connection) -> None:
-    for name in _ADDED:
-        table, check = schema.CHECKS[name]
+    for name, (table, check) in _ADDED.items():
         found = list(
             conn.execute(
                 sa.text(f"SELECT work_key FROM {table} WHERE NOT ({check}) ORDER BY id LIMIT 5")
@@ -61,12 +82,12 @@ def upgrade() -> None:
     op.drop_index("ix_work_items_claim", "work_items")
     for table in _TABLES:
         with op.batch_alter_table(table) as batch:
-            for name in _ADDED:
-                owner, check = schema.CHECKS[name]
+            for name, (owner, check) in _ADDED.items():
                 if owner == table:
                     batch.create_check_constraint(name, sa.text(check))
-    schema.claim_index.create(conn)
-    schema.create_guards(conn)
+    _create_claim_index()
+    for name in _GUARDS.get(conn.dialect.name, ()):
+        conn.execute(query(name))
     _mark_handwritten_current(conn)
 
 
@@ -92,11 +113,12 @@ def _mark_handwritten_current(conn: sa.Connection) -> None:
 
 def downgrade() -> None:
     conn = op.get_bind()
-    schema.drop_guards(conn)
+    for name in reversed(_GUARDS.get(conn.dialect.name, ())):
+        conn.execute(query(name.replace("guard_", "drop_guard_", 1)))
     op.drop_index("ix_work_items_claim", "work_items")
     for table in _TABLES:
         with op.batch_alter_table(table) as batch:
-            for name in _ADDED:
-                if schema.CHECKS[name][0] == table:
+            for name, (owner, _check) in _ADDED.items():
+                if owner == table:
                     batch.drop_constraint(name, type_="check")
-    schema.claim_index.create(conn)
+    _create_claim_index()

@@ -1,0 +1,388 @@
+"""Article chain end to end through the real scheduler: one run per article vs one mapped batch run.
+
+Real Airflow (api-server, scheduler with the LocalExecutor, dag-processor, triggerer) on a
+PostgreSQL metadata DB, the Sheets emulator and the demo article site in this process on
+127.0.0.1, the ledger on PostgreSQL, step outputs and published pages on local files, real
+Apertium. Each measurement fills the queue tab with ``--articles`` NEW rows (good Spanish demo
+pages, ``?n=<i>`` so every row is its own article; all score above the 0.7 threshold, so no run
+waits for a reviewer: rows that end otherwise are counted apart) and times, from the trigger to
+the last row DONE (read from the emulator's cells every second), two ways side by side:
+
+* ``per-article``: the real ``sheet_claim`` (a copy with ``schedule=None``, so only the trigger
+  claims; ``max_rows`` = N through the run's conf) creating one real ``article_pipeline`` run per
+  row;
+* ``batch``: a benchmark DAG whose first task claims N rows once and registers them in the ledger
+  (``register_claims``, as ``sheet_claim`` does), then the SAME step operators mapped over the
+  claims (``.partial(...).expand(claim=...)``): read_claimed_row, fetch, extract, translate,
+  score, publish, write_back, in the pools ``article_pipeline`` uses. No score branch: every page
+  scores above the threshold (checked on the rows afterwards).
+
+Scheduling overhead, from the metadata DB (``task_instance.duration``, from the task's start to
+its end as Airflow records them, so a task process's start-up and DAG parse count as work):
+
+* per run: ``(run end - run start - sum of its TI durations) / (run end - run start)``; for the
+  per-article side the median over the article runs; for the batch run it goes negative when
+  mapped tasks overlap (it is printed, but read the next figure);
+* overall: ``1 - sum of the durations of every TI of the measurement / (wall x parallelism)``,
+  wall being trigger to last row DONE: the share of the executor's slots not running a task.
+
+Sheets requests, from the emulator's request log (reset before each trigger): the claim share is
+every request that arrived before the first chain task started (the sensor's check, the claim's
+``spreadsheets.get``, read and write; the claim makes all its sheet calls before it creates any
+run), divided by N; the rest, divided by the rows DONE, is the chain's per-article cost, split
+into reads, writes and ``spreadsheets.get``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers"))
+
+from onceflow.sheets.model import Snapshot
+from onceflow.testing import postgres
+from onceflow.testing.article_site import serve
+from onceflow.testing.sales_backfill import standalone_cluster
+from onceflow.testing.sheets_emulator.server import METHODS
+from onceflow.testing.sheets_fixtures import SheetsEmulator
+
+DAGS = Path(__file__).resolve().parents[1] / "dags"
+HEADER = ["url", "status", "reason", "run_id", "score", "published_url", "claim_token", "claimed_at"]
+#: Plain Spanish demo pages; each scores 0.9 to 1.0 with Apertium, above the 0.7 threshold.
+PAGES = [
+    "huertos-urbanos",
+    "tren-nocturno",
+    "biblioteca-movil",
+    "gazpacho",
+    "cooperativa-solar",
+    "historia-del-cafe",
+]
+POOLS = {"onceflow_sheets": 10, "onceflow_fetch": 4, "onceflow_translate": 2}
+CHAIN, BATCH, CLAIM = "article_pipeline", "article_batch", "sheet_claim"
+THRESHOLD = 0.7  # the default of onceflow_score_threshold; the batch DAG has no branch
+FINAL = {"DONE", "FAILED", "REJECTED", "NEEDS_REVIEW", "INVALID", "DUPLICATE"}
+
+BATCH_DAG = """
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import dag, task
+
+from onceflow.operators.articles import (
+    ExtractArticleOperator,
+    FetchArticleOperator,
+    PublishArticleOperator,
+    ScoreArticleOperator,
+    TranslateArticleOperator,
+    WriteBackOperator,
+)
+from onceflow.operators.sheets import ClaimedRowOperator
+
+
+@dag(
+    dag_id="article_batch",
+    schedule=None,
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    params={"max_rows": 50, "processing_version": "v1"},
+    default_args={"owner": "onceflow", "retries": 3, "retry_delay": timedelta(seconds=30)},
+    tags=["benchmark"],
+)
+def article_batch():
+    @task(pool="onceflow_sheets")
+    def claim_batch(params=None):
+        # what SheetClaimOperator does, minus creating runs: claim in the sheet, then the ledger
+        from onceflow.hooks.ledger import LedgerHook
+        from onceflow.hooks.sheets import SheetQueueHook
+        from onceflow.sheets.ledger_link import ClaimRecord, register_claims
+
+        version = str(params["processing_version"])
+        hook = SheetQueueHook("onceflow_sheets")
+        claims = hook.queue(version).claim(int(params["max_rows"])).claims
+        confs = [c.conf(hook.spreadsheet_id, hook.sheet, version) for c in claims]
+        records = [ClaimRecord(c.row_key, c.row_number, c.token, f) for c, f in zip(claims, confs)]
+        register_claims(LedgerHook("onceflow_ledger").get_ledger(), records)
+        return confs
+
+    claims = claim_batch()
+    steps = [
+        (ClaimedRowOperator, "read_claimed_row", "onceflow_sheets"),
+        (FetchArticleOperator, "fetch", "onceflow_fetch"),
+        (ExtractArticleOperator, "extract", "default_pool"),
+        (TranslateArticleOperator, "translate", "onceflow_translate"),
+        (ScoreArticleOperator, "score", "default_pool"),
+        (PublishArticleOperator, "publish", "default_pool"),
+        (WriteBackOperator, "write_back", "onceflow_sheets"),
+    ]
+    upstream = claims
+    for operator, task_id, pool in steps:
+        # the pool given here: a mapped operator is scheduled before its __init__ sets a default
+        mapped = operator.partial(task_id=task_id, pool=pool).expand(claim=claims)
+        upstream >> mapped
+        upstream = mapped
+
+
+article_batch()
+"""
+
+
+def load_average() -> str:
+    return "/".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+def fill_queue(emulator: SheetsEmulator, sid: str, urls: list[str]) -> None:
+    """The queue tab anew with ``urls`` as NEW rows, same spreadsheet id (no request counted)."""
+    server = emulator.server
+    with server.store.lock:
+        server.store.spreadsheets.pop(sid, None)
+    emulator.create_spreadsheet("articles", sheets={"queue": [HEADER, *[[u, "NEW"] for u in urls]]},
+                                spreadsheet_id=sid)  # fmt: skip
+
+
+def statuses(emulator: SheetsEmulator, sid: str) -> dict[str, str]:
+    """URL -> status word, straight from the emulator's cells."""
+    rows = Snapshot.from_values(emulator.values(sid, "queue")).rows
+    return {r.url: r.status.value if r.status is not None else "?" for r in rows}
+
+
+def seconds(td: Any) -> float:
+    return float(td.total_seconds()) if td is not None else 0.0
+
+
+def measure(
+    cluster: Any, emulator: SheetsEmulator, sid: str, mode: str, urls: list[str], parallelism: int,
+    timeout: float,
+) -> dict[str, Any]:  # fmt: skip
+    """One timed pass of ``mode`` over ``urls``; the figures of the module docstring."""
+    fill_queue(emulator, sid, urls)
+    log = emulator.request_log
+    log.reset()
+    offset = time.time() - time.monotonic()  # the log's arrival times are this process's monotonic
+    load_before = load_average()
+    t0_wall = dt.datetime.now(dt.UTC)
+    started = time.monotonic()
+    dag_id = CLAIM if mode == "per-article" else BATCH
+    run_id = cluster.trigger(dag_id, conf={"max_rows": len(urls), "processing_version": "v1"})
+    trigger_s = time.monotonic() - started  # the `airflow dags trigger` CLI, inside the wall time
+    deadline = started + timeout
+    while True:
+        seen = statuses(emulator, sid)
+        if all(seen.get(u, "NEW").split(" ")[0] in FINAL for u in urls):
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{mode}: rows not final after {timeout}s: {seen}\n{cluster.log_tails()}")
+        time.sleep(1.0)
+    wall = time.monotonic() - started
+    load_after = load_average()
+    final = {u: seen[u].split(" ")[0] for u in urls}
+    rows = {r.url: r for r in Snapshot.from_values(emulator.values(sid, "queue")).rows}
+    below = sum(1 for u in urls if final[u] == "DONE" and float(rows[u].get("score") or 0) < THRESHOLD)
+    done = sum(1 for s in final.values() if s == "DONE")
+    events = log.timeline
+    counts = log.counts
+
+    # the runs of this pass must end before the metadata DB says all about them
+    dag_runs = [(dag_id, run_id)]
+    cluster.wait_for_run(dag_id, run_id, timeout=600)
+    if mode == "per-article":
+        chain_runs = cluster.query(
+            "SELECT run_id FROM dag_run WHERE dag_id = :d AND queued_at >= :t", d=CHAIN, t=t0_wall
+        )
+        for r in chain_runs:
+            cluster.wait_for_run(CHAIN, r["run_id"], timeout=600)
+        dag_runs += [(CHAIN, r["run_id"]) for r in chain_runs]
+    per_run: list[float] = []
+    busy = 0.0
+    first_chain_start: dt.datetime | None = None
+    for d, r in dag_runs:
+        [run] = cluster.query(
+            "SELECT start_date, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r", d=d, r=r
+        )
+        tis = cluster.query(
+            "SELECT task_id, start_date, COALESCE(duration, 0) AS duration FROM task_instance "
+            "WHERE dag_id = :d AND run_id = :r",
+            d=d, r=r,
+        )  # fmt: skip
+        work = sum(float(t["duration"]) for t in tis)
+        busy += work
+        run_wall = seconds(run["end_date"] - run["start_date"])
+        if d != CLAIM and run_wall > 0:
+            per_run.append((run_wall - work) / run_wall)
+        for t in tis:
+            if d == CLAIM or t["task_id"] == "claim_batch" or t["start_date"] is None:
+                continue
+            if first_chain_start is None or t["start_date"] < first_chain_start:
+                first_chain_start = t["start_date"]
+    boundary = first_chain_start.timestamp() if first_chain_start else float("inf")
+    claim_events = [e for e in events if e.at + offset < boundary]
+    chain_events = [e for e in events if e.at + offset >= boundary]
+
+    def split(evs: list[Any]) -> dict[str, int]:
+        writes = sum(1 for e in evs if METHODS[e.method][1])
+        gets = sum(1 for e in evs if e.method == "spreadsheets.get")
+        return {"reads": len(evs) - writes, "writes": writes, "gets": gets, "total": len(evs)}
+
+    claim, chain = split(claim_events), split(chain_events)
+    return {
+        "mode": mode,
+        "n": len(urls),
+        "done": done,
+        "other": {s: sum(1 for v in final.values() if v == s) for s in set(final.values()) if s != "DONE"},
+        "wall": wall,
+        "trigger_s": trigger_s,
+        "below_threshold": below,
+        "per_min": 60.0 * done / wall,
+        "per_run_overhead": statistics.median(per_run) if per_run else float("nan"),
+        "overall_overhead": 1.0 - busy / (wall * parallelism),
+        "busy": busy,
+        "claim_per_article": {k: v / len(urls) for k, v in claim.items()},
+        "chain_per_article": {k: v / max(done, 1) for k, v in chain.items()},
+        "methods": counts,
+        "timeline_complete": len(events) == log.total,
+        "load": (load_before, load_after),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--articles", type=int, default=50, help="rows per measurement (default 50)")
+    parser.add_argument("--repeat", type=int, default=None, help="passes of each side (default 3; --quick 1)")
+    parser.add_argument("--quick", action="store_true", help="10 articles, 1 pass")
+    parser.add_argument("--workers", type=int, default=4, help="LocalExecutor parallelism (default 4)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per measurement")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: cluster stopped, DBs dropped
+    n = 10 if args.quick else args.articles
+    repeat = args.repeat or (1 if args.quick else 3)
+
+    ledger = postgres.create_database("bchainledger")
+    work = Path(tempfile.mkdtemp(prefix="onceflow-bench-chain-"))
+    emulator = SheetsEmulator(state=None)
+    results: list[dict[str, Any]] = []
+    try:
+        with serve(published_dir=work / "published") as site:
+            (work / "published").mkdir(exist_ok=True)
+            sid = emulator.create_spreadsheet("articles", sheets={"queue": [HEADER]})
+            dags = work / "dags"
+            dags.mkdir()
+            # only the trigger claims: a scheduled sheet_claim would take the rows first
+            claim_source = (DAGS / "sheet_claim.py").read_text()
+            assert 'schedule="*/5 * * * *"' in claim_source
+            (dags / "sheet_claim.py").write_text(
+                claim_source.replace('schedule="*/5 * * * *"', "schedule=None")
+            )
+            shutil.copy(DAGS / "article_pipeline.py", dags / "article_pipeline.py")
+            (dags / "article_batch.py").write_text(textwrap.dedent(BATCH_DAG))
+            env = {
+                "AIRFLOW_CONN_ONCEFLOW_SHEETS": emulator.connection_json(spreadsheet_id=sid),
+                "AIRFLOW_CONN_ONCEFLOW_LEDGER": json.dumps(
+                    {"conn_type": "postgres", "extra": {"sqlalchemy_url": ledger}}
+                ),
+                "AIRFLOW_CONN_ONCEFLOW_FETCH": json.dumps(
+                    {"conn_type": "generic", "extra": {"allow": [site.address]}}
+                ),
+                "AIRFLOW_CONN_ONCEFLOW_STORAGE": json.dumps(
+                    {
+                        "conn_type": "google_cloud_platform",
+                        "extra": {
+                            "base": (work / "steps").as_uri(),
+                            "publish_base": (work / "published").as_uri(),
+                            "public_url": site.url("/published"),
+                        },
+                    }
+                ),
+            }
+            with standalone_cluster(work, dags, env=env, pools=POOLS, parallelism=args.workers) as cluster:
+                for dag_id in (CLAIM, CHAIN, BATCH):
+                    cluster.wait_for_dag(dag_id)
+                for rep in range(repeat):
+                    for mode in ("per-article", "batch"):  # interleaved: same machine conditions
+                        urls = [
+                            site.url(f"/articles/{PAGES[i % len(PAGES)]}.html?n={mode}-{rep}-{i}")
+                            for i in range(n)
+                        ]
+                        print(
+                            f"  rep {rep + 1} {mode}: {n} articles, load average {load_average()}", flush=True
+                        )
+                        r = measure(cluster, emulator, sid, mode, urls, args.workers, args.timeout)
+                        r["rep"] = rep + 1
+                        results.append(r)
+                        print(
+                            f"    {r['done']} DONE in {r['wall']:.1f} s ({r['per_min']:.1f}/min), "
+                            f"other {r['other']}, DONE below the threshold {r['below_threshold']}, "
+                            f"trigger CLI {r['trigger_s']:.1f} s, load after {r['load'][1]}",
+                            flush=True,
+                        )
+    finally:
+        emulator.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        postgres.drop_database(ledger)
+
+    print(
+        f"article chain end to end, {n} articles x {repeat} passes per side; LocalExecutor parallelism "
+        f"{args.workers}, pools {POOLS}, {os.cpu_count()} CPUs; PostgreSQL metadata DB and ledger; Apertium"
+    )
+    print(
+        f"{'rep':>3}  {'mode':<12}{'DONE':>5}{'wall s':>8}{'art/min':>9}{'ovh/run':>9}{'ovh all':>9}"
+        f"{'claim req/art':>14}{'chain r/w/get per art':>23}  load 1/5/15 before -> after"
+    )
+    for r in results:
+        c, p = r["claim_per_article"], r["chain_per_article"]
+        print(
+            f"{r['rep']:>3}  {r['mode']:<12}{r['done']:>5}{r['wall']:8.1f}{r['per_min']:9.1f}"
+            f"{r['per_run_overhead']:9.0%}{r['overall_overhead']:9.0%}{c['total']:14.2f}"
+            f"{p['reads']:>9.2f}/{p['writes']:.2f}/{p['gets']:.2f}       {r['load'][0]} -> {r['load'][1]}"
+        )
+    print("medians:")
+    medians: dict[str, dict[str, float]] = {}
+    for mode in ("per-article", "batch"):
+        mine = [r for r in results if r["mode"] == mode]
+        m = {
+            key: statistics.median(r[key] for r in mine)
+            for key in ("wall", "per_min", "per_run_overhead", "overall_overhead")
+        }
+        for side in ("claim_per_article", "chain_per_article"):
+            for k in ("reads", "writes", "gets", "total"):
+                m[f"{side}.{k}"] = statistics.median(r[side][k] for r in mine)
+        medians[mode] = m
+        print(
+            f"  {mode:<12} {m['per_min']:.1f} articles/min (wall {m['wall']:.1f} s); overhead per run "
+            f"{m['per_run_overhead']:.0%}, of all slots {m['overall_overhead']:.0%}; Sheets requests per "
+            f"article: claim share {m['claim_per_article.total']:.2f} ({m['claim_per_article.reads']:.2f} "
+            f"reads incl. {m['claim_per_article.gets']:.2f} spreadsheets.get, "
+            f"{m['claim_per_article.writes']:.2f} writes) + chain {m['chain_per_article.reads']:.2f} reads "
+            f"(incl. {m['chain_per_article.gets']:.2f} spreadsheets.get) / "
+            f"{m['chain_per_article.writes']:.2f} writes"
+        )
+    ratio = medians["batch"]["per_min"] / medians["per-article"]["per_min"]
+    print(f"batch / per-article articles per minute: {ratio:.2f}x")
+    for mode in ("per-article", "batch"):
+        chain = medians[mode]
+        met = chain["chain_per_article.reads"] <= 1.0 and chain["chain_per_article.writes"] <= 1.0
+        print(
+            f"issue target (claim share + at most 1 read and 1 write per article), {mode}: "
+            f"{'met' if met else 'NOT met'}"
+        )
+    last = {r["mode"]: r["methods"] for r in results[-2:]}
+    print(f"requests per method, last pass of each side: {json.dumps(last)}")
+    ok = all(r["done"] == r["n"] and r["timeline_complete"] for r in results)
+    if not all(r["timeline_complete"] for r in results):
+        print("the emulator's timeline lost requests: the claim/chain split is incomplete")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""Step outputs and published pages land in the folder the storage URI names, whatever its spelling.
+
+``default_base()`` and ``make run`` build their URIs with ``Path.as_uri()``, which percent-encodes
+a space or a non-ASCII letter (``/home/josé`` -> ``/home/jos%C3%A9``); read back through the plain
+file system, never through the store.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
+
+import pytest
+
+from onceflow.articles.publish import publish_path
+from onceflow.hooks.storage import STORAGE_DIR_ENV, StorageHook
+
+
+@pytest.fixture
+def storage_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "mis artículos"
+    monkeypatch.setenv(STORAGE_DIR_ENV, str(folder))
+    monkeypatch.delenv("AIRFLOW_CONN_ONCEFLOW_STORAGE", raising=False)
+    return folder
+
+
+def test_step_outputs_land_in_the_storage_folder_not_one_named_by_its_escapes(storage_dir: Path) -> None:
+    store = StorageHook().step_store()
+
+    uri = store.write("0123abcd", "v1", "fetch", 7, "raw.html", b"<p>hola</p>")
+
+    assert (storage_dir / "articles/0123abcd/v1/fetch.7.raw.html").read_bytes() == b"<p>hola</p>"
+    assert store.read(uri) == b"<p>hola</p>"
+    assert sorted(p.name for p in storage_dir.parent.iterdir()) == [
+        "mis artículos"
+    ]  # no "mis%20art%C3%ADculos"
+
+
+def test_published_pages_land_where_their_link_points(storage_dir: Path) -> None:
+    result = StorageHook().publisher().publish(publish_path("0123abcd", "v1"), b"<p>hola</p>")
+
+    page = storage_dir / "published/articles/0123abcd/v1/index.html"
+    assert page.read_bytes() == b"<p>hola</p>"
+    assert result.url.startswith("file://")
+    assert Path(url2pathname(urlsplit(result.url).path)) == page  # the link opens that very file
+    assert sorted(os.listdir(storage_dir.parent)) == ["mis artículos"]

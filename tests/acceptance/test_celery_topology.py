@@ -343,6 +343,7 @@ def rows_processed(
     }
 
 
+@pytest.mark.slow  # 13 min on a loaded 2-core box; the 2-worker probe above stays in make test
 @pytest.mark.timeout(1800)
 def test_claimed_rows_are_processed_once_despite_kills(
     airflow_cluster_factory: Callable[..., Any],

@@ -113,14 +113,14 @@ INNER_TEST = textwrap.dedent(
 
     from onceflow.testing.processes import start_ticks
 
-    def test_body_fails_while_the_cluster_runs(airflow_cluster):
-        run_id = airflow_cluster.trigger("harness_trivial")
-        assert airflow_cluster.wait_for_run("harness_trivial", run_id, timeout=600) == "success"
+    def test_body_fails_while_the_cluster_runs(onceflow_airflow_cluster):
+        run_id = onceflow_airflow_cluster.trigger("harness_trivial")
+        assert onceflow_airflow_cluster.wait_for_run("harness_trivial", run_id, timeout=600) == "success"
         record = {
-            "home": airflow_cluster.env["AIRFLOW_HOME"],
-            "db": airflow_cluster.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"],
-            "marker": airflow_cluster.marker,
-            "pids": {pid: start_ticks(pid) for pid in airflow_cluster.leftover_pids()},
+            "home": onceflow_airflow_cluster.env["AIRFLOW_HOME"],
+            "db": onceflow_airflow_cluster.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"],
+            "marker": onceflow_airflow_cluster.marker,
+            "pids": {pid: start_ticks(pid) for pid in onceflow_airflow_cluster.leftover_pids()},
         }
         path = Path(os.environ["ONCEFLOW_HARNESS_RECORD"])
         path.with_suffix(".tmp").write_text(json.dumps(record))

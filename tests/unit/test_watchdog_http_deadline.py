@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from onceflow.watchdog.alerts import DeliveryError, ping, post_json
+from onceflow.watchdog.checks import api_health
+from onceflow.watchdog.config import CheckConfig
+from onceflow.watchdog.incidents import FAILING
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -44,7 +47,7 @@ def dripping_url() -> Iterator[str]:
                             return
                         time.sleep(0.5)
                         client.sendall(f"X-Drip-{i}: x\r\n".encode())
-                    client.sendall(b"Content-Length: 2\r\nConnection: close\r\n\r\nok")
+                    client.sendall(b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")  # healthy JSON
                 except OSError:
                     continue  # the caller gave up
 
@@ -63,3 +66,11 @@ def test_a_dripping_ping_endpoint_is_given_up_at_the_total_timeout(dripping_url:
 def test_a_dripping_webhook_is_a_failed_delivery(dripping_url: str) -> None:
     with pytest.raises(DeliveryError, match="no complete answer within 2 s"):
         post_json(dripping_url, {"text": "x"}, 2.0, idempotency_key="k")
+
+
+def test_a_dripping_api_server_is_failing_not_healthy_late(dripping_url: str) -> None:
+    check = CheckConfig(
+        "api_health", "api_health", 30, 60, "rb", options={"url": dripping_url, "timeout": 2.0}
+    )
+    verdict = api_health(check, 0.0)
+    assert verdict.state == FAILING and "no complete answer within 2 s" in verdict.reason

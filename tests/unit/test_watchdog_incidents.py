@@ -7,6 +7,7 @@ in a thread). Results are read back by plain SQL and from the receiver's store f
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -281,6 +282,9 @@ def test_sixty_hours_of_nothing_fires_at_the_first_missed_deadline_across_dst(
     assert downs[0]["onceflow"]["evidence"]["first_missing_partition"] == missing
     # reminders every 600 s of the remaining hours, not a new incident each pass
     assert {m["onceflow"]["incident"] for m in receiver.webhooks()} == {1}
+    paged = [m["onceflow"]["queued_at"] for m in receiver.webhooks()]
+    assert paged[0] == first_down and len(paged) > 2
+    assert {b - a for a, b in itertools.pairwise(paged)} == {600.0}  # not every 300 s pass
 
 
 def test_each_pass_pings_the_watchdogs_own_heartbeat_url(tmp_path: Path, receiver: AlertReceiver) -> None:

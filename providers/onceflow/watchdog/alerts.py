@@ -237,7 +237,7 @@ def post_json(url: str, payload: Any, timeout: float, *, idempotency_key: str | 
     headers = {"Content-Type": "application/json"}
     if idempotency_key:
         headers["Idempotency-Key"] = idempotency_key
-    status = _post(url, json.dumps(payload).encode(), headers, timeout)
+    status, _ = http_request("POST", url, json.dumps(payload).encode(), headers, timeout)
     if not 200 <= status < 300:
         raise DeliveryError(f"{url} answered {status}")
     return status
@@ -246,14 +246,16 @@ def post_json(url: str, payload: Any, timeout: float, *, idempotency_key: str | 
 def ping(url: str, timeout: float, body: str = "") -> bool:
     """A healthchecks.io-style ping; never raises (a monitor's outage must not stop the work)."""
     try:
-        return 200 <= _post(url, body.encode(), {}, timeout) < 300
+        return 200 <= http_request("POST", url, body.encode(), {}, timeout)[0] < 300
     except Exception as exc:
         log.warning("ping %s failed: %r", url, exc)
         return False
 
 
-def _post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> int:
-    """POST and read the whole answer within ``timeout`` seconds in total.
+def http_request(
+    method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
+) -> tuple[int, bytes]:
+    """Send and read the whole answer within ``timeout`` seconds in total: (status, body).
 
     A socket timeout bounds each read only: an endpoint that drips a header byte every second
     would hold the beat (or the watchdog's pass, and past its alert lease) for ever. A timer
@@ -280,9 +282,10 @@ def _post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> int
     timer.start()
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
-        conn.request("POST", target, body=body, headers={"Content-Length": str(len(body)), **headers})
+        length = {"Content-Length": str(len(body))} if body is not None else {}
+        conn.request(method, target, body=body, headers={**length, **headers})
         response = conn.getresponse()
-        response.read()
+        data = response.read()
         status = int(response.status)
     except (OSError, http.client.HTTPException) as exc:
         if expired.is_set():
@@ -293,4 +296,4 @@ def _post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> int
         conn.close()
     if expired.is_set():  # the shutdown ended the answer early: it was not given in time
         raise DeliveryError(f"{url}: no complete answer within {timeout:.0f} s")
-    return status
+    return status, data

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -107,8 +106,13 @@ def api_health(check: CheckConfig, now: float, fetch: Callable[[str, float], Any
 
 
 def _get_json(url: str, timeout: float) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.loads(response.read())
+    from onceflow.watchdog.alerts import DeliveryError, http_request
+
+    # A total deadline: an api-server dripping its answer must not hold the watchdog's pass.
+    status, data = http_request("GET", url, None, {"Accept": "application/json"}, timeout)
+    if not 200 <= status < 300:
+        raise DeliveryError(f"{url} answered {status}")
+    return json.loads(data)
 
 
 def business_freshness(check: CheckConfig, warehouse: Engine, now: float) -> Verdict:

@@ -338,3 +338,35 @@ def test_a_row_given_up_after_its_re_drives_says_why_on_the_row(sheets_emulator:
     row = _row(sheets_emulator, sid, tokens[0])
     assert row["status"] == f"FAILED #{tokens[0]}"
     assert row["reason"] == f"run failed after 3 re-drives; row marked FAILED; ledger: {error}"
+
+
+def test_a_row_whose_url_the_editor_changed_in_flight_is_not_marked_done_with_the_old_link(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    """While an article waits for its reviewer the editor types another article's URL into its
+    row. The approval publishes the old article; write-back must not put that link beside the new
+    URL and call the row DONE (the new URL would never be processed). The row stays in review
+    with its anchor, for ``sheet_reconcile`` to run under its new URL."""
+    from onceflow.sheets.validation import judge_url
+
+    sid, _, tokens = _sheet(sheets_emulator, 2)
+    keys = {
+        r.token: judge_url(r).key for r in Snapshot.from_values(sheets_emulator.values(sid, "queue")).rows
+    }
+    assert write_needs_review(_queue(sid), tokens[0], score=0.3, reason="low")
+    editor = anonymous_service(sheets_emulator.endpoint)
+    batch_update(editor, sid, set_row(_queue(sid).sheet_id(), 1, ["https://news.example.com/another-story"]))
+    assert _row(sheets_emulator, sid, tokens[0])["url"] == "https://news.example.com/another-story"
+
+    link = "https://pages.example/0"
+    assert not write_done(
+        _queue(sid), tokens[0], score=0.9, published_url=link, run_id="r0", row_key=keys[tokens[0]]
+    )
+    row = _row(sheets_emulator, sid, tokens[0])
+    assert row["status"] == f"NEEDS_REVIEW #{tokens[0]}" and not row["published_url"], row
+    assert _anchors(sheets_emulator, sid) == set(tokens), "still in flight: the anchor stays"
+    # the other row, still its article, finishes as usual
+    assert write_done(
+        _queue(sid), tokens[1], score=0.9, published_url=link, run_id="r1", row_key=keys[tokens[1]]
+    )
+    assert _row(sheets_emulator, sid, tokens[1])["status"] == f"DONE #{tokens[1]}"

@@ -286,12 +286,21 @@ def write_back(run: StepRun, queue: Any) -> dict[str, Any]:
     published = run.result(PUBLISH)
     token = str(run.conf["claim_token"])
     written = write_done(
-        queue, token, score=float(published["score"]), published_url=published["url"], run_id=run.run_id
+        queue,
+        token,
+        score=float(published["score"]),
+        published_url=published["url"],
+        run_id=run.run_id,
+        row_key=run.row_key,
     )
     if not written:
         # the final write removes the row's anchor, so a repeat after a crash before the ledger
-        # commit finds no row: the first write happened (or the editor removed the row)
-        log.warning("no row carries claim %s any more: DONE was written before, or the row is gone", token)
+        # commit finds no row: the first write happened (or the editor removed the row, or typed
+        # another article's URL into it: it stays in flight for sheet_reconcile)
+        log.warning(
+            "claim %s: no row of article %s in flight any more: DONE was written before, the row "
+            "is gone, or its URL now names another article", token, run.row_key,
+        )  # fmt: skip
     return {
         "status": "DONE",
         "published_url": published["url"],

@@ -56,15 +56,31 @@ def _reason(text: str, what: str) -> str:
     return cleaned if len(cleaned) <= MAX_REASON else cleaned[: MAX_REASON - 1] + "…"
 
 
-def write_done(queue: SheetQueue, token: str, *, score: float, published_url: str, run_id: str) -> bool:
+def write_done(
+    queue: SheetQueue,
+    token: str,
+    *,
+    score: float,
+    published_url: str,
+    run_id: str,
+    row_key: str | None = None,
+) -> bool:
     """The row of ``token``: score, link and run id, then DONE with its anchor removed.
 
     From PROCESSING, or from NEEDS_REVIEW after a reviewer approved: both fenced moves ride in the
     one ``batchUpdate``, and the row carries one status, so at most one applies.
     Costs 1 read + 2 writes (:meth:`SheetQueue.finish`).
+
+    :param row_key: the article that was published: a row whose URL the editor changed to another
+        article while it was in flight is left as it is (still PROCESSING or NEEDS_REVIEW, its
+        anchor kept), never DONE with the old article's link; ``sheet_reconcile`` then runs it
+        for its new URL under the same claim.
     """
+    from onceflow.sheets.validation import judge_url
+
     fields = {"score": format_score(score), "published_url": published_url, "run_id": run_id}
-    return queue.finish(token, Status.DONE, fields, old=(Status.PROCESSING, Status.NEEDS_REVIEW))
+    same = None if row_key is None else (lambda row: judge_url(row).key == row_key)
+    return queue.finish(token, Status.DONE, fields, old=(Status.PROCESSING, Status.NEEDS_REVIEW), same=same)
 
 
 def write_needs_review(queue: SheetQueue, token: str, *, score: float, reason: str) -> bool:

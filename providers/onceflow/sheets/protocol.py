@@ -498,11 +498,13 @@ class SheetQueue:
         new: Status,
         fields: dict[str, str] | None = None,
         old: Status | Collection[Status] = Status.PROCESSING,
+        *,
+        same: Callable[[Row], bool] | None = None,
     ) -> bool:
         """Settle the row of ``token``: write ``fields``, then ``old`` (PROCESSING by default) ->
-        ``new`` (final) with its row anchor deleted in the same batch. See
-        :func:`onceflow.sheets.settle.finish_many`."""
-        return settle.finish_many(self, [(token, new, fields)], old)[0]
+        ``new`` (final) with its row anchor deleted in the same batch, unless ``same`` refuses the
+        row. See :func:`onceflow.sheets.settle.finish_many`."""
+        return settle.finish_many(self, [(token, new, fields)], old, same=same)[0]
 
     def finish_many(self, items: Sequence[settle.Finish]) -> list[bool]:
         """:meth:`finish` for many rows at the cost of one (1 read + 2 writes)."""

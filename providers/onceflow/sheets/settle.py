@@ -40,7 +40,11 @@ Finish = tuple[str, Status, "dict[str, str] | None"]
 
 
 def finish_many(
-    queue: SheetQueue, items: Sequence[Finish], old: Status | Collection[Status] = Status.PROCESSING
+    queue: SheetQueue,
+    items: Sequence[Finish],
+    old: Status | Collection[Status] = Status.PROCESSING,
+    *,
+    same: Callable[[Row], bool] | None = None,
 ) -> list[bool]:
     """Write each row's fields, then move it ``old`` -> its final status and drop its anchor.
 
@@ -53,6 +57,9 @@ def finish_many(
     :param old: the status each row must still be in, or several (DONE comes from PROCESSING or,
         after an approval, from NEEDS_REVIEW): one fenced ``findReplace`` per old status rides in
         the batch, and a row carries one status, so at most one of them applies.
+    :param same: whether the row (as read through its anchor) is still the one the items were
+        meant for (the write-back's article: an editor may have typed another URL into a row in
+        flight); a row it refuses gets no fields, no transition and keeps its anchor.
     :return: per item, whether its row is now in its final status (also when an earlier,
         ambiguous attempt had moved it).
     :raises ValueError: a status that is not final.
@@ -69,18 +76,31 @@ def finish_many(
     if columns is None:
         raise LookupError("the queue tab has no header row")
     quick: list[tuple[str, dict[str, str]]] = []
+    refused: set[str] = set()
     for token, _new, fields in items:
         wanted = {k: v for k, v in (fields or {}).items() if columns.has(k)}
+        rows = anchored.get(token, [])
+        if same is not None and rows and rows[0].token == token and not same(rows[0]):
+            log.warning(
+                "row %s of %s is no longer the same item (%r): not finished",
+                rows[0].number,
+                token,
+                rows[0].url,
+            )
+            refused.add(token)
+            continue
         if not wanted:
             continue
-        rows = anchored.get(token, [])
         if rows and all(r.token == token for r in rows):
             if rows[0].status in olds and any(rows[0].get(k) != v for k, v in wanted.items()):
                 quick.append((token, wanted))
             continue
         # no anchor, or one on a row that lost the token: the slow path settles the anchor first
         try:
-            queue.write_fields(token, wanted, check=_checker(token, olds))
+            queue.write_fields(token, wanted, check=_checker(token, olds, same))
+        except _NotSame as err:
+            log.warning("%s not finished (%s)", token, err)
+            refused.add(token)
         except (LookupError, _MovedOn) as err:
             log.info("fields of %s not written (%s)", token, err)
     if quick:
@@ -94,17 +114,21 @@ def finish_many(
                 except (LookupError, _MovedOn) as err:
                     log.info("fields of %s not written (%s)", token, err)
     order = sorted(olds, key=lambda st: st.value)  # a fixed order: a resent batch is the same batch
-    moves = [(token, was, new) for token, new, _ in items for was in order]
-    deletions = [anchors.delete(anchors.lookup(token)) for token, _, _ in items]
-    moved = queue.transition_many(columns, moves, extra=deletions)
-    done = [any(moved[i * len(order) : (i + 1) * len(order)]) for i in range(len(items))]
-    if all(done):
+    going = [item for item in items if item[0] not in refused]
+    moves = [(token, was, new) for token, new, _ in going for was in order]
+    deletions = [anchors.delete(anchors.lookup(token)) for token, _, _ in going]
+    moved = queue.transition_many(columns, moves, extra=deletions) if going else []
+    settled = {
+        token: any(moved[i * len(order) : (i + 1) * len(order)]) for i, (token, _, _) in enumerate(going)
+    }
+    done = [settled.get(token, False) for token, _, _ in items]
+    if all(settled.values()):
         return done
     # a 0 can be this very batch's resent copy (httplib2 resends a request whose reply was lost)
     # finding the row already moved by the first copy: the sheet decides
     after = queue.snapshot()
     return [
-        ok or any(r.status is new for r in after.rows_with_token(token))
+        token not in refused and (ok or any(r.status is new for r in after.rows_with_token(token)))
         for ok, (token, new, _) in zip(done, items, strict=True)
     ]
 
@@ -113,10 +137,18 @@ class _MovedOn(Exception):
     """The row is no longer in the state the fields were meant for."""
 
 
-def _checker(token: str, olds: Collection[Status]) -> Callable[[Row], None]:
-    """A ``write_fields`` check: the row still carries ``token`` in one of ``olds``."""
+class _NotSame(_MovedOn):
+    """The row carries the token but is no longer the item it was claimed for."""
+
+
+def _checker(
+    token: str, olds: Collection[Status], same: Callable[[Row], bool] | None = None
+) -> Callable[[Row], None]:
+    """A ``write_fields`` check: the row still carries ``token`` in one of ``olds`` (and ``same``)."""
 
     def check(row: Row) -> None:
+        if same is not None and row.token == token and not same(row):
+            raise _NotSame(f"row {row.number} now holds {row.url!r}")
         if row.token != token or row.status not in olds:
             wanted = " or ".join(sorted(st.value for st in olds))
             raise _MovedOn(f"row {row.number} is {row.status_cell.raw!r}, not {wanted} #{token}")

@@ -80,11 +80,20 @@ class TranslateArticleOperator(ArticleStepOperator):
         self.translate_conn_id = translate_conn_id
 
     def work(self, run: StepRun, context: Context) -> dict[str, Any]:
-        from onceflow.articles import chain
-        from onceflow.hooks.translate import TranslateHook
+        from airflow.sdk.exceptions import AirflowFailException
 
-        hook = TranslateHook(conn_id=self.translate_conn_id)
-        return chain.translate(run, _step_store(), hook.get_translator, int(hook.max_chars))
+        from onceflow.articles import chain
+        from onceflow.hooks.translate import TranslateConfigError, TranslateHook
+
+        try:
+            hook = TranslateHook(conn_id=self.translate_conn_id)
+            max_chars = int(hook.max_chars)
+        except TranslateConfigError as exc:
+            # the connection is wrong, not the article: no retry can help, and the row is not
+            # marked FAILED; the ledger records the failure and sheet_reconcile re-drives the
+            # article once the connection is fixed (docs/articles.md)
+            raise AirflowFailException(f"{exc}; fix the connection, the article is re-driven after") from exc
+        return chain.translate(run, _step_store(), hook.get_translator, max_chars)
 
 
 class ScoreArticleOperator(ArticleStepOperator):

@@ -30,16 +30,21 @@ from onceflow.testing.processes import exit_code_unreaped
 
 DEMO_SPREADSHEET_ID = "onceflow-demo"
 #: The demo sheet's rows: articles of the embedded demo site (``onceflow.testing.article_site``),
-#: each a path on it; one Catalan page (translated by the Spanish pair: it scores low and waits
-#: for a reviewer), one page that is not HTML (FAILED with its reason), and one cell that is not a
-#: URL (INVALID at the claim).
+#: each a path on it. With the demo's threshold (:data:`DEMO_SCORE_THRESHOLD`) three publish at
+#: once, one (score 0.90) waits for a reviewer; the Catalan page fails with the reason that no
+#: Apertium pair for it is installed, the PDF with "not HTML"; one cell that is not a URL is
+#: INVALID at the claim.
 DEMO_ARTICLE_PATHS = (
+    "/articles/biblioteca-movil.html",
+    "/articles/con-script.html",
+    "/articles/titulo-formula.html",
     "/articles/huertos-urbanos.html",
-    "/articles/tren-nocturno.html",
-    "/articles/gazpacho.html",
     "/articles/festa-major.html",
     "/files/notes.pdf",
 )
+#: The demo's publication threshold (the Variable ``onceflow_score_threshold``; 0.7 by default):
+#: high enough that one demo article (0.90) goes to a human review.
+DEMO_SCORE_THRESHOLD = "0.92"
 DEMO_NOT_A_URL = "not a url"
 #: Preferred ports of the demo article site and the watchdog's alert receiver.
 SITE_PORT = 8765
@@ -184,6 +189,7 @@ def environment(
                 },
             }
         ),
+        "AIRFLOW_VAR_ONCEFLOW_SCORE_THRESHOLD": DEMO_SCORE_THRESHOLD,
         "AIRFLOW_CONN_ONCEFLOW_FETCH": json.dumps(
             {"conn_type": "generic", "extra": {"allow": [f"127.0.0.1:{site_port}"]}}
         ),
@@ -539,9 +545,11 @@ first run starts as soon as the DAGs are parsed (a minute or two): it claims the
 article rows (the "not a url" row becomes INVALID with its reason) and starts one article_pipeline
 run per row: fetch from the demo site, extract, translate with Apertium (Spanish to English),
 score, polish with the sheet's glossary tab, publish, write DONE, the score and the link back to
-the row. The Catalan page scores low and waits for a reviewer (row NEEDS_REVIEW): approve or
-reject it in the UI (Browse -> Required Actions, or the run's `review` task). The PDF row ends
-FAILED with its reason. daily_sales loads the latest day of orders; sales_dashboard redraws after
+the row. One article scores 0.90, under the demo's threshold {DEMO_SCORE_THRESHOLD} (Variable
+onceflow_score_threshold), and waits for a reviewer (row NEEDS_REVIEW): approve or reject it in
+the UI (the run's `review` task, or Browse -> Required Actions). The Catalan page ends FAILED
+(no Apertium pair for Catalan is installed) and the PDF row FAILED (not HTML), each with its
+reason on the row. daily_sales loads the latest day of orders; sales_dashboard redraws after
 each load; sheet_reconcile repairs orphaned claims; heartbeat beats every minute.
 
   Article site      http://127.0.0.1:{site_port}/   (the demo pages; published pages under /published/)

@@ -51,6 +51,8 @@ def get_provider_info() -> dict[str, Any]:
                     "onceflow.operators.dashboard",
                     "onceflow.operators.sheets",
                     "onceflow.operators.ledger",
+                    "onceflow.operators.article_step",
+                    "onceflow.operators.articles",
                 ],
             }
         ],

@@ -112,6 +112,7 @@ def kill_mid_flight(cluster: CeleryCluster, dag_id: str, *, timeout: float = 300
     return killed
 
 
+@pytest.mark.slow  # 139 s idle; make test stays under 40 min (the Celery tests run in make test-slow)
 def test_tasks_spread_over_private_workers_and_survive_kills(
     airflow_cluster_factory: Callable[..., Any], tmp_path: Path
 ) -> None:
@@ -343,7 +344,7 @@ def rows_processed(
     }
 
 
-@pytest.mark.slow  # 13 min on a loaded 2-core box; the 2-worker probe above stays in make test
+@pytest.mark.slow  # 13 min on a loaded 2-core box (make test-slow)
 @pytest.mark.timeout(1800)
 def test_claimed_rows_are_processed_once_despite_kills(
     airflow_cluster_factory: Callable[..., Any],

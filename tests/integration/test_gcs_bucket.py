@@ -38,6 +38,7 @@ def test_makes_the_bucket_once() -> None:
     assert names == ["onceflow"]
 
 
+@pytest.mark.slow  # 91 s: the Google client's own retries against a closed port
 def test_an_unreachable_emulator_is_a_clear_failure(onceflow_free_port: int) -> None:
     done = _run("--endpoint", f"http://127.0.0.1:{onceflow_free_port}", "--bucket", "onceflow")
     assert done.returncode == 1

@@ -9,8 +9,8 @@ from onceflow.testing.ports import free_port
 pytest_plugins = ["pytester"]
 
 INNER = """
-def test_needs_postgres(postgres_url):
-    assert postgres_url.startswith("postgresql")
+def test_needs_postgres(onceflow_postgres_url):
+    assert onceflow_postgres_url.startswith("postgresql")
 """
 
 

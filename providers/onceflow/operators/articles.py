@@ -45,17 +45,11 @@ class FetchArticleOperator(ArticleStepOperator):
         self.fetch_conn_id = fetch_conn_id
 
     def work(self, run: StepRun, context: Context) -> dict[str, Any]:
-        from airflow.sdk import BaseHook
-
         from onceflow.articles import chain
-        from onceflow.articles.fetch import FetchPolicy
+        from onceflow.hooks.fetch import FetchHook
 
-        try:
-            extras = BaseHook.get_connection(self.fetch_conn_id).extra_dejson
-        except Exception:  # no connection: the default policy (public addresses only)
-            self.log.info("no connection %r: the default fetch policy", self.fetch_conn_id)
-            extras = {}
-        return chain.fetch(run, _step_store(), FetchPolicy.from_extras(dict(extras)))
+        # no connection: the default policy (public addresses only); a broken one is an error
+        return chain.fetch(run, _step_store(), FetchHook(self.fetch_conn_id).policy)
 
 
 class ExtractArticleOperator(ArticleStepOperator):

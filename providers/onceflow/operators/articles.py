@@ -136,7 +136,8 @@ class PublishArticleOperator(ArticleStepOperator):
         from onceflow.articles import chain
         from onceflow.hooks.storage import StorageHook
 
-        return chain.publish(run, _step_store(), StorageHook().publisher())
+        hook = StorageHook()  # one connection lookup for the step outputs and the publisher
+        return chain.publish(run, hook.step_store(), hook.publisher())
 
 
 class WriteBackOperator(ArticleStepOperator):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
 
 from onceflow.testing.article_site.server import ArticleSite
+from onceflow.testing.serving import serve_until_signalled
 
 DEFAULT_PORT = 8765
 
@@ -36,21 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     site = ArticleSite(args.host, args.port, published_dir=args.published_dir, verbose=args.verbose)
-    stopper: list[threading.Thread] = []
-
-    def _stop(signum: int, frame: object) -> None:
-        if not stopper:  # stop() waits for serve_forever to return: another thread must call it
-            stopper.append(threading.Thread(target=site.stop))
-            stopper[0].start()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
     print(f"article site: {site.base_url}/", flush=True)
-    try:
-        site.serve_forever()
-    finally:
-        if stopper:
-            stopper[0].join()
-        else:
-            site.stop()
+    serve_until_signalled(site.serve_forever, site.stop)
     return 0

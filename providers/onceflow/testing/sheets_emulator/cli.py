@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 from typing import Any
 
+from onceflow.testing.serving import serve_until_signalled
 from onceflow.testing.sheets_emulator.limits import METADATA_LIMIT
 from onceflow.testing.sheets_emulator.quota import Quota
 from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
@@ -72,24 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             book = server.seed(spec)
             # stderr: the first line on stdout is always the endpoint, for callers using --port 0.
             print(f"seeded spreadsheet {book['spreadsheetId']} from {path}", file=sys.stderr, flush=True)
-    stopper: list[threading.Thread] = []
-
-    def _stop(signum: int, frame: object) -> None:
-        if not stopper:
-            # shutdown() waits for serve_forever to return, so it must run on another thread.
-            stopper.append(threading.Thread(target=server.stop))
-            stopper[0].start()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
     print(f"Sheets API emulator listening on {server.endpoint}", flush=True)
-    try:
-        server.serve_forever()
-    finally:
-        if stopper:
-            stopper[0].join()
-        else:
-            server.stop()
+    serve_until_signalled(server.serve_forever, server.stop)
     return 0
 
 

@@ -522,7 +522,11 @@ def _stop(children: list[subprocess.Popen[bytes]], marker: str) -> None:
 
 def _topology(cfg: LocalRunConfig) -> str:
     if cfg.executor == "celery":
-        return "PostgreSQL metadata DB; CeleryExecutor: 2 schedulers, 2 workers on Redis"
+        from sqlalchemy.engine import make_url
+
+        # the password stays out of the banner (it lands in terminals and CI logs)
+        db = make_url(cfg.database_url or "").render_as_string(hide_password=True)
+        return f"PostgreSQL metadata DB {db}; CeleryExecutor: 2 schedulers, 2 workers on Redis"
     return "SQLite metadata DB, LocalExecutor"
 
 

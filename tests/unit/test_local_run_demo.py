@@ -70,3 +70,19 @@ def test_an_existing_shop_db_is_kept(tmp_path: Path) -> None:
 
     assert _orders(shop) == count
     assert shop.stat().st_mtime_ns == mtime
+
+
+def test_the_celery_banner_names_the_metadata_database_without_its_password(tmp_path: Path) -> None:
+    cfg = LocalRunConfig(
+        home=tmp_path,
+        dags_folder=tmp_path / "dags",
+        plugins_folder=tmp_path / "plugins",
+        port=8080,
+        demo_days=3,
+        executor="celery",
+        database_url="postgresql+psycopg2://airflow:s3cret@db.example:5432/airflow",
+    )
+    banner = local_run._banner(cfg, "http://127.0.0.1:8080", 8081, 8765)
+    assert "postgresql+psycopg2://airflow:***@db.example:5432/airflow" in banner
+    assert "s3cret" not in banner
+    assert "SQLite" not in banner

@@ -8,6 +8,7 @@ cells, the published file on disk and over HTTP from the demo site, the ledger's
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import urllib.request
 from pathlib import Path
@@ -208,3 +209,23 @@ def test_a_redirect_to_a_private_address_and_a_non_html_file_fail_once_with_thei
         row = row_of(sheets_emulator, sid, claim.token)
         assert row.status.value == "FAILED", row
         assert expected[claim.url] in row.get("reason").lower(), row.get("reason")
+
+
+def test_a_server_that_asks_to_be_retried_later_is_waited_for_by_deferral_not_a_retry(
+    run_dag: Any, chain_env: Ledger, site: ArticleSite, sheets_emulator: SheetsEmulator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """429 with ``Retry-After: 2`` twice, then the page: the fetch task defers (holding no worker
+    slot) for the server's time, fetches again as the same try, and the row ends DONE."""
+    url = site.url("/busy/2?retry_after=2&to=/articles/huertos-urbanos.html")
+    sid, [claim] = claimed(sheets_emulator, monkeypatch, [url])
+    run = run_dag("article_pipeline", conf=claim.conf(sid, "queue", "v1"))
+    assert run.state == "success", run.ti_states
+    assert run.try_numbers["fetch"] == 1, "a deferral, not one of Airflow's retries"
+    asks = site.requests_to("/busy/")
+    assert [a.status for a in asks] == [429, 429, 200], asks
+    gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(asks)]
+    assert all(gap >= 2.0 for gap in gaps), f"fetched again before Retry-After: {gaps}"
+    assert row_of(sheets_emulator, sid, claim.token).status.value == "DONE"
+    [fetched] = [r for r in chain_env.results(ledger_link.work_key(claim.row_key)) if r.step == "fetch"]
+    assert fetched.payload["uri"].startswith("file://")

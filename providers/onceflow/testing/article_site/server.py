@@ -8,6 +8,9 @@ Routes (GET and HEAD):
 - ``/redirect/<n>``: a chain of ``n`` redirects ending at an article (``?to=/path`` picks which).
 - ``/redirect-to?url=<url>``: one redirect anywhere (``/private-redirect`` goes to 10.0.0.1).
 - ``/status/<code>``: that status, with ``Retry-After`` when ``?retry_after=`` is given.
+- ``/busy/<n>``: ``429 Too Many Requests`` with ``Retry-After: <retry_after>`` (default 1) to the
+  first ``n`` requests of that exact path and query, then the article ``?to=`` names (default
+  ``/articles/gazpacho.html``): a server that asks to be retried later.
 - ``/huge``: 50 MB of HTML generated while it is sent (``?bytes=N``; ``?declare=1`` sends a
   ``Content-Length``); ``/slow``: HTML headers, then one byte per second forever
   (``?interval=s``); ``/slow-headers``: the same inside a header line that never ends.
@@ -24,7 +27,8 @@ import mimetypes
 import socket
 import ssl
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -51,6 +55,8 @@ class Access:
     host: str
     status: int = 0
     bytes_sent: int = 0
+    #: ``time.monotonic()`` when the request arrived
+    at: float = field(default_factory=time.monotonic)
 
 
 class _Server(ThreadingHTTPServer):
@@ -88,6 +94,7 @@ class ArticleSite:
         self.log: list[Access] = []
         self.connections = 0
         self._lock = threading.Lock()
+        self._busy_seen: dict[str, int] = {}
         self._stopping = threading.Event()
         server_class = (
             type("_Server6", (_Server,), {"address_family": socket.AF_INET6}) if ":" in host else _Server
@@ -165,6 +172,13 @@ class ArticleSite:
         with self._lock:
             return [a for a in self.log if a.path.startswith(path_prefix)]
 
+    def _busy_count(self, key: str) -> int:
+        """How many requests of ``key`` (path and query) ``/busy`` saw before this one."""
+        with self._lock:
+            seen = self._busy_seen.get(key, 0)
+            self._busy_seen[key] = seen + 1
+            return seen
+
     def _count_connection(self) -> None:
         with self._lock:
             self.connections += 1
@@ -231,6 +245,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._redirect(PRIVATE_REDIRECT, 302)
         elif path.startswith("/status/"):
             self._status_page(path, query)
+        elif path.startswith("/busy/"):
+            self._busy(path, query, site)
         elif path == "/huge":
             self._huge(int(query.get("bytes", HUGE_BYTES)), query.get("declare") == "1")
         elif path == "/slow":
@@ -292,6 +308,17 @@ class _Handler(BaseHTTPRequestHandler):
             return
         headers = {"Retry-After": query["retry_after"]} if "retry_after" in query else {}
         self._error(int(code), headers)
+
+    def _busy(self, path: str, query: dict[str, str], site: ArticleSite) -> None:
+        refusals = path.removeprefix("/busy/")
+        entry = ARTICLES.get(query.get("to", "/articles/gazpacho.html"))
+        if not refusals.isdigit() or entry is None:
+            self._error(404)
+            return
+        if site._busy_count(self.path) < int(refusals):
+            self._error(429, {"Retry-After": query.get("retry_after", "1")})
+        else:
+            self._send(200, page_bytes(entry), entry.content_type)
 
     def _huge(self, size: int, declare: bool) -> None:
         """Generate ``size`` bytes of HTML as they are sent: never more than one chunk in memory."""

@@ -108,3 +108,8 @@ def article_site(onceflow_article_site: Any) -> Any:
 @pytest.fixture(scope="session")
 def fake_gcs(onceflow_fake_gcs: Any) -> Any:
     return onceflow_fake_gcs
+
+
+@pytest.fixture
+def queue_sheet(onceflow_queue_sheet: Any) -> Any:
+    return onceflow_queue_sheet

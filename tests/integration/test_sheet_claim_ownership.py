@@ -29,42 +29,17 @@ from onceflow.sheets.model import Snapshot, Status, token_time
 from onceflow.sheets.protocol import Claim, SheetQueue
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 from onceflow.sheets.validation import judge_url
-from onceflow.testing.dag_runner import FIRST_STEP_ONLY
+from onceflow.testing.dag_runner import FIRST_STEP_ONLY, dag_runs
 from onceflow.testing.sheet_edits import batch_update, delete_rows
+from onceflow.testing.sheets_fixtures import CLAIMED_QUEUE_HEADER
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from onceflow.testing.sheets_fixtures import SheetsEmulator
 
-HEADER = ["url", "status", "reason", "run_id", "score", "published_url", "claim_token", "claimed_at"]
+HEADER = CLAIMED_QUEUE_HEADER
 LEASE_PASSED = {"lease_minutes": 0, "processing_version": "v1", "max_redrives": 3}
-
-
-@pytest.fixture
-def queue_sheet(sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Make a queue spreadsheet on the emulator and point ``onceflow_sheets`` at it."""
-
-    def make(rows: list[list[str]]) -> str:
-        sid = sheets_emulator.create_spreadsheet("articles", sheets={"queue": [HEADER, *rows]})
-        monkeypatch.setenv(
-            "AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid)
-        )
-        return sid
-
-    return make
-
-
-def _runs(dag_id: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        return {
-            dr.run_id: (str(dr.state), dict(dr.conf or {}))
-            for dr in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id))
-        }
 
 
 def _key(url: str) -> str:
@@ -95,7 +70,7 @@ def test_reconcile_leaves_a_claim_made_under_v2_to_its_v2_run(
     # the lease has passed; reconcile runs with its own default version, v1
     repaired = run_dag("sheet_reconcile", conf=LEASE_PASSED)
     assert repaired.state == "success", repaired.ti_states
-    runs = _runs("article_pipeline")
+    runs = dag_runs("article_pipeline")
     assert v1 not in runs, "reconcile started a second run of the article under its own version"
     assert runs[v2][0] == "queued"
     assert not [e for e in repaired.xcom("reconcile") if e["action"] in ("create_run", "reset_run")]
@@ -114,7 +89,7 @@ def test_reconcile_creates_the_missing_run_under_the_version_the_row_was_claimed
     assert repaired.state == "success", repaired.ti_states
     created = [e["run_id"] for e in repaired.xcom("reconcile") if e["action"] == "create_run"]
     assert created == [claim.run_id]
-    runs = _runs("article_pipeline")
+    runs = dag_runs("article_pipeline")
     assert pipeline_run_id(_key(url), "v1") not in runs
     assert runs[claim.run_id][1]["processing_version"] == "v2"
     assert runs[claim.run_id][1]["claim_token"] == claim.token
@@ -212,7 +187,7 @@ def test_the_claimer_whose_run_already_carries_another_claim_marks_its_own_row_d
     assert rows[b.token].status is Status.PROCESSING
     assert rows[a_token].status is Status.DUPLICATE
     assert rows[a_token].get("reason") == f"duplicate of row 3 ({b.url})"
-    assert _runs("article_pipeline")[b.run_id][1]["claim_token"] == b.token
+    assert dag_runs("article_pipeline")[b.run_id][1]["claim_token"] == b.token
 
     # reconcile agrees: the row the run works on stays, nothing is re-driven
     repaired = run_dag("sheet_reconcile", conf=LEASE_PASSED)
@@ -249,7 +224,7 @@ def test_reconcile_keeps_the_row_whose_claim_token_is_in_the_run(
     assert rows[b.token].status is Status.PROCESSING, "the row the run works on was demoted"
     assert rows[a_claim.token].status is Status.DUPLICATE
     assert rows[a_claim.token].get("reason") == f"duplicate of row 3 ({b.url})"
-    assert _runs("article_pipeline")[b.run_id][1]["claim_token"] == b.token
+    assert dag_runs("article_pipeline")[b.run_id][1]["claim_token"] == b.token
 
 
 def test_a_recheck_works_on_the_row_that_owns_the_run_not_the_claim_the_item_was_registered_with(
@@ -284,7 +259,7 @@ def test_a_recheck_works_on_the_row_that_owns_the_run_not_the_claim_the_item_was
     key = ledger_link.work_key(b.row_key)
     assert claimed.xcom("claim_rows")["runs"][b.run_id] == "created"
     assert key not in claimed.xcom("claim_rows")["ledger_items_created"]
-    a_conf = _runs("article_pipeline")[b.run_id][1]
+    a_conf = dag_runs("article_pipeline")[b.run_id][1]
     a_token = a_conf["claim_token"]
     assert a_token != b.token
 
@@ -336,7 +311,7 @@ def _delete_run(dag_id: str, run_id: str) -> None:
 
     with create_session() as session:
         session.execute(delete(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
-    assert run_id not in _runs(dag_id)
+    assert run_id not in dag_runs(dag_id)
 
 
 # -- defect 5: a claimed bad row left PROCESSING ---------------------------------------------------

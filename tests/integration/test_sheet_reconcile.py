@@ -25,38 +25,13 @@ from onceflow.sheets.model import Snapshot, Status
 from onceflow.sheets.protocol import AUDIT_HEADER, SheetQueue
 from onceflow.sheets.retry import Backoff, RetriesExhausted, ServerError
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
-from onceflow.testing.dag_runner import FIRST_STEP_ONLY
+from onceflow.testing.dag_runner import FIRST_STEP_ONLY, dag_runs
+from onceflow.testing.sheets_fixtures import CLAIMED_QUEUE_HEADER
 
 if TYPE_CHECKING:
     from onceflow.testing.sheets_fixtures import SheetsEmulator
 
-HEADER = ["url", "status", "reason", "run_id", "score", "published_url", "claim_token", "claimed_at"]
-
-
-@pytest.fixture
-def queue_sheet(sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Make a queue spreadsheet on the emulator and point ``onceflow_sheets`` at it."""
-
-    def make(rows: list[list[str]]) -> str:
-        sid = sheets_emulator.create_spreadsheet("articles", sheets={"queue": [HEADER, *rows]})
-        monkeypatch.setenv(
-            "AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid)
-        )
-        return sid
-
-    return make
-
-
-def _runs(dag_id: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        return {
-            dr.run_id: (str(dr.state), dict(dr.conf or {}))
-            for dr in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id))
-        }
+HEADER = CLAIMED_QUEUE_HEADER
 
 
 def _run_id(url: str) -> str:
@@ -77,7 +52,7 @@ def test_sheet_claim_claims_first_then_creates_one_run_per_row(
     out = result.xcom("claim_rows")
     assert out["runs"] == {_run_id(u): "created" for u in urls}
     assert [r["status"] for r in out["rejected"]] == ["INVALID"]
-    runs = _runs("article_pipeline")
+    runs = dag_runs("article_pipeline")
     for claim in out["claims"]:
         state, conf = runs[claim["run_id"]]
         assert state == "queued" and conf["claim_token"] == claim["claim_token"]
@@ -92,7 +67,7 @@ def test_sheet_claim_claims_first_then_creates_one_run_per_row(
     second = run_dag("sheet_claim", conf={"max_rows": 10, "processing_version": "v1"})
     assert second.state == "success", second.ti_states
     assert second.xcom("claim_rows")["runs"] == {_run_id(again.url): "exists"}
-    assert sum(1 for run_id in _runs("article_pipeline") if run_id == _run_id(again.url)) == 1
+    assert sum(1 for run_id in dag_runs("article_pipeline") if run_id == _run_id(again.url)) == 1
 
 
 def test_article_pipeline_reads_its_row_back_by_token_wherever_it_moved(
@@ -164,7 +139,7 @@ def test_a_claimer_killed_between_claim_and_run_creation_is_repaired_with_exactl
     assert len(tokens) == 2, claimer.stderr.read() if claimer.stderr else ""
     rows = {r.token: r for r in Snapshot.from_values(sheets_emulator.values(sid, "queue")).rows if r.token}
     orphan_runs = {_run_id(rows[t].url) for t in tokens}
-    assert not orphan_runs & set(_runs("article_pipeline")), "no run exists for the orphaned claims yet"
+    assert not orphan_runs & set(dag_runs("article_pipeline")), "no run exists for the orphaned claims yet"
 
     # within the lease no run is created, but the claims the ledger missed are registered at once
     # (registering is idempotent, so it cannot race the claimer); past it, the missing runs are
@@ -188,7 +163,7 @@ def test_a_claimer_killed_between_claim_and_run_creation_is_repaired_with_exactl
     assert sorted(e["run_id"] for e in first.xcom("reconcile")) == sorted(orphan_runs)
     second = run_dag("sheet_reconcile", conf=params)
     assert second.state == "success" and second.xcom("reconcile") == [], "a queued run is left alone"
-    runs = _runs("article_pipeline")
+    runs = dag_runs("article_pipeline")
     for token in tokens:
         run_id = _run_id(rows[token].url)
         assert [r for r in runs if r == run_id] == [run_id]
@@ -355,7 +330,7 @@ def test_reconcile_re_drives_a_run_that_failed_in_the_metadata_db(
     assert [(e["action"], e["claim_token"], e["run_id"]) for e in repaired.xcom("reconcile")] == [
         ("reset_run", token, run_id)
     ]
-    assert _runs("article_pipeline")[run_id][0] == "queued", "the failed run was not cleared"
+    assert dag_runs("article_pipeline")[run_id][0] == "queued", "the failed run was not cleared"
 
 
 def test_a_re_drive_whose_audit_append_was_resent_counts_once(sheets_emulator: SheetsEmulator) -> None:

@@ -28,6 +28,7 @@ EXPECTED = {
     "onceflow_free_port",
     "onceflow_sheets_emulator",
     "onceflow_sheets_emulator_factory",
+    "onceflow_queue_sheet",
     "onceflow_fake_clock",
     "onceflow_ledger_url",
     "onceflow_ledger",

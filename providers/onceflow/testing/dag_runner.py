@@ -148,3 +148,16 @@ def load_dag(dag_id: str, dags_folder: str | None = None) -> DAG:
         errors = "\n".join(f"{k}: {v}" for k, v in bag.import_errors.items())
         raise KeyError(f"DAG {dag_id!r} not found in {bag.dag_folder}; import errors:\n{errors}")
     return bag.dags[dag_id]
+
+
+def dag_runs(dag_id: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every run of ``dag_id`` in the metadata DB: ``run_id -> (state, conf)``."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return {
+            dr.run_id: (str(dr.state), dict(dr.conf or {}))
+            for dr in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id))
+        }

@@ -29,6 +29,17 @@ if TYPE_CHECKING:
     from onceflow.testing.sheets_emulator.requestlog import RequestLog
 
 DEFAULT_CONN_ID = "onceflow_sheets"
+#: the article queue's columns with the claim's own two (``docs/sheet-queue.md``)
+CLAIMED_QUEUE_HEADER = [
+    "url",
+    "status",
+    "reason",
+    "run_id",
+    "score",
+    "published_url",
+    "claim_token",
+    "claimed_at",
+]
 
 
 def connection_json(endpoint: str, **extra: Any) -> str:
@@ -160,6 +171,26 @@ def onceflow_sheets_emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         emulator.stop()
 
 
+@pytest.fixture
+def onceflow_queue_sheet(
+    onceflow_sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[list[list[str]]], str]:
+    """``make(rows)``: a queue spreadsheet (tab ``queue``, :data:`CLAIMED_QUEUE_HEADER`) on the
+    emulator holding ``rows``, with connection ``onceflow_sheets`` pointing at it; its id."""
+
+    def make(rows: list[list[str]]) -> str:
+        sid = onceflow_sheets_emulator.create_spreadsheet(
+            "articles", sheets={"queue": [CLAIMED_QUEUE_HEADER, *rows]}
+        )
+        monkeypatch.setenv(
+            f"AIRFLOW_CONN_{DEFAULT_CONN_ID.upper()}",
+            onceflow_sheets_emulator.connection_json(spreadsheet_id=sid),
+        )
+        return sid
+
+    return make
+
+
 _DEFAULT_STATE = object()
 
 
@@ -184,8 +215,10 @@ def onceflow_sheets_emulator_factory(tmp_path: Path) -> Iterator[Callable[..., S
 
 
 __all__ = [
+    "CLAIMED_QUEUE_HEADER",
     "SheetsEmulator",
     "connection_json",
+    "onceflow_queue_sheet",
     "onceflow_sheets_emulator",
     "onceflow_sheets_emulator_factory",
 ]

@@ -173,30 +173,44 @@ def test_the_manifest_is_stored_only_after_both_parquet_files(
     assert seen[-1][2] == ["manifest.json", "rejects.parquet", "rows.parquet"]
 
 
-@pytest.mark.parametrize("stage", ["file"], indirect=True)  # GCS: the killed uploader below
-def test_a_local_write_that_fails_midway_leaves_the_previous_file_and_no_temporary(
-    stage: Staging, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    first = clean_day(DAY, CONFIG)
-    staging.write_clean(stage.folder, first, partition=DAY, processing_version="v1")
-    before = stage.stored()
-    real_write = os.write
-    calls = 0
-
-    def disk_full_after_a_kilobyte(fd: int, data: Any) -> int:
-        nonlocal calls
-        calls += 1
-        if calls > 1:
-            raise OSError(28, "No space left on device")
-        return real_write(fd, bytes(data[:1024]))
+def _clean_writer_over_its_file_size_limit(folder: str, limit: int, killed: bool) -> None:
+    """write_clean of another day into the local ``folder`` while the kernel refuses writes past
+    ``limit`` bytes (``RLIMIT_FSIZE``): SIGXFSZ kills the writer mid-file, or, ignored (Python's
+    default), the write fails with EFBIG and the writer raises (exit code 3). A child process."""
+    import resource
 
     second = clean_day(DAY, GeneratorConfig(seed=5, orders_per_day=200))
-    with monkeypatch.context() as patch, pytest.raises(OSError, match="No space left"):
-        patch.setattr(os, "write", disk_full_after_a_kilobyte)
-        staging.write_clean(stage.folder, second, partition=DAY, processing_version="v2")
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL if killed else signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    try:
+        staging.write_clean(folder, second, partition=DAY, processing_version="v2")
+    except OSError:
+        os._exit(3)
+    os._exit(0)
 
-    assert calls == 2  # it failed mid-file, after a partial write
-    assert stage.stored() == before  # same names (no temporary left), same bytes
+
+@pytest.mark.parametrize("how", ["raises", "killed"])
+@pytest.mark.parametrize("stage", ["file"], indirect=True)  # GCS: the killed uploader below
+def test_a_local_writer_failing_mid_file_leaves_the_previous_files(stage: Staging, how: str) -> None:
+    staging.write_clean(stage.folder, clean_day(DAY, CONFIG), partition=DAY, processing_version="v1")
+    before = stage.stored()
+    assert len(before["rows.parquet"]) > 4096  # the writer gets part of the way through it
+
+    child = CTX.Process(
+        target=_clean_writer_over_its_file_size_limit, args=(stage.folder.path, 4096, how == "killed")
+    )
+    child.start()
+    child.join(120)
+    assert child.exitcode == (-signal.SIGXFSZ if how == "killed" else 3)
+
+    after = stage.stored()
+    assert {k: v for k, v in after.items() if not k.startswith(".")} == before  # old bytes, all names
+    leftovers = sorted(k for k in after if k.startswith("."))
+    if how == "raises":
+        assert leftovers == []  # the writer removed its temporary file
+    else:  # killed: its hidden temporary file stays, cut at the limit, never under the final name
+        assert len(leftovers) == 1 and leftovers[0].startswith(".rows.parquet.")
+        assert len(after[leftovers[0]]) == 4096
     assert staging.read_clean(stage.folder).processing_version == "v1"
 
 

@@ -15,8 +15,9 @@ Both run ``daily_sales`` with the same pool (``onceflow_warehouse``), shop, ware
 databases. Each repetition backfills a fresh window of ``--days`` local days (every run a first
 run), timed from ``airflow backfill create`` to the scheduler completing it (``timed_backfill``
 of ``bench_backfill.py``); the medians per run and their ratio are printed. Every stored partition,
-read back from the table, must equal the day-by-day pass. Staging goes to one folder both workers
-see (``ONCEFLOW_SALES_STAGING_DIR``), as on a shared filesystem.
+read back from the table, must equal the day-by-day pass. Staging goes through ``onceflow_storage``
+(as in production, where it is a bucket the workers share instead of a disk), here a ``file://``
+folder standing for the bucket.
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             "AIRFLOW_CONN_ONCEFLOW_WAREHOUSE": conn(warehouse),
             "AIRFLOW_CONN_ONCEFLOW_LEDGER": conn(ledger),
             "ONCEFLOW_BUSINESS_TZ": TZ,
-            "ONCEFLOW_SALES_STAGING_DIR": str(work / "staging"),
+            "AIRFLOW_CONN_ONCEFLOW_STORAGE": json.dumps(
+                {"conn_type": "generic", "extra": {"base": (work / "storage").as_uri()}}
+            ),
             "ONCEFLOW_SALES_RETRIES": "0",
             "ONCEFLOW_SALES_START_DATE": "2099-01-01",
         }

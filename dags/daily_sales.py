@@ -63,29 +63,41 @@ def daily_sales() -> None:
     @task
     def extract(**context: Any) -> dict[str, Any]:
         """Read the orders of the run's data interval [start, end) into the run's staging folder."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onceflow.hooks.storage import StorageHook
         from onceflow.hooks.warehouse import ShopDbHook
+        from onceflow.objects import StorageUriError
         from onceflow.sales import staging
         from onceflow.sales.partitions import partition_for_interval
 
         start, end = context["data_interval_start"], context["data_interval_end"]
         day = partition_for_interval(start, end, CONFIG.timezone)
+        try:  # before the shop is read: a wrong setting will not fix itself on retry
+            base = StorageHook().sales_staging()
+        except StorageUriError as exc:
+            raise AirflowFailException(str(exc)) from exc
         # The rows and the shop's clock from one snapshot: the load refuses an older extract.
         frame, watermark = ShopDbHook().read_interval_snapshot(start, end)
-        folder = staging.run_dir(staging.base_dir(), context["dag"].dag_id, day, context["run_id"])
+        folder = staging.run_dir(base, context["dag"].dag_id, day, context["run_id"])
         staging.write_extract(folder, frame, source_watermark_utc=watermark)
-        return {"partition": day.isoformat(), "staging_dir": str(folder), "source_rows": len(frame)}
+        # XCom carries the folder's URI (file:// or gs://): any worker can reach it.
+        return {
+            "partition": day.isoformat(),
+            "staging_dir": staging.folder_uri(folder),
+            "source_rows": len(frame),
+        }
 
     @task
     def clean(extracted: dict[str, Any]) -> dict[str, Any]:
         """Clean the staged orders; rows and rejects go back to the same staging folder."""
-        from pathlib import Path
-
+        from onceflow.hooks.storage import StorageHook
         from onceflow.sales import staging
         from onceflow.sales.clean import PROCESSING_VERSION, clean_orders
         from onceflow.sales.partitions import validate_partition
 
         day = validate_partition(extracted["partition"])
-        folder = Path(extracted["staging_dir"])
+        folder = StorageHook().path(extracted["staging_dir"])  # a URI, or a path from an old XCom
         # Rows and watermark from one read of one file: an overlapping extract try cannot mix them.
         source = staging.read_extract(folder)
         result = clean_orders(source.frame, partition=day, reporting_currency=CONFIG.reporting_currency)

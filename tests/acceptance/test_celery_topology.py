@@ -6,16 +6,22 @@ disk) as real processes, with a scheduler and a worker SIGKILLed mid-flight and 
   running tasks (its task processes die with it) and a scheduler killed at the same time: the
   other scheduler goes on, the lost tasks are retried, nothing stays queued.
 * ``test_a_30_day_backfill_survives_a_killed_scheduler_and_worker`` (slow): every stored
-  partition equals the day-by-day pass.
+  partition equals the day-by-day pass; extract, clean and load hand each day over through
+  ``onceflow_storage`` only (no staging folder on any worker's disk).
 * ``test_claimed_rows_are_processed_once_despite_kills``: rows claimed by ``sheet_claim`` and
   run through every step of ``article_pipeline`` on main: no row claimed twice, no article
   published twice, nothing queued forever (20 rows here, 200 in the ``slow`` variant).
 
-Nothing is mocked: Redis, PostgreSQL, Airflow's own processes, the Sheets emulator.
+The daily_sales and article tests run twice, with ``onceflow_storage`` on ``file://`` (one folder
+standing for the bucket every worker reaches) and on a fake GCS bucket (``fake-gcs-server``; the
+workers are separate processes, so they get the emulator through the connection's ``endpoint``
+extra and the bucket in ``base``). Nothing is mocked: Redis, PostgreSQL, Airflow's own processes,
+the Sheets emulator.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import shutil
@@ -42,6 +48,7 @@ from onceflow.testing.sales_backfill import (
 if TYPE_CHECKING:
     from onceflow.testing.article_site import ArticleSite
     from onceflow.testing.celery_cluster import CeleryCluster
+    from onceflow.testing.gcs_fixtures import FakeGcs
     from onceflow.testing.sheets_fixtures import SheetsEmulator
 
 pytestmark = [pytest.mark.real_airflow, pytest.mark.postgres]
@@ -157,6 +164,60 @@ def test_tasks_spread_over_private_workers_and_survive_kills(
     assert cluster.leftover_pids() == [] and cluster.broker_keys() == []
 
 
+# -- onceflow_storage: what the workers share instead of a disk -----------------------------------
+
+STORAGES = ["file", "gcs"]
+
+
+@dataclasses.dataclass
+class SharedStorage:
+    """The ``onceflow_storage`` of a cluster, and an independent reader of what it holds."""
+
+    root: str  # file:///... or gs://bucket
+    #: stored names under ``prefix`` of the root, relative to it (temporary files included)
+    names: Callable[[str], list[str]]
+    endpoint: str | None = None
+
+    def connection(self, **extra: Any) -> str:
+        """``AIRFLOW_CONN_ONCEFLOW_STORAGE``: ``base`` is the root, ``extra`` added."""
+        extras = {"base": self.root, **extra}
+        if self.endpoint is not None:
+            extras["endpoint"] = self.endpoint
+        return json.dumps({"conn_type": "generic", "extra": extras})
+
+
+def shared_storage(storage: str, request: pytest.FixtureRequest, tmp_path: Path) -> SharedStorage:
+    """A ``file://`` folder standing for the bucket, or a fresh bucket on the fake GCS server."""
+    if storage == "file":
+        root = tmp_path / "storage"
+
+        def files(prefix: str) -> list[str]:
+            folder = root / prefix
+            if not folder.exists():
+                return []
+            return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+        return SharedStorage(root.as_uri(), files)
+    fake_gcs: FakeGcs = request.getfixturevalue("fake_gcs")
+    bucket = fake_gcs.bucket()
+
+    def objects(prefix: str) -> list[str]:
+        return sorted(n[len(prefix) + 1 :] for n in fake_gcs.objects(bucket, prefix=prefix + "/"))
+
+    return SharedStorage(f"gs://{bucket}", objects, endpoint=fake_gcs.url)
+
+
+def local_staging(cluster: CeleryCluster) -> list[Path]:
+    """Staging files on the workers' own disks (the old default folders): there must be none."""
+    found: list[Path] = []
+    for name in cluster.worker_names:
+        onceflow_home = cluster.worker_home(name) / "onceflow"
+        found += [
+            p for sub in ("staging", "storage") for p in (onceflow_home / sub).rglob("*") if p.is_file()
+        ]
+    return found
+
+
 # -- daily_sales: a 30-day backfill ----------------------------------------------------------------
 
 TZ = "Europe/Amsterdam"
@@ -176,7 +237,10 @@ def succeeded_runs(cluster: CeleryCluster, dag_id: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
+@pytest.mark.parametrize("storage", STORAGES)
 def test_a_30_day_backfill_survives_a_killed_scheduler_and_worker(
+    storage: str,
+    request: pytest.FixtureRequest,
     airflow_cluster_factory: Callable[..., Any],
     postgres_url_factory: Callable[..., str],
     shop_orders: Callable[..., Any],
@@ -194,14 +258,15 @@ def test_a_30_day_backfill_survives_a_killed_scheduler_and_worker(
     dags = tmp_path / "dags"
     dags.mkdir()
     shutil.copy(REPO_DAGS / "daily_sales.py", dags / "daily_sales.py")
+    shared = shared_storage(storage, request, tmp_path)
     env = {
         "AIRFLOW_CONN_ONCEFLOW_SHOP_DB": pg_connection(shop),
         "AIRFLOW_CONN_ONCEFLOW_WAREHOUSE": pg_connection(warehouse),
         "AIRFLOW_CONN_ONCEFLOW_LEDGER": pg_connection(ledger),
         "ONCEFLOW_BUSINESS_TZ": TZ,
-        # The workers share no disk; daily_sales still stages files between its tasks, so the
-        # staging folder stands for the shared filesystem its docs ask for on several hosts.
-        "ONCEFLOW_SALES_STAGING_DIR": str(tmp_path / "shared-staging"),
+        # The workers share no disk: the staging between extract, clean and load goes through
+        # onceflow_storage (no ONCEFLOW_SALES_STAGING_DIR).
+        "AIRFLOW_CONN_ONCEFLOW_STORAGE": shared.connection(),
         "ONCEFLOW_SALES_START_DATE": "2099-01-01",  # only the backfill's runs
     }
     cluster: CeleryCluster = airflow_cluster_factory(
@@ -230,6 +295,12 @@ def test_a_30_day_backfill_survives_a_killed_scheduler_and_worker(
     assert {k: (p.row_count, p.net_cents) for k, p in loaded.items()} == {
         k: (t.row_count, t.net_cents) for k, t in by_sql.items()
     }
+    # every day was handed over through onceflow_storage: a complete folder per day in the
+    # storage (a killed try's run keeps its one folder), and nothing on a worker's own disk
+    staged = shared.names("sales-staging/daily_sales")
+    manifests = {name.split("/")[0] for name in staged if name.endswith("/manifest.json")}
+    assert manifests == {d.isoformat() for d in days}, staged
+    assert local_staging(cluster) == []
 
 
 # -- the sheet queue and the article chain ---------------------------------------------------------
@@ -237,13 +308,9 @@ def test_a_30_day_backfill_survives_a_killed_scheduler_and_worker(
 QUEUE_HEADER = ["url", "status", "reason", "run_id", "score", "published_url", "claim_token", "claimed_at"]
 
 
-def published_objects(published: Path) -> list[Path]:
-    """Every object under the ``file://`` publish prefix (temporary ones included)."""
-    return sorted(p for p in published.rglob("*") if p.is_file()) if published.exists() else []
-
-
 def rows_processed(
     n_rows: int,
+    shared: SharedStorage,
     airflow_cluster_factory: Callable[..., Any],
     sheets_emulator: SheetsEmulator,
     article_site: ArticleSite,
@@ -255,7 +322,6 @@ def rows_processed(
         "articles", sheets={"queue": [QUEUE_HEADER, *([u, "NEW"] for u in urls)]}
     )
     ledger_url = postgres_url_factory("cledger")
-    published = tmp_path / "published"  # file:// stands for the bucket every worker reaches
     dags = tmp_path / "dags"
     dags.mkdir()
     for name in ("sheet_claim.py", "article_pipeline.py", "sheet_reconcile.py"):
@@ -266,15 +332,9 @@ def rows_processed(
         "AIRFLOW_CONN_ONCEFLOW_FETCH": json.dumps(
             {"conn_type": "generic", "extra": {"allow": [article_site.address]}}
         ),
-        "AIRFLOW_CONN_ONCEFLOW_STORAGE": json.dumps(
-            {
-                "conn_type": "generic",
-                "extra": {
-                    "base": (tmp_path / "steps").as_uri(),
-                    "publish_base": published.as_uri(),
-                    "public_url": article_site.url("/published"),
-                },
-            }
+        # step outputs under <root>/articles, pages under <root>/published
+        "AIRFLOW_CONN_ONCEFLOW_STORAGE": shared.connection(
+            publish_base=f"{shared.root}/published", public_url=article_site.url("/published")
         ),
         # every demo page scores above this: all publish, none waits for a reviewer
         "AIRFLOW_VAR_ONCEFLOW_SCORE_THRESHOLD": "0.05",
@@ -335,36 +395,44 @@ def rows_processed(
     assert run_ids == sorted(r["run_id"] for r in runs)
     # No article published twice: one object per article under the publish prefix (no second
     # copy, no temporary left behind by a killed writer), each row linking its own.
-    pages = published_objects(published)
+    pages = shared.names("published")
     assert len(pages) == n_rows, pages
     links = {r.get("published_url") for r in rows}
     assert len(links) == n_rows and all(link.startswith(article_site.url("/published/")) for link in links)
-    assert {link.rsplit("/published/", 1)[1] for link in links} == {
-        str(p.relative_to(published)) for p in pages
-    }
+    assert {link.rsplit("/published/", 1)[1] for link in links} == set(pages)
 
 
 @pytest.mark.slow  # 13 min on a loaded 2-core box (make test-slow)
 @pytest.mark.timeout(1800)
+@pytest.mark.parametrize("storage", STORAGES)
 def test_claimed_rows_are_processed_once_despite_kills(
+    storage: str,
+    request: pytest.FixtureRequest,
     airflow_cluster_factory: Callable[..., Any],
     sheets_emulator: SheetsEmulator,
     article_site: ArticleSite,
     postgres_url_factory: Callable[..., str],
     tmp_path: Path,
 ) -> None:
-    rows_processed(20, airflow_cluster_factory, sheets_emulator, article_site, postgres_url_factory, tmp_path)
+    shared = shared_storage(storage, request, tmp_path)
+    rows_processed(
+        20, shared, airflow_cluster_factory, sheets_emulator, article_site, postgres_url_factory, tmp_path
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3 * 3600)
+@pytest.mark.parametrize("storage", STORAGES)
 def test_200_claimed_rows_are_processed_once_despite_kills(
+    storage: str,
+    request: pytest.FixtureRequest,
     airflow_cluster_factory: Callable[..., Any],
     sheets_emulator: SheetsEmulator,
     article_site: ArticleSite,
     postgres_url_factory: Callable[..., str],
     tmp_path: Path,
 ) -> None:
+    shared = shared_storage(storage, request, tmp_path)
     rows_processed(
-        200, airflow_cluster_factory, sheets_emulator, article_site, postgres_url_factory, tmp_path
+        200, shared, airflow_cluster_factory, sheets_emulator, article_site, postgres_url_factory, tmp_path
     )

@@ -14,6 +14,7 @@ import json
 import shutil
 import types
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pendulum
 import pytest
@@ -128,7 +129,9 @@ def test_a_retried_nightly_load_of_an_old_extract_cannot_replace_a_newer_reproce
     # The nightly run's own staging folder as it was (in production its run id differs from the
     # reprocess's, so the reprocess never touches it).
     nightly_folder = tmp_path / "nightly_staging"
-    shutil.copytree(nightly.xcom("extract")["staging_dir"], nightly_folder)
+    staged_uri = nightly.xcom("extract")["staging_dir"]  # file:// (ONCEFLOW_SALES_STAGING_DIR is local)
+    assert staged_uri.startswith("file:///")
+    shutil.copytree(urlsplit(staged_uri).path, nightly_folder)
 
     write_shop(daily_sales_env["shop"], late=True)  # the late rows arrive
     reprocess = run_day(run_dag)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from typing import TYPE_CHECKING, Any
 
 import pendulum
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from onceflow.ledger import Ledger
+    from onceflow.testing.gcs_fixtures import FakeGcs
 
 AMS = "Europe/Amsterdam"
 CONFIG = GeneratorConfig(seed=21, orders_per_day=80)
@@ -236,3 +238,118 @@ def test_an_injection_shaped_table_name_in_configuration_is_refused(
     monkeypatch.setenv("ONCEFLOW_SALES_TABLE", "daily_sales; DROP TABLE load_audit")
     with pytest.raises(KeyError, match="refusing table name"):
         load_dag("daily_sales")
+
+
+# -- staging through onceflow_storage (no shared disk between workers) -----------------------------
+
+STAGED = ["extract.parquet", "manifest.json", "rejects.parquet", "rows.parquet"]
+
+
+def local_files(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*") if p.is_file()} if folder.exists() else set()
+
+
+def test_a_run_stages_through_onceflow_storage_in_a_bucket_and_writes_no_local_file(
+    run_dag: Callable[..., Any],
+    shop_orders: Callable[..., Any],
+    daily_sales_env: dict[str, str],
+    fake_gcs: FakeGcs,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The workers of a Celery cluster share no disk: extract, clean and load hand the day over
+    through the bucket of ``onceflow_storage``, never through a folder on the worker."""
+    from pathlib import Path
+
+    day = dt.date(2024, 10, 27)
+    shop_orders(
+        daily_sales_env["shop"], day - dt.timedelta(days=3), day + dt.timedelta(days=2), **vars(CONFIG)
+    )
+    bucket = fake_gcs.bucket()
+    monkeypatch.delenv("ONCEFLOW_SALES_STAGING_DIR")  # set by sales_connections: the default now
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_STORAGE", fake_gcs.connection_json(base=f"gs://{bucket}/steps"))
+    onceflow_home = Path(os.environ["AIRFLOW_HOME"]) / "onceflow"
+    local_before = local_files(onceflow_home / "staging") | local_files(onceflow_home / "storage")
+
+    result = run_day(run_dag, day)
+
+    assert result.state == "success", result.ti_states
+    store = store_of(daily_sales_env["warehouse"])
+    audit = store.audit(day)
+    expected = clean_day(day, CONFIG)
+    assert audit is not None and audit.row_count == len(expected.rows) > 0
+    assert store.partition_checksum(day) == rows_checksum(frame_records(expected.rows, SALES_COLUMNS))
+    assert audit.checksum == store.partition_checksum(day) == result.xcom("load")["checksum"]
+    # the staged objects are in the bucket, under <base>/sales-staging/<dag>/<day>/<run key>/
+    uri = result.xcom("extract")["staging_dir"]
+    assert result.xcom("clean")["staging_dir"] == uri
+    assert uri.startswith(f"gs://{bucket}/steps/sales-staging/daily_sales/2024-10-27/")
+    key = uri.removeprefix(f"gs://{bucket}/")
+    objects = fake_gcs.objects(bucket)
+    assert sorted(objects) == [f"{key}/{name}" for name in STAGED]
+    manifest = json.loads(objects[f"{key}/manifest.json"])
+    assert (manifest["rows"], manifest["rejects"]) == (audit.row_count, audit.reject_count)
+    # and nothing on the worker's disk: not the old default folder, not the local storage default
+    after = local_files(onceflow_home / "staging") | local_files(onceflow_home / "storage")
+    assert after == local_before, sorted(after - local_before)
+    assert not (tmp_path / "staging").exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("s3x://foo", r"ONCEFLOW_SALES_STAGING_DIR must start with file:/// or gs://, got 's3x://foo'"),
+        ("relative/staging", r"ONCEFLOW_SALES_STAGING_DIR must be an absolute path .* 'relative/staging'"),
+        ("gs://", r"ONCEFLOW_SALES_STAGING_DIR must be gs://bucket/prefix, got 'gs://'"),
+        ("file://host/x", r"ONCEFLOW_SALES_STAGING_DIR must be an absolute file URI"),
+    ],
+)
+def test_a_bad_staging_setting_fails_the_extract_naming_the_variable(
+    value: str,
+    message: str,
+    shop_orders: Callable[..., Any],
+    daily_sales_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from onceflow.sales.partitions import day_bounds_utc
+    from onceflow.testing.dag_runner import load_dag
+
+    day = dt.date(2024, 6, 15)
+    shop_orders(
+        daily_sales_env["shop"], day - dt.timedelta(days=3), day + dt.timedelta(days=1), **vars(CONFIG)
+    )
+    monkeypatch.setenv("ONCEFLOW_SALES_STAGING_DIR", value)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    dag = load_dag("daily_sales")
+    extract: Any = dag.task_dict["extract"]
+    start, end = (pendulum.instance(b) for b in day_bounds_utc(day, AMS))
+    context = {"data_interval_start": start, "data_interval_end": end, "dag": dag, "run_id": "manual__bad"}
+
+    with pytest.raises(AirflowFailException, match=message):  # no retries: waiting will not fix it
+        extract.python_callable(**context)
+    assert list(cwd.iterdir()) == []  # nothing staged relative to the worker's working directory
+
+
+def test_a_run_with_a_bad_staging_setting_fails_at_extract_and_loads_nothing(
+    run_dag: Callable[..., Any],
+    shop_orders: Callable[..., Any],
+    daily_sales_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    day = dt.date(2024, 6, 15)
+    shop_orders(
+        daily_sales_env["shop"], day - dt.timedelta(days=3), day + dt.timedelta(days=1), **vars(CONFIG)
+    )
+    monkeypatch.setenv("ONCEFLOW_SALES_STAGING_DIR", "s3x://foo")
+    result = run_day(run_dag, day)
+    assert result.state == "failed"
+    assert (result.ti_states["extract"], result.ti_states["load"]) == ("failed", "upstream_failed")
+    store = store_of(daily_sales_env["warehouse"])
+    store.create_schema()
+    assert store.audit(day) is None

@@ -12,7 +12,6 @@ the load runs into SQLite or PostgreSQL; the result is read back with plain SQL.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import threading
 import types
@@ -28,8 +27,10 @@ from onceflow.sales.generator import GeneratorConfig, generate_orders, write_ord
 from onceflow.sales.partitions import day_bounds_utc
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from pathlib import Path
+
+    from airflow.sdk import ObjectStoragePath
 
 AMS = "Europe/Amsterdam"
 DAY = dt.date(2024, 10, 27)
@@ -57,9 +58,12 @@ class Gate:
         assert self.go.wait(60), "never released"
 
 
+@pytest.mark.parametrize("storage", ["file", "gcs"])
 @pytest.mark.parametrize("paused", ["older_try", "newer_try"])
 def test_overlapping_extract_tries_never_pair_one_trys_rows_with_anothers_watermark(
     paused: str,
+    storage: str,
+    request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     sales_db_url: str,
@@ -75,6 +79,11 @@ def test_overlapping_extract_tries_never_pair_one_trys_rows_with_anothers_waterm
 
     shop = f"sqlite:///{tmp_path / 'shop.db'}"
     sales_connections(shop, sales_db_url)
+    if storage == "gcs":  # staged in a bucket through onceflow_storage, not in a local folder
+        fake_gcs = request.getfixturevalue("fake_gcs")
+        bucket = fake_gcs.bucket()
+        monkeypatch.delenv("ONCEFLOW_SALES_STAGING_DIR")
+        monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_STORAGE", fake_gcs.connection_json(base=f"gs://{bucket}"))
     write_shop(shop, late=False)
     dag = load_dag("daily_sales")
     tasks: Any = dag.task_dict
@@ -101,16 +110,14 @@ def test_overlapping_extract_tries_never_pair_one_trys_rows_with_anothers_waterm
         return result
 
     monkeypatch.setattr(ShopDbHook, "read_interval_snapshot", recording_read)
-    real_atomic_path = staging.atomic_path
+    real_write_object = staging.write_object
 
-    @contextlib.contextmanager
-    def pausing_atomic_path(path: Path) -> Iterator[Path]:
-        with real_atomic_path(path) as tmp:
-            yield tmp
-        if path.name == "extract.parquet":  # renamed into place: other readers now see it
+    def pausing_write_object(path: ObjectStoragePath, data: bytes) -> None:
+        real_write_object(path, data)
+        if path.name == "extract.parquet":  # renamed or uploaded: other readers now see it
             point("published")
 
-    monkeypatch.setattr(staging, "atomic_path", pausing_atomic_path)
+    monkeypatch.setattr(staging, "write_object", pausing_write_object)
 
     start, end = (pendulum.instance(b) for b in day_bounds_utc(DAY, AMS))
     context = {"data_interval_start": start, "data_interval_end": end, "dag": dag, "run_id": "scheduled__x"}
@@ -153,6 +160,10 @@ def test_overlapping_extract_tries_never_pair_one_trys_rows_with_anothers_waterm
         winner = "A"
     assert not errors, errors
     assert results["A"]["staging_dir"] == results["B"]["staging_dir"]  # one run, one folder
+    if storage == "gcs":
+        assert results["A"]["staging_dir"].startswith(f"gs://{bucket}/sales-staging/daily_sales/2024-10-27/")
+        staged = fake_gcs.objects(bucket)
+        assert [name.rsplit("/", 1)[1] for name in staged] == ["extract.parquet"], staged
     assert len(reads["A"].frame) < len(reads["B"].frame)  # B saw the late rows
     assert reads["A"].watermark_utc < reads["B"].watermark_utc
 

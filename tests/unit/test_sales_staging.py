@@ -1,21 +1,22 @@
-"""Staging files: atomic writes through onceflow.files, also when two tries of a task overlap."""
+"""Staging files in a local folder: atomic writes through onceflow.files (temp file, fsync, rename),
+also when two tries of a task overlap. Object storage (file:// and gs://): tests/integration/
+test_sales_staging_storage.py."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 
-from onceflow.files import atomic_path, atomic_write_bytes
+from onceflow.files import replace_atomic, write_temp
 from onceflow.sales import staging
 from onceflow.sales.generator import GeneratorConfig
 from onceflow.testing.sales_fixtures import clean_day
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 DAY = dt.date(2024, 10, 27)
 RESULT = clean_day(DAY, GeneratorConfig(seed=4, orders_per_day=200))
@@ -65,23 +66,36 @@ def test_two_live_tries_writing_one_run_folder_never_tear_a_file(tmp_path: Path)
 
 def test_concurrent_writers_use_distinct_temporary_names(tmp_path: Path) -> None:
     target = tmp_path / "rows.parquet"
-    with atomic_path(target) as first, atomic_path(target) as second:
-        assert first != second
-        assert first.parent == second.parent == tmp_path
-        first.write_bytes(b"first")
-        second.write_bytes(b"second")
-    assert target.read_bytes() == b"first"  # the outer block renamed last
+    first, second = write_temp(str(target), b"first"), write_temp(str(target), b"second")
+    assert first != second
+    assert Path(first).parent == Path(second).parent == tmp_path
+    assert Path(first).name.startswith(".rows.parquet.") and Path(first).name.endswith(".tmp")
+    os.replace(second, target)
+    os.replace(first, target)
+    assert target.read_bytes() == b"first"  # renamed last
     assert list(tmp_path.iterdir()) == [target]
 
 
-def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path: Path) -> None:
+def test_a_failed_write_leaves_the_previous_file_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = tmp_path / "manifest.json"
-    atomic_write_bytes(target, b"old")
+    replace_atomic(target, b"old")
+    real_write = os.write
+    calls = 0
 
-    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
-        tmp.write_bytes(b"half")
-        raise RuntimeError("killed")
+    def failing_write(fd: int, data: Any) -> int:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, bytes(data[:4]))
 
+    monkeypatch.setattr(os, "write", failing_write)
+    with pytest.raises(OSError, match="No space left"):
+        replace_atomic(target, b"half and then some")
+
+    assert calls == 2
     assert target.read_bytes() == b"old"
     assert list(tmp_path.iterdir()) == [target]
 

@@ -27,9 +27,9 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from onceflow.articles.errors import PermanentStepError
-from onceflow.articles.localfiles import create_exclusive
 from onceflow.articles.page import render_page, sanitize
 from onceflow.articles.storage import _segment
+from onceflow.files import create_exclusive
 
 __all__ = ["PublishConflict", "PublishResult", "Publisher", "publish_path", "render_page", "sanitize"]
 

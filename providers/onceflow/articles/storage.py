@@ -5,10 +5,11 @@ names the URI, so the next step reads exactly what the committed try wrote. The 
 token is in the name: a stale try (its lease taken over) writes beside the newer try's output,
 never over it, and the ledger refuses its commit, so its file is simply never read.
 
-Every write is atomic: a reader (or a crash) sees the whole output or nothing under the final
-name. Local files: a temp file unique to the writer (pid and 64 random bits) in the same
-directory, flushed, then ``os.replace``. GCS: one object upload, which Google (and the emulator)
-only makes visible when complete, so there is no temp object to share or leave behind.
+Every write is atomic (:mod:`onceflow.objects`, shared with daily_sales' staging): a reader (or a
+crash) sees the whole output or nothing under the final name. Local files: a temp file unique to
+the writer (pid and 64 random bits) in the same directory, fsynced, then ``os.replace``. GCS: one
+object upload, which Google (and the emulator) only makes visible when complete, so there is no
+temp object to share or leave behind.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from __future__ import annotations
 import json
 import re
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
-from onceflow.articles.localfiles import replace_atomic
+from onceflow.objects import is_local, read_object, storage_path, uri_of, write_object
 
 if TYPE_CHECKING:
     from airflow.sdk import ObjectStoragePath
@@ -44,17 +44,12 @@ class StepStore:
     """
 
     def __init__(self, base: ObjectStoragePath | str) -> None:
-        from airflow.sdk import ObjectStoragePath
-
-        self.base = base if isinstance(base, ObjectStoragePath) else ObjectStoragePath(base)
-        self.local = self.base.protocol in ("file", "local", "")
-        if self.base.protocol == "file" and "%" in self.base.path:
-            # a file URI spells its path percent-encoded (Path.as_uri: "my dir" -> "my%20dir"),
-            # and ObjectStoragePath keeps the escapes as characters of the path
-            self.base = ObjectStoragePath("file://" + unquote(self.base.path))
+        # a file URI is read percent-decoded (Path.as_uri: "my dir" -> "my%20dir")
+        self.base = storage_path(base)
+        self.local = is_local(self.base)
 
     def _uri(self, path: ObjectStoragePath) -> str:
-        return path.as_uri() if self.local else f"{self.base.protocol}://{path.path}"
+        return uri_of(path)
 
     def location(self, row_key: str, version: str, step: str, token: int, name: str) -> ObjectStoragePath:
         """Where that output lives (whether or not it was written)."""
@@ -69,11 +64,7 @@ class StepStore:
         Writing the same output again (a repeated call of the same try) replaces it whole.
         """
         path = self.location(row_key, version, step, token, name)
-        if self.local:
-            replace_atomic(path.path, bytes(data))
-        else:
-            # one upload: the object exists only once complete, so no partial object is visible
-            path.write_bytes(bytes(data))
+        write_object(path, data)
         return self._uri(path)
 
     def _resolve(self, uri: str) -> ObjectStoragePath:
@@ -92,7 +83,7 @@ class StepStore:
         :raises ValueError: a URI outside this store's ``articles/`` folder.
         :raises FileNotFoundError: nothing is stored there.
         """
-        return bytes(self._resolve(uri).read_bytes())
+        return read_object(self._resolve(uri))
 
     def write_json(self, row_key: str, version: str, step: str, token: int, name: str, value: Any) -> str:
         """:meth:`write` of ``value`` as UTF-8 JSON (keys sorted, so equal values give equal bytes)."""

@@ -1,9 +1,17 @@
-"""``StorageHook``: where the article chain keeps its step outputs and publishes its pages.
+"""``StorageHook``: the object storage of onceflow, behind connection ``onceflow_storage``.
+
+Two users: the article chain keeps its step outputs and publishes its pages here, and
+``daily_sales`` stages its files between extract, clean and load here (under
+``<base>/sales-staging``, or ``$ONCEFLOW_SALES_STAGING_DIR``: :meth:`StorageHook.sales_staging`),
+so Celery workers on several hosts need no shared disk. Both go through :meth:`StorageHook.path`
+(an ``ObjectStoragePath`` on this connection's filesystem) and :mod:`onceflow.objects` (one
+object written whole: temp file and rename locally, one upload on GCS).
 
 Connection ``onceflow_storage`` (any type; a ``google_cloud_platform`` one lends its credentials
 to ``gs://``), extras:
 
-* ``base``: URI of the step outputs, ``file:///abs/path`` or ``gs://bucket/prefix``;
+* ``base``: URI of the step outputs and the sales staging, ``file:///abs/path`` or
+  ``gs://bucket/prefix``;
 * ``publish_base``: URI of the published pages (default ``<base>/published``);
 * ``public_url``: URL prefix under which ``publish_base`` is reachable (default
   ``https://storage.googleapis.com/<bucket>/<prefix>`` for ``gs://``, the ``file://`` URI itself
@@ -12,7 +20,8 @@ to ``gs://``), extras:
   too. With an endpoint the requests are anonymous, as emulators want.
 
 Without the connection, everything is local under ``$ONCEFLOW_STORAGE_DIR``, else
-``$AIRFLOW_HOME/onceflow/storage`` (the embedded default). See ``docs/articles.md#storage``.
+``$AIRFLOW_HOME/onceflow/storage`` (the embedded default). See ``docs/articles.md#storage`` and
+``docs/daily-sales.md#between-the-tasks``.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from onceflow.hooks.warehouse import embedded_dir
+from onceflow.objects import StorageUriError, parse_storage_uri, storage_path
 
 if TYPE_CHECKING:
     from airflow.sdk import ObjectStoragePath
@@ -39,7 +49,7 @@ STORAGE_DIR_ENV = "ONCEFLOW_STORAGE_DIR"
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 
 
-class StorageConfigError(ValueError):
+class StorageConfigError(StorageUriError):
     """A ``onceflow_storage`` extra is not usable; the message names the key."""
 
 
@@ -56,25 +66,7 @@ class StorageConfig:
 
 def _storage_uri(key: str, value: Any) -> str:
     """``file:///abs/path`` or ``gs://bucket[/prefix]``, without a trailing slash."""
-    if not isinstance(value, str) or not value.strip():
-        raise StorageConfigError(f"onceflow_storage extra {key!r} must be a non-empty URI, got {value!r}")
-    parts = urlsplit(value.strip())
-    if parts.scheme == "file":
-        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise StorageConfigError(
-                f"onceflow_storage extra {key!r} must be an absolute file URI (file:///abs/path), got {value!r}"
-            )
-        return "file://" + (parts.path.rstrip("/") or "/")
-    if parts.scheme in ("gs", "gcs"):
-        if not parts.netloc or parts.query or parts.fragment:
-            raise StorageConfigError(
-                f"onceflow_storage extra {key!r} must be gs://bucket/prefix, got {value!r}"
-            )
-        prefix = parts.path.strip("/")
-        return f"gs://{parts.netloc}" + (f"/{prefix}" if prefix else "")
-    raise StorageConfigError(
-        f"onceflow_storage extra {key!r} must start with file:/// or gs://, got {value!r}"
-    )
+    return parse_storage_uri(value, f"onceflow_storage extra {key!r}", StorageConfigError)
 
 
 def _http_prefix(key: str, value: Any, schemes: tuple[str, ...]) -> str:
@@ -131,8 +123,9 @@ def default_base() -> str:
 
 
 class StorageHook(BaseHook):
-    """Step outputs (:class:`~onceflow.articles.storage.StepStore`) and the publisher
-    (:class:`~onceflow.articles.publish.Publisher`) behind one Airflow connection.
+    """Step outputs (:class:`~onceflow.articles.storage.StepStore`), the publisher
+    (:class:`~onceflow.articles.publish.Publisher`) and the sales staging
+    (:meth:`sales_staging`) behind one Airflow connection.
 
     :param storage_conn_id: Airflow connection id (default ``onceflow_storage``).
     """
@@ -140,7 +133,7 @@ class StorageHook(BaseHook):
     conn_name_attr: ClassVar[str] = "storage_conn_id"
     default_conn_name: ClassVar[str] = "onceflow_storage"
     conn_type: ClassVar[str] = "google_cloud_platform"
-    hook_name: ClassVar[str] = "onceflow article storage"
+    hook_name: ClassVar[str] = "onceflow storage"
 
     def __init__(self, storage_conn_id: str = default_conn_name) -> None:
         super().__init__()
@@ -165,13 +158,18 @@ class StorageHook(BaseHook):
     # -- step outputs (ObjectStoragePath) ----------------------------------------------------------
 
     def path(self, uri: str) -> ObjectStoragePath:
-        """``uri`` as an ``ObjectStoragePath`` whose filesystem is this connection's."""
+        """``uri`` as an ``ObjectStoragePath`` whose filesystem is this connection's.
+
+        :param uri: ``gs://bucket/key``, ``file:///abs/path`` (read percent-decoded) or a plain
+            absolute path (a local file; what older XComs of daily_sales carry). A local one never
+            reads the connection.
+        """
         from airflow.sdk import ObjectStoragePath
 
         if uri.startswith(("gs://", "gcs://")):
             store_id = self._attach_gcs()
             return ObjectStoragePath(uri, conn_id=store_id)
-        return ObjectStoragePath(uri)
+        return storage_path(uri)
 
     def _attach_gcs(self) -> str:
         """Register this connection's GCS filesystem in Airflow's store cache; its store id.
@@ -211,6 +209,17 @@ class StorageHook(BaseHook):
         from onceflow.articles.storage import StepStore
 
         return StepStore(self.path(self.config.base))
+
+    def sales_staging(self) -> ObjectStoragePath:
+        """The base of daily_sales' staging folders (:func:`onceflow.sales.staging.base_uri`):
+        ``$ONCEFLOW_SALES_STAGING_DIR``, else ``<base>/sales-staging``.
+
+        :raises onceflow.sales.staging.StagingConfigError: the variable is not an absolute path,
+            ``file:///`` or ``gs://`` URI; the message names it.
+        """
+        from onceflow.sales.staging import base_uri
+
+        return self.path(base_uri(lambda: self.config.base))
 
     # -- publishing (google-cloud-storage for its ifGenerationMatch) --------------------------------
 

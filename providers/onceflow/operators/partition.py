@@ -8,7 +8,6 @@ its ``load_audit`` row. See :mod:`onceflow.sales.partition_store` for the protoc
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -26,7 +25,9 @@ class PartitionOverwriteOperator(BaseOperator):
     """Overwrite one partition of a warehouse sales table from a staged clean result.
 
     :param partition: the business-local day ``YYYY-MM-DD`` (templated).
-    :param staging_dir: folder written by :func:`onceflow.sales.staging.write_clean` (templated).
+    :param staging_dir: folder written by :func:`onceflow.sales.staging.write_clean` (templated): a
+        ``file://`` or ``gs://`` URI, or an absolute local path, resolved through
+        :meth:`~onceflow.hooks.storage.StorageHook.path` of ``storage_conn_id``.
     :param table: sales table (``table`` or ``schema.table``); injection-shaped names are refused.
     :param warehouse_conn_id: warehouse connection: PostgreSQL, SQLite, or Google Cloud (BigQuery).
     :param max_reject_ratio: fail without loading (rejects are still recorded) above this ratio.
@@ -40,6 +41,8 @@ class PartitionOverwriteOperator(BaseOperator):
     :param ledger_conn_id: work ledger connection: the ledger owns the partition's lease and its
         fencing token, and records the load's result. ``None``: the warehouse's own lease table
         fences (the behaviour before the ledger).
+    :param storage_conn_id: the object storage of a ``gs://`` ``staging_dir`` (credentials, an
+        emulator's endpoint); a local one never reads it.
     """
 
     template_fields: Sequence[str] = ("partition", "staging_dir", "table")
@@ -60,6 +63,7 @@ class PartitionOverwriteOperator(BaseOperator):
         bigquery_location: str | None = None,
         audit_conn_id: str | None = None,
         ledger_conn_id: str | None = "onceflow_ledger",
+        storage_conn_id: str = "onceflow_storage",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -75,6 +79,7 @@ class PartitionOverwriteOperator(BaseOperator):
         self.bigquery_location = bigquery_location
         self.audit_conn_id = audit_conn_id
         self.ledger_conn_id = ledger_conn_id
+        self.storage_conn_id = storage_conn_id
         self._shutdown: GracefulShutdown | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -83,6 +88,7 @@ class PartitionOverwriteOperator(BaseOperator):
         require("sales")  # before anything imports pandas: the log names the missing extra
         from airflow.sdk.exceptions import AirflowFailException
 
+        from onceflow.hooks.storage import StorageHook
         from onceflow.hooks.warehouse import WarehouseHook
         from onceflow.sales.fencing import OlderExtractError
         from onceflow.sales.partitions import validate_partition, validate_table_name
@@ -91,7 +97,7 @@ class PartitionOverwriteOperator(BaseOperator):
         day = validate_partition(self.partition)
         validate_table_name(self.table)
         try:
-            staged = read_clean(Path(self.staging_dir))
+            staged = read_clean(StorageHook(self.storage_conn_id).path(self.staging_dir))
         except StagingMismatchError as exc:
             raise AirflowFailException(str(exc)) from exc  # the files will not change by waiting
         if staged.partition != day:

@@ -8,7 +8,14 @@
 | ``ONCEFLOW_SALES_MAX_REJECT_RATIO`` | ``0.05`` | the load fails above this share of rejected rows |
 | ``ONCEFLOW_REPORTING_CURRENCY`` | ``EUR`` | currency of the warehouse amounts |
 | ``ONCEFLOW_SALES_RETRIES`` | ``2`` | task retries (tests that expect failure set 0) |
-| ``ONCEFLOW_SALES_STAGING_DIR`` | ``$AIRFLOW_HOME/onceflow/staging`` | files between tasks |
+| ``ONCEFLOW_SALES_STAGING_DIR`` | ``<onceflow_storage base>/sales-staging`` | files between tasks |
+
+``ONCEFLOW_SALES_STAGING_DIR`` is the exception: the extract task reads it (not the parse), through
+:func:`onceflow.sales.staging.base_uri`. It overrides where the staging goes: an absolute path, a
+``file:///abs/path`` or a ``gs://bucket/prefix`` URI (anything else fails the extract, naming the
+variable). Unset, the staging goes through connection ``onceflow_storage``, under its ``base``
+(``$AIRFLOW_HOME/onceflow/storage/sales-staging`` without the connection; the bucket for
+``gs://``), so workers on several hosts need no shared disk.
 """
 
 from __future__ import annotations

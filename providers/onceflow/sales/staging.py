@@ -2,21 +2,27 @@
 
 Layout: ``<base>/<dag_id>/<partition>/<run key>/`` with ``extract.parquet``, ``rows.parquet``,
 ``rejects.parquet`` and ``manifest.json`` (written last: the folder is complete). The run key is
-the run id made filesystem-safe plus a short hash, so two runs of the same partition never share
+the run id made path-safe plus a short hash, so two runs of the same partition never share
 files, and a retry of a task rewrites its own files.
+
+**Where.** Folders are ``ObjectStoragePath`` objects on connection ``onceflow_storage``
+(:meth:`onceflow.hooks.storage.StorageHook.sales_staging`), local files or ``gs://``, so Celery
+workers on several hosts share no disk. The base is ``$ONCEFLOW_SALES_STAGING_DIR`` (an absolute
+path, a ``file:///`` or a ``gs://`` URI; :func:`base_uri`), else ``<onceflow_storage base>/sales-staging``
+(by default ``$AIRFLOW_HOME/onceflow/storage/sales-staging``). XCom carries the folder's URI
+(:func:`folder_uri`); a plain path from an older XCom is still read as a local folder.
 
 **What the load needs travels inside the parquet files** (key-value metadata under
 :data:`METADATA_KEY`) and is read in the same read as the rows: the extract's **source
 watermark** (when it read the shop) and its id in ``extract.parquet``; those plus the partition,
 the source row count and the processing version in ``rows.parquet`` and ``rejects.parquet``. Two
 tries of one task may overlap on the same folder (a zombie and its retry); each file is replaced
-whole (:mod:`onceflow.files`: unique temporary file, fsync, rename), so a reader gets one try's
-rows together with that same try's watermark, never one try's rows with another's. Rows and
-rejects from different extracts are refused (:class:`StagingMismatchError`). The manifest is a
-summary for people; the load does not read values from it.
-
-The base defaults to ``$AIRFLOW_HOME/onceflow/staging``; set ``ONCEFLOW_SALES_STAGING_DIR`` to a
-shared filesystem when workers run on several hosts.
+whole (:func:`onceflow.objects.write_object`: locally a temp file of the writer's own, fsync,
+rename; on GCS one upload of the parquet bytes, visible only once complete), so a reader gets one
+try's rows together with that same try's watermark, never one try's rows with another's. A
+writer killed mid-write leaves the previous file or object. Rows and rejects from different
+extracts are refused (:class:`StagingMismatchError`). The manifest is a summary for people; the
+load does not read values from it.
 """
 
 from __future__ import annotations
@@ -28,63 +34,101 @@ import json
 import os
 import re
 import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from onceflow.files import atomic_path, atomic_write_bytes
+from onceflow.objects import (
+    StorageUriError,
+    parse_storage_uri,
+    read_object,
+    storage_path,
+    uri_of,
+    write_object,
+)
 from onceflow.sales.clean import empty_sales_frame, normalise_sales_frame
 from onceflow.sales.partitions import partition_key, validate_partition
 from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from airflow.sdk import ObjectStoragePath
+
     from onceflow.sales.clean import CleanResult
 
+    #: a staging folder: an ``ObjectStoragePath`` (from ``StorageHook.path``), or a local path.
+    Folder = ObjectStoragePath | Path | str
+
 STAGING_ENV = "ONCEFLOW_SALES_STAGING_DIR"
+#: the staging base under ``onceflow_storage``'s ``base`` when :data:`STAGING_ENV` is not set.
+STORAGE_SUBFOLDER = "sales-staging"
 #: parquet key-value metadata key holding the staged file's JSON facts.
 METADATA_KEY = b"onceflow.staging"
 _TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
+
+
+class StagingConfigError(StorageUriError):
+    """``ONCEFLOW_SALES_STAGING_DIR`` is not usable; the message names it."""
 
 
 class StagingMismatchError(RuntimeError):
     """The staged rows and rejects come from different extracts (overlapping tries): re-run clean."""
 
 
-def airflow_home() -> Path:
-    return Path(os.environ.get("AIRFLOW_HOME") or Path.home() / "airflow")
+def base_uri(storage_base: Callable[[], str]) -> str:
+    """The staging base as a URI: ``$ONCEFLOW_SALES_STAGING_DIR``, else ``<storage_base()>/sales-staging``.
+
+    :param storage_base: ``onceflow_storage``'s ``base`` (called only when the variable is unset).
+    :raises StagingConfigError: the variable is neither an absolute path nor a ``file:///`` or
+        ``gs://`` URI (a relative path would name a different folder in each worker).
+    """
+    configured = os.environ.get(STAGING_ENV, "").strip()
+    if not configured:
+        return f"{storage_base().rstrip('/')}/{STORAGE_SUBFOLDER}"
+    if "://" not in configured:
+        path = os.path.expanduser(configured)
+        if not os.path.isabs(path):
+            raise StagingConfigError(
+                f"{STAGING_ENV} must be an absolute path or a file:///abs/path or gs://bucket/prefix "
+                f"URI, got the relative path {configured!r}"
+            )
+        return "file://" + os.path.normpath(path)
+    return parse_storage_uri(configured, STAGING_ENV, StagingConfigError)
 
 
-def base_dir() -> Path:
-    """Staging root: ``$ONCEFLOW_SALES_STAGING_DIR`` or ``$AIRFLOW_HOME/onceflow/staging``."""
-    configured = os.environ.get(STAGING_ENV)
-    return Path(configured) if configured else airflow_home() / "onceflow" / "staging"
-
-
-def run_dir(base: Path, dag_id: str, partition: dt.date, run_id: str) -> Path:
+def run_dir(base: Folder, dag_id: str, partition: dt.date, run_id: str) -> ObjectStoragePath:
     """The staging folder of one run of one partition."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:80]
     digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
     dag = re.sub(r"[^A-Za-z0-9_.-]", "_", dag_id)
-    return base / dag / partition_key(partition) / f"{safe}-{digest}"
+    return storage_path(base) / dag / partition_key(partition) / f"{safe}-{digest}"
 
 
-def _write_parquet(df: pd.DataFrame, path: Path, facts: dict[str, Any]) -> None:
-    """``df`` with ``facts`` in the file's own metadata, replaced atomically."""
+def folder_uri(folder: Folder) -> str:
+    """The URI naming ``folder`` (``file:///...`` or ``gs://...``): what XCom carries."""
+    return uri_of(storage_path(folder))
+
+
+def _write_parquet(df: pd.DataFrame, path: ObjectStoragePath, facts: dict[str, Any]) -> None:
+    """``df`` with ``facts`` in the file's own metadata, serialised in memory, stored whole."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pandas(df, preserve_index=False)
     metadata = {**(table.schema.metadata or {}), METADATA_KEY: json.dumps(facts, sort_keys=True).encode()}
-    with atomic_path(path) as tmp:
-        pq.write_table(table.replace_schema_metadata(metadata), tmp)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata(metadata), sink)
+    write_object(path, sink.getvalue().to_pybytes())
 
 
-def _read_parquet(path: Path) -> tuple[pd.DataFrame, dict[str, Any] | None]:
+def _read_parquet(path: ObjectStoragePath) -> tuple[pd.DataFrame, dict[str, Any] | None]:
     """Rows and facts of a staged file from one read (None: a file staged before the facts)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
+    table = pq.read_table(pa.BufferReader(read_object(path)))
     raw = (table.schema.metadata or {}).get(METADATA_KEY)
     return table.to_pandas(), None if raw is None else json.loads(raw)
 
@@ -109,15 +153,15 @@ class StagedExtract:
 
 
 def write_extract(
-    folder: Path, frame: pd.DataFrame, *, source_watermark_utc: dt.datetime | None = None
-) -> Path:
+    folder: Folder, frame: pd.DataFrame, *, source_watermark_utc: dt.datetime | None = None
+) -> ObjectStoragePath:
     """Store the extracted source rows (columns of ``orders``) with when they were read.
 
     :param source_watermark_utc: the shop's clock when the read began (naive UTC), from
         :meth:`onceflow.hooks.warehouse.ShopDbHook.read_interval_snapshot`. The load refuses to
         replace a partition with an extract older than the one it holds.
     """
-    path = folder / "extract.parquet"
+    path = storage_path(folder) / "extract.parquet"
     out = frame.loc[:, list(ORDER_COLUMNS)].copy()
     for col in ("created_at_utc", "ingested_at_utc"):
         out[col] = pd.to_datetime(out[col]).astype("datetime64[us]")
@@ -135,9 +179,9 @@ def write_extract(
     return path
 
 
-def read_extract(folder: Path) -> StagedExtract:
+def read_extract(folder: Folder) -> StagedExtract:
     """The rows :func:`write_extract` stored, with the watermark from the same file and read."""
-    frame, facts = _read_parquet(folder / "extract.parquet")
+    frame, facts = _read_parquet(storage_path(folder) / "extract.parquet")
     facts = facts or {}
     for col in _TEXT_COLUMNS:
         frame[col] = pd.Series(
@@ -166,7 +210,7 @@ class StagedClean:
 
 
 def write_clean(
-    folder: Path,
+    folder: Folder,
     result: CleanResult,
     *,
     partition: dt.date,
@@ -178,6 +222,7 @@ def write_clean(
     :param source: the extract ``result`` was cleaned from (:func:`read_extract`); its watermark
         and id go into the metadata of both files. None: no watermark (tests, old folders).
     """
+    folder = storage_path(folder)
     facts = {
         "partition": partition_key(partition),
         "source_rows": result.source_rows,
@@ -194,17 +239,16 @@ def write_clean(
         "duplicates_dropped": result.duplicates_dropped,
         "reasons": result.reasons(),
     }
-    atomic_write_bytes(
-        folder / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-    )
+    write_object(folder / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
 
 
-def read_clean(folder: Path) -> StagedClean:
+def read_clean(folder: Folder) -> StagedClean:
     """Read what :func:`write_clean` stored; the facts come from the parquet files themselves.
 
     :raises StagingMismatchError: rows and rejects were cleaned from different extracts.
     """
-    manifest = json.loads((folder / "manifest.json").read_text())  # absent: clean never finished
+    folder = storage_path(folder)
+    manifest = json.loads(read_object(folder / "manifest.json"))  # absent: clean never finished
     rows, facts = _read_parquet(folder / "rows.parquet")
     rejects, reject_facts = _read_parquet(folder / "rejects.parquet")
     if facts != reject_facts:

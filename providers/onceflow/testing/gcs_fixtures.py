@@ -10,12 +10,17 @@ so a test opts in explicitly (``monkeypatch.setenv`` or the connection's ``endpo
 ``onceflow_fake_gcs.objects(bucket)`` reads the emulator's state over its JSON API with ``urllib``: an
 independent path, neither google-cloud-storage nor gcsfs.
 
+The wrapper pipes the server's log (a line per request) and never reads it: once the pipe is full
+(a few hundred requests) the server blocks on its next log line and every request hangs. The
+fixture drains it in a thread and keeps the last lines (``onceflow_fake_gcs.log_tail()``).
+
 :class:`StallingProxy` sits between a client and the emulator and stops forwarding a request body
 after a number of bytes, so a test can SIGKILL a writer that is certainly mid-upload.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -43,6 +48,19 @@ class FakeGcs:
 
     def __init__(self, server: Any) -> None:
         self.server = server
+        self._log: collections.deque[bytes] = collections.deque(maxlen=200)
+        stream = getattr(getattr(server, "_process", None), "stderr", None)
+        if stream is not None:  # the wrapper's unread pipe: drain it, or the server stalls
+            threading.Thread(target=self._drain, args=(stream,), daemon=True).start()
+
+    def _drain(self, stream: Any) -> None:
+        with contextlib.suppress(ValueError, OSError):  # closed when the server stops
+            for line in iter(stream.readline, b""):
+                self._log.append(line)
+
+    def log_tail(self) -> str:
+        """The server's last log lines (for a failure message)."""
+        return b"".join(self._log).decode(errors="replace")
 
     @property
     def url(self) -> str:

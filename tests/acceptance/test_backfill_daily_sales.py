@@ -236,6 +236,7 @@ def test_backfill_of_two_years_equals_day_by_day(
         backfill = create_backfill(cluster, "daily_sales", first, last, timezone=TZ, max_active_runs=8)
         runs = wait_for_backfill(cluster, backfill, timeout=4 * 3600, poll=10.0)
         loaded = stored_partitions(warehouse, days)
+        audits = partition_audits(warehouse, days)
         again = create_backfill(
             cluster,
             "daily_sales",
@@ -254,3 +255,11 @@ def test_backfill_of_two_years_equals_day_by_day(
     }
     assert len(rerun) == len(days) and {r["state"] for r in rerun} == {"success"}
     assert stored_partitions(warehouse, days) == expected
+    # the reprocess really re-loaded every day (a newer fence token), not only left it alone
+    reloaded = partition_audits(warehouse, days)
+    assert len(reloaded) == len(days)
+    assert all(reloaded[k].fence_token > audits[k].fence_token for k in reloaded), {
+        k: (audits[k].fence_token, a.fence_token)
+        for k, a in reloaded.items()
+        if a.fence_token <= audits[k].fence_token
+    }

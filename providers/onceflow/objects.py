@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote_from_bytes, unquote, urlsplit
 
 from onceflow.files import replace_atomic
 
@@ -57,23 +57,22 @@ def parse_storage_uri(value: object, what: str, error: type[ValueError] = Storag
 def storage_path(location: ObjectStoragePath | os.PathLike[str] | str) -> ObjectStoragePath:
     """``location`` as an ``ObjectStoragePath``; a plain path is a local file.
 
-    A ``file://`` URI is read percent-decoded, as URIs are written (``Path.as_uri()`` spells
-    ``my dir`` as ``my%20dir``, and ``ObjectStoragePath`` would keep the escapes as characters of
-    the path). An ``ObjectStoragePath`` of an object store is returned as it is (its filesystem
-    kept); a URI string of one gets Airflow's default filesystem: resolve those through
-    :meth:`onceflow.hooks.storage.StorageHook.path` instead.
+    A ``file://`` URI string is read percent-decoded, as URIs are written (``Path.as_uri()`` and
+    :func:`uri_of` spell ``my dir`` as ``my%20dir``, and ``ObjectStoragePath`` would keep the
+    escapes as characters of the path). An ``ObjectStoragePath`` is returned as it is: its path is
+    already decoded, and decoding it again would turn a folder named ``50%41`` into ``50A``. An
+    object store's path keeps its filesystem; a URI string of one gets Airflow's default
+    filesystem: resolve those through :meth:`onceflow.hooks.storage.StorageHook.path` instead.
     """
     from airflow.sdk import ObjectStoragePath
 
     if isinstance(location, ObjectStoragePath):
-        if location.protocol == "file" and "%" in location.path:
-            return ObjectStoragePath("file://" + unquote(location.path))
         return location
     text = os.fspath(location)
     if "://" not in text:
         return ObjectStoragePath("file://" + os.path.abspath(text))
     if text.startswith("file://"):
-        return ObjectStoragePath("file://" + unquote(urlsplit(text).path))
+        return ObjectStoragePath("file://" + unquote(urlsplit(text).path, errors="surrogateescape"))
     return ObjectStoragePath(text)
 
 
@@ -83,8 +82,14 @@ def is_local(path: ObjectStoragePath) -> bool:
 
 
 def uri_of(path: ObjectStoragePath) -> str:
-    """The URI that names ``path`` (``file:///...``, ``gs://bucket/...``): for XComs and results."""
-    return "file://" + path.path if is_local(path) else f"{path.protocol}://{path.path}"
+    """The URI that names ``path`` (``file:///...``, ``gs://bucket/...``): for XComs and results.
+
+    A local path is percent-encoded as ``Path.as_uri()`` does, so :func:`storage_path` (which
+    decodes) gives back the very folder: ``/x/50%41`` is ``file:///x/50%2541``.
+    """
+    if is_local(path):
+        return "file://" + quote_from_bytes(os.fsencode(path.path))
+    return f"{path.protocol}://{path.path}"
 
 
 def write_object(path: ObjectStoragePath, data: bytes) -> None:

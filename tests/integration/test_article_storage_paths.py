@@ -46,3 +46,33 @@ def test_published_pages_land_where_their_link_points(storage_dir: Path) -> None
     assert result.url.startswith("file://")
     assert Path(url2pathname(urlsplit(result.url).path)) == page  # the link opens that very file
     assert sorted(os.listdir(storage_dir.parent)) == ["mis artículos"]
+
+
+def test_a_literal_percent_in_the_storage_folder_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ONCEFLOW_STORAGE_DIR=/x/50%41`` names that folder, not ``/x/50A`` (decoded once, not twice)."""
+    folder = tmp_path / "50%41"
+    monkeypatch.setenv(STORAGE_DIR_ENV, str(folder))
+    monkeypatch.delenv("AIRFLOW_CONN_ONCEFLOW_STORAGE", raising=False)
+    store = StorageHook().step_store()
+
+    uri = store.write("0123abcd", "v1", "fetch", 7, "raw.html", b"<p>hola</p>")
+
+    assert (folder / "articles/0123abcd/v1/fetch.7.raw.html").read_bytes() == b"<p>hola</p>"
+    assert os.listdir(tmp_path) == ["50%41"]
+    assert StorageHook().step_store().read(uri) == b"<p>hola</p>"
+
+
+def test_a_step_output_uri_in_either_spelling_reads_the_same_file(storage_dir: Path) -> None:
+    """An output URI committed before outputs were percent-encoded (``file:///mis artículos/...``)
+    still reads; a ``%2E%2E`` cannot climb out of ``articles/``."""
+    store = StorageHook().step_store()
+    uri = store.write("0123abcd", "v1", "fetch", 7, "raw.html", b"<p>hola</p>")
+    final = storage_dir / "articles/0123abcd/v1/fetch.7.raw.html"
+
+    assert uri == final.as_uri()
+    assert store.read("file://" + str(final)) == b"<p>hola</p>"
+    (storage_dir / "secret.txt").write_bytes(b"no")
+    with pytest.raises(ValueError, match="not a step output"):
+        store.read(storage_dir.as_uri() + "/articles/%2E%2E/secret.txt")

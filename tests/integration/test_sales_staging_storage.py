@@ -292,3 +292,27 @@ def test_two_live_tries_of_one_folder_leave_one_complete_try(stage: Staging, tmp
     reference = tmp_path / "reference"
     staging.write_clean(reference, result, partition=DAY, processing_version="v1")
     pd.testing.assert_frame_equal(staged.rows, staging.read_clean(reference).rows)
+
+
+@pytest.mark.parametrize("via", ["ONCEFLOW_STORAGE_DIR", "ONCEFLOW_SALES_STAGING_DIR"])
+def test_a_folder_whose_name_looks_percent_encoded_is_staged_there_and_found_again(
+    via: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A literal ``%41`` in a folder name is decoded once, where a URI is read, never again."""
+    from onceflow.hooks.storage import StorageHook
+
+    root = tmp_path / "50%41 off é"  # an absolute path, as the variable takes it: no escapes meant
+    monkeypatch.delenv(CONN, raising=False)
+    monkeypatch.delenv("ONCEFLOW_SALES_STAGING_DIR", raising=False)
+    monkeypatch.setenv(via, str(root))
+    base = StorageHook().sales_staging()
+    folder = staging.run_dir(base, "daily_sales", DAY, RUN_ID)
+    staging.write_extract(folder, extract_frame(), source_watermark_utc=WATERMARK)
+    uri = staging.folder_uri(folder)  # what XCom carries
+
+    stored = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.parquet"))
+    assert len(stored) == 1 and stored[0].startswith("50%41 off é/")  # not "50A off é/"
+    assert sorted(os.listdir(tmp_path)) == ["50%41 off é"]
+    # the load, another process: a fresh hook resolves the XCom to the very folder
+    source = staging.read_extract(StorageHook().path(uri))
+    assert source.source_watermark_utc == WATERMARK

@@ -36,6 +36,10 @@ def _segment(what: str, value: str) -> str:
     return value
 
 
+def _escapes(path: str) -> bool:
+    return "/../" in path or path.endswith("/..")
+
+
 class StepStore:
     """Atomic, fenced step outputs under one base (an ``ObjectStoragePath``, or a URI string).
 
@@ -68,13 +72,17 @@ class StepStore:
         return self._uri(path)
 
     def _resolve(self, uri: str) -> ObjectStoragePath:
-        from airflow.sdk import ObjectStoragePath
-
         base = self._uri(self.base).rstrip("/") + "/articles/"
-        if not uri.startswith(base) or "/../" in uri or uri.endswith("/.."):
-            raise ValueError(f"{uri!r} is not a step output under {base}")
         if self.local:
-            return ObjectStoragePath(uri)
+            # compared decoded: a URI written before outputs were percent-encoded
+            # ("file:///my dir/...") names the same file as "file:///my%20dir/..."
+            target = storage_path(uri) if uri.startswith("file://") else None
+            inside = self.base.path.rstrip("/") + "/articles/"
+            if target is None or not target.path.startswith(inside) or _escapes(target.path):
+                raise ValueError(f"{uri!r} is not a step output under {base}")
+            return target
+        if not uri.startswith(base) or _escapes(uri):
+            raise ValueError(f"{uri!r} is not a step output under {base}")
         return self.base / "articles" / uri[len(base) :]
 
     def read(self, uri: str) -> bytes:

@@ -34,6 +34,7 @@ import json
 import os
 import re
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -52,7 +53,6 @@ from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
     from airflow.sdk import ObjectStoragePath
 
@@ -94,7 +94,7 @@ def base_uri(storage_base: Callable[[], str]) -> str:
                 f"{STAGING_ENV} must be an absolute path or a file:///abs/path or gs://bucket/prefix "
                 f"URI, got the relative path {configured!r}"
             )
-        return "file://" + os.path.normpath(path)
+        return Path(os.path.normpath(path)).as_uri()  # percent-encoded: "%41" stays a literal
     return parse_storage_uri(configured, STAGING_ENV, StagingConfigError)
 
 

@@ -7,9 +7,9 @@ The article chain's step outputs (:mod:`onceflow.articles.storage`) and daily_sa
   temp file of the writer's own (pid and 64 random bits, ``O_EXCL``) beside the final name,
   fsynced, then renamed over it. A writer that raises removes its temp file; a killed one leaves
   the previous file under the final name; two live writers never share a temp file.
-* **Object stores** (``gs://``): one ``write_bytes`` upload. Google (and the emulator) make an
-  object visible only once its upload is complete, so a killed upload leaves the previous object
-  and there is no temp object to share or leave behind.
+* **Object stores** (``gs://``): the filesystem's ``pipe_file``, one upload request. Google (and
+  the emulator) make an object visible only once its upload is complete, so a killed upload
+  leaves the previous object and there is no temp object to share or leave behind.
 
 Which filesystem a ``gs://`` path uses (credentials, an emulator's endpoint) is the business of
 :meth:`onceflow.hooks.storage.StorageHook.path`; this module only moves bytes.
@@ -97,7 +97,11 @@ def write_object(path: ObjectStoragePath, data: bytes) -> None:
     if is_local(path):
         replace_atomic(path.path, bytes(data))
     else:
-        path.write_bytes(bytes(data))  # one upload: visible only once complete
+        # The filesystem's pipe_file, not a buffered file: gcsfs sends one request below 50 MiB
+        # and above it a resumable upload that declares the total size and is deleted on an
+        # error. A buffered file (write_bytes) turns resumable past its 5 MiB block and its
+        # close() runs even when a chunk failed.
+        path.fs.pipe_file(path.path, bytes(data))
 
 
 def read_object(path: ObjectStoragePath) -> bytes:

@@ -157,6 +157,7 @@ def wait_for_alerts(path: Path, count: int, timeout: float) -> list[dict[str, An
     return read_alert_records(path)
 
 
+@pytest.mark.slow  # 104 s; make test checks each deadline (23/25-h days) in the backfill acceptance
 def test_a_late_day_fires_the_notifier_and_an_on_time_day_does_not(
     airflow_cluster_factory: Callable[..., Any], tmp_path: Path
 ) -> None:

@@ -201,6 +201,7 @@ def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
     _assert_nothing_left(tmp_path, sessions, wait=90)
 
 
+@pytest.mark.slow  # 77 s; make test keeps the README's make run test above (under 40 minutes)
 def test_make_run_stops_everything_when_a_component_dies(tmp_path: Path) -> None:
     """``airflow standalone`` killed outright leaves its scheduler, api-server and workers
     orphaned; onceflow up notices, says so, and sweeps them all."""

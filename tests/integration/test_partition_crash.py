@@ -370,6 +370,7 @@ def run_of(cluster: Any, backfill_id: int) -> dict[str, Any]:
     return run
 
 
+@pytest.mark.slow  # 130 s; the same kill -9 and zombie as plain processes stay in make test
 @pytest.mark.real_airflow
 @pytest.mark.postgres
 def test_kill_9_and_a_zombie_as_real_airflow_tasks_under_the_scheduler(

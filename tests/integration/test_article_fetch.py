@@ -10,7 +10,6 @@ real.
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from onceflow.articles.fetch import FetchedPage, FetchPolicy, fetch_page
 from onceflow.articles.ssrf import AllowList, IPAddress
 from onceflow.testing.article_site import ArticleSite, serve
 from onceflow.testing.article_site.server import HUGE_BYTES
+from onceflow.testing.ci import unavailable
 
 
 @pytest.fixture
@@ -86,18 +86,11 @@ def test_every_spelling_of_the_sites_own_address_is_refused_before_connecting(
     assert site.connections == 0 and site.log == []
 
 
-def _unavailable(reason: str) -> None:
-    """Skip on a developer machine without this address; fail in CI, where a skip would hide it."""
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"{reason} (CI runs this test; it must not skip)", pytrace=False)
-    pytest.skip(reason)
-
-
 def test_ipv6_loopback_is_refused_before_connecting() -> None:
     try:
         six = serve(host="::1")
     except OSError:
-        _unavailable("no IPv6 loopback here")
+        unavailable("no IPv6 loopback here")
     with six:
         assert _refused(six.url("/articles/gazpacho.html")) == "blocked: ::1 (loopback) for host ::1"
         assert six.connections == 0
@@ -107,7 +100,7 @@ def test_an_allowed_ipv6_site_is_fetched_over_ipv6() -> None:
     try:
         six = serve(host="::1")
     except OSError:
-        _unavailable("no IPv6 loopback here")
+        unavailable("no IPv6 loopback here")
     with six:
         page = fetch_page(six.url("/articles/mercado-do-bolhao.html"), _allowing(six))
         assert page.address == "::1" and "Mercado do Bolhão" in page.text
@@ -173,7 +166,7 @@ def test_the_connection_goes_to_the_checked_address_even_when_dns_changes(site: 
     try:
         rebound = serve(host="127.0.0.2", port=site.port)
     except OSError:
-        _unavailable("cannot bind 127.0.0.2 here")
+        unavailable("cannot bind 127.0.0.2 here")
     with rebound:
         resolver = FakeResolver(["127.0.0.1"], ["127.0.0.2"])
         policy = FetchPolicy(allow=AllowList.parse([site.address]), resolver=resolver)

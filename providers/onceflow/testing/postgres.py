@@ -12,6 +12,8 @@ import secrets
 
 from sqlalchemy.engine import URL, make_url
 
+from onceflow.testing.ci import in_ci
+
 ENV_VAR = "ONCEFLOW_TEST_DATABASE_URL"
 DEFAULT_SERVER_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 
@@ -30,7 +32,7 @@ def server_url() -> URL:
 
 def postgres_required() -> bool:
     """In CI (or when the URL is given explicitly) a missing server is a failure, never a skip."""
-    return bool(os.environ.get(ENV_VAR)) or os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    return bool(os.environ.get(ENV_VAR)) or in_ci()
 
 
 def _connect(url: URL):  # type: ignore[no-untyped-def]

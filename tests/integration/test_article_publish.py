@@ -231,16 +231,7 @@ def test_a_gcs_writer_killed_mid_upload_leaves_no_object(fake_gcs: FakeGcs) -> N
     page = _page() + b"<!--" + b"x" * (4 << 20) + b"-->"
     child = CTX.Process(target=_gcs_writer, args=(f"gs://{bucket}/site", proxy.url, rel, page))
     child.start()
-    try:
-        assert proxy.stalled.wait(60), "the upload never got going"
-        os.kill(child.pid or 0, signal.SIGKILL)
-        child.join(30)
-        assert child.exitcode == -signal.SIGKILL
-    finally:
-        proxy.close()
-        if child.is_alive():
-            child.kill()
-            child.join(10)
+    proxy.kill_when_stalled(child, timeout=60)
     assert fake_gcs.objects(bucket) == {}, "a partial object is visible"
     result = _publisher("gs", f"gs://{bucket}/site", fake_gcs.url).publish(rel, page)
     assert result.created and fake_gcs.objects(bucket) == {f"site/{rel}": page}

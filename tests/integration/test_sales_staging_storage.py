@@ -236,17 +236,7 @@ def test_a_gcs_writer_killed_mid_upload_leaves_the_previous_objects(
     conn = fake_gcs.connection_json(base=f"gs://{bucket}", endpoint=proxy.url)
     child = CTX.Process(target=_killable_clean_writer, args=(conn, staging.folder_uri(stage.folder)))
     child.start()
-    try:
-        assert proxy.stalled.wait(180), "the upload never got going"
-        assert child.pid is not None
-        os.kill(child.pid, signal.SIGKILL)
-        child.join(30)
-        assert child.exitcode == -signal.SIGKILL
-    finally:
-        proxy.close()
-        if child.is_alive():
-            child.kill()
-            child.join(10)
+    proxy.kill_when_stalled(child, timeout=180)
     time.sleep(0.5)  # let the emulator notice the cut connection
     assert stage.stored() == before, "a partial or new object is visible"
     assert staging.read_clean(stage.folder).processing_version == "v1"

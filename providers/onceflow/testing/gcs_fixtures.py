@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
 import threading
 import urllib.error
@@ -183,6 +184,28 @@ class StallingProxy:
                 sent += len(data)
         except OSError:
             pass
+
+    def kill_when_stalled(self, writer: Any, timeout: float) -> None:
+        """SIGKILL ``writer`` (a started ``multiprocessing.Process`` uploading through this proxy)
+        once its request is held mid-upload, then :meth:`close`; the writer is reaped either way.
+
+        :raises AssertionError: the upload never reached ``stall_after`` within ``timeout``
+            seconds, or the writer did not die of the SIGKILL.
+        """
+        try:
+            if not self.stalled.wait(timeout):
+                raise AssertionError("the upload never got going")
+            if writer.pid is None:
+                raise AssertionError("the writer process never started")
+            os.kill(writer.pid, signal.SIGKILL)
+            writer.join(30)
+            if writer.exitcode != -signal.SIGKILL:
+                raise AssertionError(f"the writer exited with {writer.exitcode}, not by SIGKILL")
+        finally:
+            self.close()
+            if writer.is_alive():
+                writer.kill()
+                writer.join(10)
 
     def close(self) -> None:
         """Drop every connection (the upstream sees the request cut short)."""

@@ -29,10 +29,20 @@ from collections.abc import Sequence
 
 log = logging.getLogger(__name__)
 
-#: The costly imports of the extract, clean and load tasks (pandas pulls in numpy and pyarrow).
+#: The costly imports of the extract, clean and load tasks (pandas pulls in numpy and pyarrow;
+#: parquet reads import ``pyarrow.dataset``; the ledger's schema check imports Alembic, ~0.1 s).
 #: Third-party only: ``airflow_local_settings`` is imported while Airflow itself initialises, so
 #: modules that import Airflow (onceflow's hooks) must not load there; they cost milliseconds anyway.
-TASK_MODULES: tuple[str, ...] = ("pandas", "pyarrow.parquet", "sqlalchemy", "psycopg2")
+TASK_MODULES: tuple[str, ...] = (
+    "pandas",
+    "pyarrow.parquet",
+    "pyarrow.dataset",
+    "sqlalchemy",
+    "psycopg2",
+    "alembic.command",
+    "alembic.script",
+    "alembic.runtime.migration",
+)
 
 #: ``airflow <command>`` of the processes that fork task processes.
 FORKING_COMMANDS: tuple[tuple[str, ...], ...] = (("scheduler",), ("celery", "worker"))

@@ -10,7 +10,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 
+import pytest
 import sqlalchemy as sa
 
 from onceflow.sales.engine import make_engine
@@ -60,3 +62,60 @@ def test_concurrent_create_schema_all_succeed(sales_db_url: str) -> None:
     assert all(out.strip() == "created" for _, out, _ in outcomes)
     tables = set(sa.inspect(make_engine(sales_db_url)).get_table_names())
     assert {*TABLES, "rejects", "load_audit", "load_fence"} <= tables, tables
+
+
+@pytest.mark.postgres
+def test_a_current_schema_takes_no_warehouse_lock_and_a_missing_column_still_upgrades(
+    postgres_url: str,
+) -> None:
+    """Every load calls ``create_schema``: when nothing is missing it must not queue behind the
+    warehouse-wide advisory lock (a backfill's loads would then run one at a time); when a column
+    is missing it must still wait for the lock and add it."""
+    from onceflow.sales.partition_store import _SCHEMA_LOCK, PartitionStore
+
+    engine = make_engine(postgres_url)
+    store = PartitionStore(engine, "daily_sales")
+    store.create_schema()
+    assert store.schema_is_current()
+    holder = engine.connect()
+    try:
+        txn = holder.begin()
+        holder.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": _SCHEMA_LOCK})
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (store.create_schema(), done.set()), daemon=True)
+        worker.start()
+        assert done.wait(10), "create_schema on a current schema waited for the schema lock"
+
+        # an older warehouse: a column of load_audit is missing -> the upgrade path, under the lock
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE load_audit DROP COLUMN source_watermark_utc")
+        assert not store.schema_is_current()
+        done.clear()
+        worker = threading.Thread(target=lambda: (store.create_schema(), done.set()), daemon=True)
+        worker.start()
+        assert not done.wait(2), "create_schema of an incomplete schema did not wait for the lock"
+        txn.commit()  # let it through
+        assert done.wait(30)
+    finally:
+        holder.close()
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("load_audit")}
+    assert "source_watermark_utc" in columns
+    assert store.schema_is_current()
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_schema_is_current_looks_at_the_store_s_own_schema(postgres_url: str) -> None:
+    """A complete ``daily_sales`` in another schema does not make a missing one current."""
+    from onceflow.sales.partition_store import PartitionStore
+
+    engine = make_engine(postgres_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE SCHEMA other")
+    PartitionStore(engine, "other.daily_sales").create_schema()  # and the shared tables, in public
+    assert PartitionStore(engine, "other.daily_sales").schema_is_current()
+    assert not PartitionStore(engine, "daily_sales").schema_is_current()
+    PartitionStore(engine, "daily_sales").create_schema()
+    assert PartitionStore(engine, "daily_sales").schema_is_current()
+    assert sa.inspect(engine).has_table("daily_sales")
+    engine.dispose()

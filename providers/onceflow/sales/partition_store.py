@@ -103,11 +103,34 @@ class PartitionStore:
         lock for the whole warehouse, not per sales table: the rejects, audit and fence tables are
         shared by every sales table in it.
         """
+        if self.dialect == "postgresql" and self.schema_is_current():
+            return  # every load calls this: no warehouse-wide lock when there is nothing to do
         with self.engine.begin() as conn:
             if self.dialect == "postgresql":
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": _SCHEMA_LOCK})
             upgrade(conn, self.tables)
             self.metadata.create_all(conn)
+
+    def schema_is_current(self) -> bool:
+        """PostgreSQL: every table of this store exists with every column (one catalog query, no lock).
+
+        ``create_schema`` would then change nothing: the upgrade adds columns and moves their data
+        in one transaction (PostgreSQL's DDL is transactional), so a column that is visible was
+        committed together with its data, and ``create_all`` skips tables that exist.
+        """
+        wanted = {(t.schema, t.name): {c.name for c in t.columns} for t in self.metadata.tables.values()}
+        query = sa.text(
+            "SELECT c.table_schema, c.table_name, c.column_name, current_schema() AS current "
+            "FROM information_schema.columns c WHERE c.table_name IN :names"
+        ).bindparams(sa.bindparam("names", expanding=True))
+        with self.engine.connect() as conn:
+            rows = conn.execute(query, {"names": sorted({name for _, name in wanted})}).all()
+        found: dict[tuple[str | None, str], set[str]] = {}
+        for row in rows:
+            # an unqualified table lives in the search path's first schema
+            schema = None if row.table_schema == row.current else row.table_schema
+            found.setdefault((schema, row.table_name), set()).add(row.column_name)
+        return all(columns <= found.get(key, set()) for key, columns in wanted.items())
 
     # -- the fence ----------------------------------------------------------------------------
 

@@ -118,4 +118,12 @@ def test_schema_is_current_looks_at_the_store_s_own_schema(postgres_url: str) ->
     PartitionStore(engine, "daily_sales").create_schema()
     assert PartitionStore(engine, "daily_sales").schema_is_current()
     assert sa.inspect(engine).has_table("daily_sales")
+    # the same table named with its schema, and after a "$user" schema appears first on the
+    # search path (current_schema() moves; unqualified names still resolve to public)
+    assert PartitionStore(engine, "public.daily_sales").schema_is_current()
+    with engine.begin() as conn:
+        user = conn.exec_driver_sql("SELECT current_user").scalar()
+        conn.exec_driver_sql(f'CREATE SCHEMA "{user}"')
+    engine.dispose()
+    assert PartitionStore(engine, "daily_sales").schema_is_current()
     engine.dispose()

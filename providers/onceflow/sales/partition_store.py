@@ -112,25 +112,27 @@ class PartitionStore:
             self.metadata.create_all(conn)
 
     def schema_is_current(self) -> bool:
-        """PostgreSQL: every table of this store exists with every column (one catalog query, no lock).
+        """PostgreSQL: every table of this store exists with every column (one catalog read, no lock).
 
         ``create_schema`` would then change nothing: the upgrade adds columns and moves their data
         in one transaction (PostgreSQL's DDL is transactional), so a column that is visible was
-        committed together with its data, and ``create_all`` skips tables that exist.
+        committed together with its data, and ``create_all`` skips tables that exist. Each name is
+        resolved by ``to_regclass`` as the loads' own statements resolve it (search path, an
+        explicit schema, quoting), not by guessing the schema.
         """
-        wanted = {(t.schema, t.name): {c.name for c in t.columns} for t in self.metadata.tables.values()}
+        preparer = self.engine.dialect.identifier_preparer
+        wanted = {preparer.format_table(t): {c.name for c in t.columns} for t in self.metadata.tables.values()}
         query = sa.text(
-            "SELECT c.table_schema, c.table_name, c.column_name, current_schema() AS current "
-            "FROM information_schema.columns c WHERE c.table_name IN :names"
-        ).bindparams(sa.bindparam("names", expanding=True))
+            "SELECT t.name, a.attname FROM unnest(CAST(:names AS text[])) AS t(name) "
+            "JOIN pg_attribute a ON a.attrelid = to_regclass(t.name) "
+            "WHERE a.attnum > 0 AND NOT a.attisdropped"
+        )
         with self.engine.connect() as conn:
-            rows = conn.execute(query, {"names": sorted({name for _, name in wanted})}).all()
-        found: dict[tuple[str | None, str], set[str]] = {}
-        for row in rows:
-            # an unqualified table lives in the search path's first schema
-            schema = None if row.table_schema == row.current else row.table_schema
-            found.setdefault((schema, row.table_name), set()).add(row.column_name)
-        return all(columns <= found.get(key, set()) for key, columns in wanted.items())
+            rows = conn.execute(query, {"names": sorted(wanted)}).all()
+        found: dict[str, set[str]] = {}
+        for name, column in rows:
+            found.setdefault(name, set()).add(column)
+        return all(columns <= found.get(name, set()) for name, columns in wanted.items())
 
     # -- the fence ----------------------------------------------------------------------------
 

@@ -121,7 +121,9 @@ class PartitionStore:
         explicit schema, quoting), not by guessing the schema.
         """
         preparer = self.engine.dialect.identifier_preparer
-        wanted = {preparer.format_table(t): {c.name for c in t.columns} for t in self.metadata.tables.values()}
+        wanted = {
+            preparer.format_table(t): {c.name for c in t.columns} for t in self.metadata.tables.values()
+        }
         query = sa.text(
             "SELECT t.name, a.attname FROM unnest(CAST(:names AS text[])) AS t(name) "
             "JOIN pg_attribute a ON a.attrelid = to_regclass(t.name) "

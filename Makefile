@@ -30,7 +30,7 @@ $(VENV)/.synced: pyproject.toml uv.lock Makefile
 # .pyc (mtime-and-size pycs can: same size, same second). A read-only checkout just skips this.
 bytecode: $(VENV)/.synced
 	@$(PY) -m compileall -q --invalidation-mode checked-hash providers \
-		|| echo "providers/ not compiled (read-only?): its modules compile at import"
+		|| echo "providers/ not compiled (read-only, or a file that does not compile): its modules compile at import"
 
 install: system-deps $(VENV)/.synced bytecode
 

@@ -126,7 +126,11 @@ class PartitionStore:
         }
         query = sa.text(
             "SELECT t.name, a.attname FROM unnest(CAST(:names AS text[])) AS t(name) "
-            "JOIN pg_attribute a ON a.attrelid = to_regclass(t.name) "
+            "JOIN pg_class c ON c.oid = to_regclass(t.name) "
+            # a table or view, as the old check (has_table) counted; not a type, an index, or a
+            # session's temporary table shadowing the real one on this pooled connection
+            "AND c.relkind IN ('r', 'p', 'v', 'f') AND c.relpersistence <> 't' "
+            "JOIN pg_attribute a ON a.attrelid = c.oid "
             "WHERE a.attnum > 0 AND NOT a.attisdropped"
         )
         with self.engine.connect() as conn:

@@ -32,7 +32,7 @@ bytecode: $(VENV)/.synced
 	@$(PY) -m compileall -q --invalidation-mode checked-hash providers \
 		|| echo "providers/ not compiled (read-only, or a file that does not compile): its modules compile at import"
 
-install: system-deps $(VENV)/.synced bytecode
+install: system-deps bytecode
 
 # Debian packages the tests use (unshare for the parse guard, apertium and apertium-eng-spa for the article chain).
 system-deps:
@@ -74,7 +74,7 @@ bench-quick: install
 # ONCEFLOW_HOME and RUN_ARGS (e.g. RUN_ARGS="--port 8090") are for tests and second copies.
 ONCEFLOW_HOME ?= .onceflow
 RUN_ARGS ?=
-run: $(VENV)/.synced bytecode
+run: bytecode
 	$(VENV)/bin/onceflow up --home $(ONCEFLOW_HOME) $(RUN_ARGS)
 
 clean:

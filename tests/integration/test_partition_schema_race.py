@@ -81,18 +81,20 @@ def test_a_current_schema_takes_no_warehouse_lock_and_a_missing_column_still_upg
     try:
         txn = holder.begin()
         holder.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": _SCHEMA_LOCK})
-        done = threading.Event()
-        worker = threading.Thread(target=lambda: (store.create_schema(), done.set()), daemon=True)
-        worker.start()
+
+        def create_schema_in_background() -> threading.Event:
+            done = threading.Event()
+            threading.Thread(target=lambda: (store.create_schema(), done.set()), daemon=True).start()
+            return done
+
+        done = create_schema_in_background()
         assert done.wait(10), "create_schema on a current schema waited for the schema lock"
 
         # an older warehouse: a column of load_audit is missing -> the upgrade path, under the lock
         with engine.begin() as conn:
             conn.exec_driver_sql("ALTER TABLE load_audit DROP COLUMN source_watermark_utc")
         assert not store.schema_is_current()
-        done.clear()
-        worker = threading.Thread(target=lambda: (store.create_schema(), done.set()), daemon=True)
-        worker.start()
+        done = create_schema_in_background()
         assert not done.wait(2), "create_schema of an incomplete schema did not wait for the lock"
         txn.commit()  # let it through
         assert done.wait(30)
@@ -106,7 +108,9 @@ def test_a_current_schema_takes_no_warehouse_lock_and_a_missing_column_still_upg
 
 @pytest.mark.postgres
 def test_schema_is_current_looks_at_the_store_s_own_schema(postgres_url: str) -> None:
-    """A complete ``daily_sales`` in another schema does not make a missing one current."""
+    """Names resolve as the loads resolve them: a complete ``daily_sales`` in another schema does not
+    make a missing one current, a schema-qualified or search-path name does, quoting is kept, and an
+    object that only shares a table's name (a composite type) is no table."""
     from onceflow.sales.partition_store import PartitionStore
 
     engine = make_engine(postgres_url)

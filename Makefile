@@ -9,13 +9,14 @@ UV := PYTHON=$(PYTHON) bash .ci/uv
 export UV_PYTHON_DOWNLOADS := never
 PYTEST_ARGS ?=
 
-.PHONY: help install bytecode system-deps lint format test test-fast test-slow bench bench-quick run clean
+.PHONY: help install bytecode system-deps lint format test test-fast test-slow bench bench-quick run clean docs
 
 help:
 	@echo "make run    start Airflow on embedded defaults (SQLite, Sheets emulator) with this repo's DAGs"
 	@echo "make test   lint + the whole test suite (set ONCEFLOW_TEST_DATABASE_URL for PostgreSQL)"
 	@echo "make lint   ruff + mypy only;  make test-slow  the slow suite"
 	@echo "make bench  every benchmark at full size (hours);  make bench-quick  the same at small sizes"
+	@echo "make docs   build the documentation site into site/ (make test builds it strictly: tests/docs)"
 
 # --compile-bytecode: every Airflow process (each task is one) would otherwise compile its imports
 # from source, where PYTHONDONTWRITEBYTECODE is set (as here) or site-packages is read-only: on
@@ -39,13 +40,13 @@ system-deps:
 	@bash .ci/system-deps
 
 lint: $(VENV)/.synced
-	$(VENV)/bin/ruff check providers tests dags plugins benchmarks
-	$(VENV)/bin/ruff format --check providers tests dags plugins benchmarks
+	$(VENV)/bin/ruff check providers tests dags plugins benchmarks docs/_build
+	$(VENV)/bin/ruff format --check providers tests dags plugins benchmarks docs/_build
 	$(VENV)/bin/mypy
 
 format: $(VENV)/.synced
-	$(VENV)/bin/ruff check --fix providers tests dags plugins benchmarks
-	$(VENV)/bin/ruff format providers tests dags plugins benchmarks
+	$(VENV)/bin/ruff check --fix providers tests dags plugins benchmarks docs/_build
+	$(VENV)/bin/ruff format providers tests dags plugins benchmarks docs/_build
 
 test: install lint
 	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
@@ -77,5 +78,10 @@ RUN_ARGS ?=
 run: bytecode
 	$(VENV)/bin/onceflow up --home $(ONCEFLOW_HOME) $(RUN_ARGS)
 
+# The site (mkdocs.yml): --strict fails on any warning, broken link or missing anchor. tests/docs/
+# builds it the same way in `make test`. (NO_MKDOCS_2_WARNING: Material's notice about its successor.)
+docs: $(VENV)/.synced
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf .onceflow .tools .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .onceflow .tools .pytest_cache .mypy_cache .ruff_cache site

@@ -59,6 +59,12 @@ class RecentFirstWeightStrategy(PriorityWeightStrategy):
         recency = _hours_since_epoch(_interval_end(ti))
         return min(_MAX_WEIGHT, recency * RECENCY_STEP + min(_downstream_weight(ti), RECENCY_STEP - 1))
 
+    def __repr__(self) -> str:
+        # A DAG's ``default_args`` are serialized with ``str()`` of each value: the default
+        # ``<... object at 0x...>`` changed the DAG's hash, hence its version, on every parse.
+        # The importable name is what Airflow stores as a task's ``weight_rule`` anyway.
+        return f"{type(self).__module__}.{type(self).__qualname__}"
+
 
 class NightlyFirstWeightStrategy(RecentFirstWeightStrategy):
     """The former name, registered so DAGs serialized with it still load; the same weights.

@@ -113,3 +113,8 @@ def fake_gcs(onceflow_fake_gcs: Any) -> Any:
 @pytest.fixture
 def queue_sheet(onceflow_queue_sheet: Any) -> Any:
     return onceflow_queue_sheet
+
+
+@pytest.fixture
+def network_refusals(onceflow_network_refusals: Any) -> Any:
+    return onceflow_network_refusals

@@ -47,6 +47,41 @@ TRIVIAL_DAG = textwrap.dedent(
 )
 
 
+# The network guard in a real task process (a LocalExecutor worker's child): the task raises the
+# audit event of a connect to 192.0.2.1 on an unconnected socket, so no connection is ever
+# attempted, and fails unless the guard refused it.
+GUARD_PROBE_DAG = textwrap.dedent(
+    """
+    import pendulum
+    from airflow.sdk import dag, task
+
+    @dag(schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC"), catchup=False,
+         tags=["test"], default_args={"owner": "onceflow", "retries": 0})
+    def harness_guard_probe():
+        @task
+        def probe() -> str:
+            import os
+            import socket
+            import sys
+
+            from onceflow.testing import network_guard
+
+            sock = socket.socket()
+            try:
+                sys.audit("socket.connect", sock, ("192.0.2.1", 80))
+            except network_guard.NetworkGuardError as exc:
+                return f"{os.getpid()} {exc}"
+            finally:
+                sock.close()
+            raise RuntimeError(f"no network guard in the task process (installed={network_guard.installed()})")
+
+        probe()
+
+    harness_guard_probe()
+    """
+)
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -64,15 +99,17 @@ def _alive(pid: int) -> bool:
 def _write_dag(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "harness_trivial.py").write_text(TRIVIAL_DAG)
+    (folder / "harness_guard_probe.py").write_text(GUARD_PROBE_DAG)
     return folder
 
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 def test_trivial_dag_succeeds_through_the_real_scheduler(
-    database: str, tmp_path: Path, postgres_url_factory: object
+    database: str, tmp_path: Path, postgres_url_factory: object, network_refusals: Any
 ) -> None:
-    """A fresh installation per database kind: migrate, start four components, trigger, succeed."""
+    """A fresh installation per database kind: migrate, start four components, trigger, succeed;
+    and the network guard refuses a connect beyond loopback inside a real task process."""
     if database == "postgresql":
         postgres_url_factory("probe")  # type: ignore[operator]  # fails in CI, skips elsewhere
     dags = _write_dag(tmp_path / "dags")
@@ -90,6 +127,11 @@ def test_trivial_dag_succeeds_through_the_real_scheduler(
             assert cluster.wait_for_run("harness_trivial", run_id, timeout=240) == "success"
             states = {ti["task_id"]: ti["state"] for ti in cluster.task_instances("harness_trivial", run_id)}
             assert states == {"produce": "success", "consume": "success"}
+            probe_run = cluster.trigger("harness_guard_probe")
+            assert cluster.wait_for_run("harness_guard_probe", probe_run, timeout=240) == "success"
+            refused = network_refusals.take(lambda r: r.target == "192.0.2.1 port 80", wait=30)
+            assert len(refused) == 1 and refused[0].pid != os.getpid(), refused
+            assert "test_trivial_dag_succeeds_through_the_real_scheduler" in refused[0].message
             pids_while_running = cluster.leftover_pids()
             assert len(pids_while_running) >= 4
             # LocalExecutor workers overwrite their environment with setproctitle(); the session

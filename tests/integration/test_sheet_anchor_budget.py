@@ -137,14 +137,17 @@ def test_a_claim_refused_for_the_metadata_cap_sweeps_and_claims(sheets_emulator:
     won = queue.claim(10, attempts=1).claims
     assert len(won) == 10
     assert {m.value for m in _anchors(sheets_emulator, sid)} == {c.token for c in won}
-    # nothing to sweep: the 400 reaches the caller and says what to do
+    # nothing to sweep, room for 5: the claim takes what fits (10 refused, then 5)
+    more = queue.claim(10).claims
+    assert len(more) == 5
+    # full: the 400 reaches the caller and says what to do
     import pytest
 
     from onceflow.sheets.retry import Refused
 
     with pytest.raises(Refused, match="every row anchor belongs to a row in flight"):
         queue.claim(10)
-    assert {m.value for m in _anchors(sheets_emulator, sid)} == {c.token for c in won}
+    assert {m.value for m in _anchors(sheets_emulator, sid)} == {c.token for c in won + more}
 
 
 def test_reconcile_gives_up_on_a_row_and_its_anchor_goes_in_the_same_batch(

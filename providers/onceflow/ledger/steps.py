@@ -10,7 +10,8 @@
    token + 1, and heartbeats while the work runs;
 3. commits the work's payload fenced by the lease: a late attempt whose lease was taken over gets
    ``StaleFenceError`` and the ledger records the refusal;
-4. on :class:`InvalidInput` moves the item to ``needs_correction`` with the reason; on any other
+4. on :class:`InvalidInput` moves the item to ``needs_correction`` with the reason (a late attempt
+   gets ``StaleFenceError`` instead, chained to its error: its verdict is not the item's); on any other
    error records a transient failure (the Airflow task's retry owns the timing) and re-raises;
 5. with a ``shutdown`` flag (an Airflow task's ``on_kill``, or SIGTERM through
    :meth:`GracefulShutdown.installed`), hands the lease back the moment shutdown is requested
@@ -186,8 +187,9 @@ def run_keyed_step(
             if handback.requested:  # the work was cut short by the stop; the item went back
                 raise ShutdownRequested(_stopped(work_key, step)) from exc
             if isinstance(exc, InvalidInput):
-                with contextlib.suppress(StaleFenceError):  # a newer attempt owns it; refusal recorded
-                    ledger.mark_invalid(lease, str(exc) or type(exc).__name__)
+                # a newer attempt owns the item (refusal recorded): say so instead of the verdict,
+                # which is no longer this attempt's to give (its caller would write it to the row)
+                ledger.mark_invalid(lease, str(exc) or type(exc).__name__)
             else:
                 with contextlib.suppress(StaleFenceError):
                     ledger.fail(lease, exc, backoff_seconds=0)  # the Airflow task's retry owns the timing

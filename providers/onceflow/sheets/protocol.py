@@ -288,13 +288,20 @@ class SheetQueue:
                     swept = True
                     removed = self.sweep_anchors()
                     log.warning("claim refused (%s); removed %d stale row anchors", err, removed)
-                    if removed == 0:
-                        raise Refused(
-                            f"{err} (every row anchor belongs to a row in flight: each PROCESSING row "
-                            "holds one, and Google caps developer metadata at 30,000 characters per "
-                            "sheet; finish rows, or claim fewer at a time)"
-                        ) from err
-                    continue  # the sweep made room: that refusal does not count as a try
+                    if removed:
+                        continue  # the sweep made room: that refusal does not count as a try
+                if "developer metadata" in str(err).lower():
+                    # no room for one anchor per row asked: take what fits (halving costs 1 read +
+                    # 1 write per step; Google's 400 does not say how much room is left)
+                    if limit > 1:
+                        limit //= 2
+                        log.warning("claim refused at the metadata cap; claiming %d rows instead", limit)
+                        continue
+                    raise Refused(
+                        f"{err} (every row anchor belongs to a row in flight: each PROCESSING row "
+                        "holds one, and Google caps developer metadata at 30,000 characters per "
+                        "sheet; finish rows before claiming more)"
+                    ) from err
                 refusals += 1
                 if refusals >= attempts:
                     raise
@@ -342,20 +349,31 @@ class SheetQueue:
             return self.transport.batch_update(requests)
 
         replies: list[dict[str, Any]] | None = None
+        refusal: Refused | None = None
         try:
             replies = self.backoff.call(attempt)
             log.info("claim write: %d replies for %d rows", len(replies), len(targets))
         except ServerError as err:  # maybe applied: the verification read decides
             log.warning("claim write outcome unknown (%s); verifying by reading back", err)
+        except Refused as err:
+            # a 400 only says *this copy* applied nothing: httplib2 may have sent an earlier copy
+            # whose reply was lost and which was applied (its anchors then fill the metadata room
+            # the resent copy is refused for). Only the sheet can tell: read back below.
+            refusal = err
+            log.warning("claim write refused (%s); reading back for an applied earlier copy", err)
 
         confirmed: dict[str, Row] = {}
         must_read = replies is None or bool(bad) or self.always_verify
+        #: token -> id of the anchor this reply created for a claim it did not apply itself
+        unapplied: dict[str, int] = {}
         if replies is not None:
             position = iter(replies)
             for token, guarded in layout:
                 claimed = _occurrences(next(position, {})) == 1
                 held = guarded and _occurrences(next(position, {})) == 1
-                next(position, {})  # the anchor's reply
+                created = anchors.created_id(next(position, {}))
+                if not claimed and created is not None:
+                    unapplied[token] = created
                 if claimed and held:
                     confirmed[token] = issued[token]
                 else:
@@ -374,12 +392,18 @@ class SheetQueue:
                 self._retoken(verified, extra)
         else:  # every claim confirmed in place by its guard: the first read is still the truth
             verified, mine = snapshot, confirmed
+        if refusal is not None and not mine:
+            raise refusal  # nothing of ours is in the sheet: the batch was refused whole
         if replies is None:
             result.recovered = len(mine)
         # anchors of lost claims sit on rows that do not carry their token: remove them (by
         # token, so never anyone else's); a 429-refused attempt applied nothing, so it has none
         sent = [token for token, _ in layout]
         stray = [anchors.delete(anchors.lookup(t)) for t in sent if t not in mine]
+        # a claim won by an earlier copy of this batch (its reply lost, the batch resent) was
+        # anchored by both copies: the resent copy's anchor goes by its id, so each row in flight
+        # holds one anchor and resends do not eat the metadata room
+        stray += [anchors.delete(anchors.by_id(i)) for t, i in unapplied.items() if t in mine]
         verdicts = classify_claimed(verified, mine)
         rejects = {t: v for t, v in verdicts.items() if not v.ok}
         result.redirected = sum(1 for t, row in mine.items() if row.url != issued[t].url)

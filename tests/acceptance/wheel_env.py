@@ -19,12 +19,17 @@ def uv_cmd() -> list[str]:
 
 def clean_env() -> dict[str, str]:
     """The environment for another venv: no Airflow settings, no active venv, no PYTHONPATH (a
-    developer's ``PYTHONPATH=providers`` would import the source tree instead of the wheel)."""
+    developer's ``PYTHONPATH=providers`` would import the source tree instead of the wheel) but
+    the network guard's folder, whose sitecustomize imports the guard from the installed wheel."""
+    from onceflow.testing import network_guard
+
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("AIRFLOW", "VIRTUAL_ENV", "UV_")) and k != "PYTHONPATH"
     }
+    if network_guard.ENV_LOG in os.environ:  # only the guard's sitecustomize, not the source tree
+        env.update(network_guard.child_environment(os.environ[network_guard.ENV_LOG], base={}))
     env["UV_PYTHON_DOWNLOADS"] = "never"
     return env
 

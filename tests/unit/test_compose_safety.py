@@ -88,11 +88,15 @@ class Container:
     def environment(self) -> dict[str, str]:
         """The service's variables with its container paths under its root, on top of a clean
         process environment (none of this test session's Airflow settings)."""
+        from onceflow.testing import network_guard
+
         env = {
             k: v
             for k, v in os.environ.items()
             if not k.startswith(("AIRFLOW", "_AIRFLOW", "ONCEFLOW")) and k != "PYTHONPATH"
         }
+        if network_guard.ENV_LOG in os.environ:  # the children keep the session's network guard
+            env.update(network_guard.child_environment(os.environ[network_guard.ENV_LOG], base={}))
         env["AIRFLOW_HOME"] = str(self.path(IMAGE_AIRFLOW_HOME))
         for key, value in (self.service.get("environment") or {}).items():
             text = interpolate(str(value), self.shell)

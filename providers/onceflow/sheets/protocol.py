@@ -390,6 +390,12 @@ class SheetQueue:
             extra = [(t, r) for t, rows in found.items() for r in rows[1:]]
             if extra:  # only possible if something repeated our exact request body
                 self._retoken(verified, extra)
+                # the re-token is a conditional write aimed at a position: rows may have moved
+                # under it, so which row kept the token is read, never assumed; a token still on
+                # several rows is handed out to none (sheet_reconcile drives those rows)
+                verified = self.snapshot()
+                found = {t: rows for t, rows in verified.by_token().items() if t in issued}
+                mine = {t: rows[0] for t, rows in found.items() if len(rows) == 1}
         else:  # every claim confirmed in place by its guard: the first read is still the truth
             verified, mine = snapshot, confirmed
         if refusal is not None and not mine:

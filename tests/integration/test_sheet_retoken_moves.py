@@ -75,7 +75,12 @@ def test_defect2_the_claim_hands_out_its_token_beside_the_url_it_is_on_after_a_r
         assert len(rows) == 1, f"{claim.token} on {len(rows)} rows"
         assert rows[0].url == claim.url, f"token handed out for {claim.url} sits beside {rows[0].url}"
         assert write_done(
-            queue, claim.token, score=0.9, published_url="http://127.0.0.1/p", run_id="r", row_key=claim.row_key
+            queue,
+            claim.token,
+            score=0.9,
+            published_url="http://127.0.0.1/p",
+            run_id="r",
+            row_key=claim.row_key,
         )
     assert result.claims, "the claim won a row"
     # every PROCESSING row carries a token of its own

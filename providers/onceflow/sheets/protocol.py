@@ -486,6 +486,7 @@ class SheetQueue:
         moves: Iterable[tuple[str, Status, Status]],
         extra: list[dict[str, Any]] | None = None,
         verify: bool = False,
+        extra_replies: list[dict[str, Any]] | None = None,
     ) -> list[bool]:
         """One ``batchUpdate`` of fenced status moves (plus ``extra`` requests); per move, whether
         it applied. A 5xx is settled by reading the sheet back.
@@ -494,6 +495,8 @@ class SheetQueue:
             status as moved: a 0 can be this very batch's resent copy (httplib2 resends a request
             whose reply was lost) finding the row moved by the first copy. Without it, 0 means "not
             moved by this call", which is what a caller that must act once needs.
+        :param extra_replies: filled with the replies to ``extra`` (left empty when the outcome
+            is unknown: a 5xx).
         """
         moves = list(moves)
         if not moves:
@@ -510,6 +513,8 @@ class SheetQueue:
         try:
             replies = self.backoff.call(lambda: self.transport.batch_update(requests))
             moved = [_occurrences(r) == 1 for r in replies[: len(moves)]]
+            if extra_replies is not None:
+                extra_replies.extend(replies[len(moves) :])
             if all(moved) or not verify:
                 return moved
         except ServerError:

@@ -17,11 +17,13 @@ replied 0 (to tell "already moved" from "our resent copy moved it").
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
 from onceflow.sheets import anchors
-from onceflow.sheets.model import IN_FLIGHT_STATUSES, Status
+from onceflow.sheets.model import IN_FLIGHT_STATUSES, Status, status_value
+from onceflow.sheets.retry import ServerError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
@@ -117,20 +119,117 @@ def finish_many(
     going = [item for item in items if item[0] not in refused]
     moves = [(token, was, new) for token, new, _ in going for was in order]
     deletions = [anchors.delete(anchors.lookup(token)) for token, _, _ in going]
-    moved = queue.transition_many(columns, moves, extra=deletions) if going else []
+    # the row read above was the item's, but the editor may type another URL in before the move
+    # lands: position-aimed guards in the same atomic batch say whether, at that moment, the row
+    # there held the new status *and* the URL read (any 0 is settled by reading back, below)
+    guarded: list[str] = []
+    guards: list[dict[str, Any]] = []
+    if same is not None:
+        for token, new, _ in going:
+            rows = anchored.get(token, [])
+            if rows and rows[0].token == token and rows[0].url:
+                guarded.append(token)
+                guards += _guards(queue, columns, rows[0], token, new)
+    replies: list[dict[str, Any]] = []
+    moved = (
+        queue.transition_many(columns, moves, extra=deletions + guards, extra_replies=replies)
+        if going
+        else []
+    )
     settled = {
         token: any(moved[i * len(order) : (i + 1) * len(order)]) for i, (token, _, _) in enumerate(going)
     }
+    held = _held(replies[len(deletions) :], guarded)
+    unsure = {token for token, _, _ in going if same is not None and token not in held}
     done = [settled.get(token, False) for token, _, _ in items]
-    if all(settled.values()):
+    if all(settled.values()) and not unsure:
         return done
     # a 0 can be this very batch's resent copy (httplib2 resends a request whose reply was lost)
     # finding the row already moved by the first copy: the sheet decides
     after = queue.snapshot()
+    was = {token: rows[0].status for token, rows in anchored.items() if rows and rows[0].token == token}
+    out = []
+    for ok, (token, new, fields) in zip(done, items, strict=True):
+        now = [r for r in after.rows_with_token(token) if r.status is new]
+        if token in unsure and now and same is not None and not same(now[0]):
+            back = was.get(token) or Status.PROCESSING
+            log.warning("row %s of %s now holds %r: %s undone", now[0].number, token, now[0].url, new.value)
+            _undo(queue, columns, now[0], token, new, back, (fields or {}).get("published_url", ""))
+            out.append(False)
+            continue
+        out.append(token not in refused and (ok or bool(now)))
+    return out
+
+
+def _guards(queue: SheetQueue, columns: Any, row: Row, token: str, new: Status) -> list[dict[str, Any]]:
+    """Two no-op ``findReplace``s at ``row``'s position (as read): its status cell holds ``new
+    #token`` and its URL cell the URL read. Both replying 1 means the row carrying the token held
+    that URL when the move was applied (tokens are unique: only its row can match)."""
+    moved = status_value(new, token)
     return [
-        token not in refused and (ok or any(r.status is new for r in after.rows_with_token(token)))
-        for ok, (token, new, _) in zip(done, items, strict=True)
+        queue._find_replace(queue._cell(row.number, columns["status"]), moved, moved),
+        queue._find_replace(queue._cell(row.number, columns["url"]), row.url, row.url),
     ]
+
+
+def _held(replies: Sequence[dict[str, Any]], guarded: Sequence[str]) -> set[str]:
+    """The guarded tokens whose two guards both replied 1."""
+    return {
+        token
+        for i, token in enumerate(guarded)
+        if len(replies) >= 2 * i + 2 and all(_occurrences(r) == 1 for r in replies[2 * i : 2 * i + 2])
+    }
+
+
+def _undo(
+    queue: SheetQueue,
+    columns: Any,
+    row: Row,
+    token: str,
+    new: Status,
+    back: Status,
+    link: str,
+    tries: int = 3,
+) -> bool:
+    """Put a row moved to ``new`` beside a URL that is no longer its article back in flight.
+
+    One batch aimed at the row's position: ``<new> #token`` -> ``<back> #token`` (conditional), a
+    fresh anchor at the same position (it lands on the row the move changed, as a claim's does)
+    and the link cleared (conditional on being ours). If rows moved first, the move misses: the
+    anchor goes again by its id and the row is read again.
+    """
+    for _ in range(tries):
+        requests = [
+            queue._find_replace(
+                queue._cell(row.number, columns["status"]),
+                status_value(new, token),
+                status_value(back, token),
+            ),
+            anchors.create(queue.sheet_id(), row.number, token),
+        ]
+        if link and columns.has("published_url"):
+            requests.append(queue._find_replace(queue._cell(row.number, columns["published_url"]), link, ""))
+        send = functools.partial(queue.transport.batch_update, requests)
+        try:
+            replies = queue.backoff.call(send)
+        except ServerError:
+            replies = []
+        if replies and _occurrences(replies[0]) == 1:
+            return True
+        created = anchors.created_id(replies[1]) if len(replies) > 1 else None
+        if created is not None:
+            queue.cleanup([anchors.delete(anchors.by_id(created))])
+        rows = [r for r in queue.snapshot().rows_with_token(token) if r.status is new]
+        if not rows:
+            return not replies  # a 5xx after apply moved it back (its anchor then adopted later)
+        row = rows[0]
+    log.error("row of %s could not be put back in flight; sheet_reconcile will see it", token)
+    return False
+
+
+def _occurrences(reply: dict[str, Any]) -> int:
+    # proto3 JSON omits zero values: a miss comes back as {"findReplace": {}}
+    return int(reply.get("findReplace", {}).get("occurrencesChanged", 0) or 0)
 
 
 class _MovedOn(Exception):

@@ -538,6 +538,7 @@ def _banner(cfg: LocalRunConfig, ui: str, emulator_port: int, site_port: int) ->
 onceflow is running on embedded defaults.
 
   Airflow UI        {ui}   (no login: every user is admin locally)
+  Operations view   {ui.rstrip("/")}/onceflow-ops/   (in the UI: Browse -> onceflow operations)
   DAGs folder       {cfg.dags_folder}
   AIRFLOW_HOME      {cfg.airflow_home}   ({_topology(cfg)})
   Sheets emulator   http://127.0.0.1:{emulator_port}/  spreadsheet {DEMO_SPREADSHEET_ID!r}, state {cfg.data / "sheets-state.json"}
@@ -576,8 +577,6 @@ paused across restarts; unpause it with, e.g.:
 Load the demo days into the warehouse (the offset keeps the first Amsterdam day):
   AIRFLOW_HOME={airflow_home} .venv/bin/airflow backfill create --dag-id daily_sales \\
       --from-date {first}T00:00:00+01:00 --to-date {last}T00:00:00+01:00
-
-Not built yet (a later issue, nothing pretends to do it): the operations view in the UI.
 
 Ctrl-C stops everything.
 """

@@ -37,6 +37,9 @@ from onceflow.testing.processes import exit_code_unreaped, harness_pids, start_t
 
 MARKER = "ONCEFLOW_HARNESS_RUN"
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+# The health endpoint's part and the job type of each component that has them.
+_HEALTH = {"scheduler": ("scheduler", "SchedulerJob"), "triggerer": ("triggerer", "TriggererJob"),
+           "dag-processor": ("dag_processor", "DagProcessorJob")}  # fmt: skip
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 
 
@@ -53,6 +56,7 @@ class AirflowCluster:
     :param env: extra environment for every component and CLI call.
     :param parallelism: LocalExecutor slots.
     :param api_port: the api-server's port (default: a free one).
+    :param components: the components to start (default all; ``("api-server",)`` for UI tests).
     """
 
     def __init__(
@@ -64,7 +68,9 @@ class AirflowCluster:
         env: dict[str, str] | None = None,
         parallelism: int = 8,
         api_port: int | None = None,
+        components: Iterable[str] = COMPONENTS,
     ) -> None:
+        self.components = tuple(components)
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.api_port = api_port or free_port()
@@ -99,7 +105,9 @@ class AirflowCluster:
         self.dags_folder = Path(self.env["AIRFLOW__CORE__DAGS_FOLDER"])
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         # Component name -> its ``airflow`` arguments and its own environment (beside self.env).
-        self._specs: dict[str, tuple[list[str], dict[str, str]]] = {name: ([name], {}) for name in COMPONENTS}
+        self._specs: dict[str, tuple[list[str], dict[str, str]]] = {
+            name: ([name], {}) for name in self.components
+        }
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         # Components replaced by restart(): still unreaped, so their session ids stay ours.
         self._retired: list[subprocess.Popen[bytes]] = []
@@ -193,7 +201,7 @@ class AirflowCluster:
                 isinstance(last, dict)
                 and all(
                     (last.get(part) or {}).get("status") == "healthy"
-                    for part in ("metadatabase", "scheduler", "triggerer", "dag_processor")
+                    for part in ("metadatabase", *(_HEALTH[c][0] for c in self.components if c in _HEALTH))
                 )
                 and self._own_jobs_running()
             ):
@@ -213,7 +221,7 @@ class AirflowCluster:
             "SELECT DISTINCT job_type FROM job WHERE id > :first AND state = 'running'",
             first=self._first_job_id,
         )
-        return {"SchedulerJob", "TriggererJob", "DagProcessorJob"} <= {r["job_type"] for r in rows}
+        return {_HEALTH[c][1] for c in self.components if c in _HEALTH} <= {r["job_type"] for r in rows}
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():

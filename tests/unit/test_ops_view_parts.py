@@ -15,13 +15,18 @@ from onceflow.opsview import links, metrics, page
     ("owner", "expected"),
     [
         ("article_pipeline/sheet__k__v1/2/fetch", ("article_pipeline", "sheet__k__v1", 2, "fetch")),
-        ("daily_sales/scheduled__2026-11-22T00:00:00+00:00/1", ("daily_sales", "scheduled__2026-11-22T00:00:00+00:00", 1, "load")),
+        (
+            "daily_sales/scheduled__2026-11-22T00:00:00+00:00/1",
+            ("daily_sales", "scheduled__2026-11-22T00:00:00+00:00", 1, "load"),
+        ),
         ("host:dag.task.run.1", None),
         ("", None),
         (None, None),
     ],
 )
-def test_an_owner_names_its_run_and_task(owner: str | None, expected: tuple[str, str, int, str] | None) -> None:
+def test_an_owner_names_its_run_and_task(
+    owner: str | None, expected: tuple[str, str, int, str] | None
+) -> None:
     ref = links.from_owner(owner, default_task="load")
     assert (None if ref is None else (ref.dag_id, ref.run_id, ref.try_number, ref.task_id)) == expected
 
@@ -54,7 +59,14 @@ def test_only_http_urls_and_airflow_paths_become_links(url: str | None, allowed:
 
 
 def test_durations_read_in_two_units() -> None:
-    assert [page.duration(s) for s in (None, 5, 75, 3600, 7260, 90000)] == ["-", "5s", "1m 15s", "1h 0m", "2h 1m", "1d 1h"]
+    assert [page.duration(s) for s in (None, 5, 75, 3600, 7260, 90000)] == [
+        "-",
+        "5s",
+        "1m 15s",
+        "1h 0m",
+        "2h 1m",
+        "1d 1h",
+    ]
 
 
 def test_openmetrics_escapes_label_values_and_ends_with_eof() -> None:
@@ -62,7 +74,9 @@ def test_openmetrics_escapes_label_values_and_ends_with_eof() -> None:
         "discovery": {"kinds": [], "completed_per_hour": [0]},
         "oldest_eligible": {"groups": []},
         "lease_expiries": {"last_24h": 0, "trailing_week_daily_mean": 0.0},
-        "error_classes": {"classes": [{"kind": "a", "error_class": 'Bad"Class\\\n', "attempts": 3, "retrying": 1}]},
+        "error_classes": {
+            "classes": [{"kind": "a", "error_class": 'Bad"Class\\\n', "attempts": 3, "retrying": 1}]
+        },
         "follow_ups": {"outbox_pending": [], "published_not_written_back": 0},
         "active_versions": {"versions": [{"version": None, "live_items": 2, "results": 0}]},
     }

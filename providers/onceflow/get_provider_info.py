@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from onceflow import __version__
+from onceflow.connection_types import CONNECTION_TYPES
 from onceflow.versions import CONFIG_KEY, CONFIG_SECTION, PROCESSING_VERSION
 
 
@@ -58,7 +59,8 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "sensors": [{"integration-name": "onceflow", "python-modules": ["onceflow.sensors.sheets"]}],
         "triggers": [{"integration-name": "onceflow", "python-modules": ["onceflow.triggers.sheets"]}],
-        "connection-types": [],
+        # onceflow_fetch, onceflow_storage, onceflow_translate, onceflow_ledger, with their form fields
+        "connection-types": CONNECTION_TYPES,
         "plugins": [
             {"name": "onceflow_priority", "plugin-class": "onceflow.priority.OnceflowPriorityPlugin"}
         ],

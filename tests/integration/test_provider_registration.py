@@ -54,13 +54,15 @@ def test_every_module_of_a_kind_is_declared(kind: str) -> None:
 
 
 def test_every_hook_uses_a_connection_type_an_installed_provider_registers() -> None:
-    """onceflow declares no connection type of its own: its hooks reuse ``postgres`` and
-    ``google_cloud_platform`` (so the UI's connection forms are the familiar ones). Each hook's
-    ``conn_type`` must therefore be one the installed providers register."""
+    """onceflow declares four connection types with forms of their own (onceflow_fetch,
+    onceflow_storage, onceflow_translate, onceflow_ledger: tests/integration/test_connection_types.py);
+    its other hooks reuse ``postgres`` and ``google_cloud_platform``. Each hook's ``conn_type`` must
+    be one the installed providers (onceflow included) register."""
     from airflow.sdk import BaseHook
     from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
 
-    assert get_provider_info()["connection-types"] == []
+    declared = {c["connection-type"] for c in get_provider_info()["connection-types"]}
+    assert declared == {"onceflow_fetch", "onceflow_storage", "onceflow_translate", "onceflow_ledger"}
     hooks = [
         cls
         for module in sorted(_declared_modules("hooks"))

@@ -3,7 +3,8 @@ Airflow sinks of the outbox relay.
 
 The connection resolves to a SQLAlchemy URL like the warehouse's: a ``postgres`` connection
 (``postgresql+psycopg2://login:password@host:port/schema``), a ``sqlite`` connection (the file
-path in ``host``), or any connection whose extra holds ``{"sqlalchemy_url": "..."}``. When the
+path in ``host``), or any connection whose extra holds ``{"sqlalchemy_url": "..."}`` (the one field of
+the ``onceflow_ledger`` connection type's form). When the
 connection is not defined anywhere, the ledger is an embedded SQLite file,
 ``$AIRFLOW_HOME/onceflow/ledger.db``, so a laptop needs no setup; use PostgreSQL as soon as
 more than one machine runs workers.
@@ -48,7 +49,7 @@ class LedgerHook(BaseHook):
 
     conn_name_attr: ClassVar[str] = "ledger_conn_id"
     default_conn_name: ClassVar[str] = "onceflow_ledger"
-    conn_type: ClassVar[str] = "postgres"
+    conn_type: ClassVar[str] = "onceflow_ledger"
     hook_name: ClassVar[str] = "onceflow work ledger"
 
     def __init__(self, ledger_conn_id: str = default_conn_name) -> None:
@@ -72,6 +73,8 @@ class LedgerHook(BaseHook):
                 "connection %r not defined; using the embedded ledger %s", self.ledger_conn_id, path
             )
             return f"sqlite:///{path}"
+        if self.connection.conn_type == self.conn_type:
+            return ledger_form_url(self.connection)
         return connection_url(self.connection)
 
     @cached_property
@@ -95,9 +98,48 @@ class LedgerHook(BaseHook):
         from onceflow.ledger.migrations import current_revision, head
 
         try:
+            self.get_url()
+        except ValueError as exc:
+            return False, str(exc)
+        try:
             return True, f"ledger schema revision {current_revision(self.engine)} (this code: {head()})"
         except Exception as exc:
             return False, str(exc)
+
+    # -- the connection form (onceflow.connection_types; Airflow 3.2+ reads the provider info) --
+
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        from onceflow.connection_types import form_widgets
+
+        return form_widgets(cls.conn_type)
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        from onceflow.connection_types import field_behaviour
+
+        return field_behaviour(cls.conn_type)
+
+
+def ledger_form_url(connection: Any) -> str:
+    """The URL of an ``onceflow_ledger`` connection: its ``sqlalchemy_url`` field, checked.
+
+    :raises ValueError: naming the field, when it is empty, not a URL, or not PostgreSQL/SQLite.
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    value = (connection.extra_dejson or {}).get("sqlalchemy_url")
+    where = f"connection {connection.conn_id!r} (type onceflow_ledger): field 'sqlalchemy_url'"
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where} is empty; e.g. postgresql+psycopg2://user:password@host:5432/ledger")
+    try:
+        url = make_url(value.strip())
+    except ArgumentError as exc:
+        raise ValueError(f"{where} is not a SQLAlchemy URL: {exc}") from None
+    if url.get_backend_name() not in ("postgresql", "sqlite"):
+        raise ValueError(f"{where} must be postgresql or sqlite, not {url.get_backend_name()!r}")
+    return value.strip()
 
 
 class TaskSdkSink:

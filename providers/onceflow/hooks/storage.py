@@ -7,8 +7,8 @@ so Celery workers on several hosts need no shared disk. Both go through :meth:`S
 (an ``ObjectStoragePath`` on this connection's filesystem) and :mod:`onceflow.objects` (one
 object written whole: temp file and rename locally, one upload on GCS).
 
-Connection ``onceflow_storage`` (any type; a ``google_cloud_platform`` one lends its credentials
-to ``gs://``), extras:
+Connection ``onceflow_storage`` (type ``onceflow_storage``, whose form has a field per extra, or
+any other type; a ``google_cloud_platform`` one lends its credentials to ``gs://``), extras:
 
 * ``base``: URI of the step outputs and the sales staging, ``file:///abs/path`` or
   ``gs://bucket/prefix``;
@@ -132,7 +132,7 @@ class StorageHook(BaseHook):
 
     conn_name_attr: ClassVar[str] = "storage_conn_id"
     default_conn_name: ClassVar[str] = "onceflow_storage"
-    conn_type: ClassVar[str] = "google_cloud_platform"
+    conn_type: ClassVar[str] = "onceflow_storage"
     hook_name: ClassVar[str] = "onceflow storage"
 
     def __init__(self, storage_conn_id: str = default_conn_name) -> None:
@@ -149,11 +149,35 @@ class StorageHook(BaseHook):
 
     @cached_property
     def config(self) -> StorageConfig:
-        extras = dict(self.connection.extra_dejson or {}) if self.connection is not None else {}
+        from onceflow.connection_types import filled
+
+        extras = filled(self.connection.extra_dejson) if self.connection is not None else {}
         config = parse_config(extras, default_base())
         if self.connection is None:
             self.log.info("connection %r not defined; storing under %s", self.storage_conn_id, config.base)
         return config
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's "Test" button: the validated fields, or which one is wrong and why."""
+        try:
+            config = self.config
+        except StorageConfigError as exc:
+            return False, str(exc)
+        return True, f"step outputs under {config.base}, pages under {config.publish_base}"
+
+    # -- the connection form (onceflow.connection_types; Airflow 3.2+ reads the provider info) --
+
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        from onceflow.connection_types import form_widgets
+
+        return form_widgets(cls.conn_type)
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        from onceflow.connection_types import field_behaviour
+
+        return field_behaviour(cls.conn_type)
 
     # -- step outputs (ObjectStoragePath) ----------------------------------------------------------
 

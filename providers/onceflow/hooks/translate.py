@@ -1,6 +1,7 @@
 """``TranslateHook``: the translation backend named by the Airflow connection ``onceflow_translate``.
 
-The connection's extras choose the backend (any connection type; ``generic`` is fine):
+The connection's extras choose the backend (type ``onceflow_translate``, whose form has a field per
+extra, or any other type; ``generic`` is fine):
 
 ``{"backend": "apertium"}`` (the embedded default, used when the connection does not exist)
     ``mode``: an Apertium mode such as ``spa-eng`` (default: from the article's languages, es->en
@@ -54,7 +55,7 @@ class TranslateHook(BaseHook):
 
     conn_name_attr: ClassVar[str] = "conn_id"
     default_conn_name: ClassVar[str] = "onceflow_translate"
-    conn_type: ClassVar[str] = "generic"
+    conn_type: ClassVar[str] = "onceflow_translate"
     hook_name: ClassVar[str] = "onceflow translation backend"
 
     def __init__(self, conn_id: str = default_conn_name) -> None:
@@ -71,7 +72,30 @@ class TranslateHook(BaseHook):
                 "connection %r not defined; translating with Apertium (embedded default)", self.conn_id
             )
             return {"backend": "apertium"}
-        return validate_extras(connection.extra_dejson, self.conn_id)
+        from onceflow.connection_types import filled
+
+        return validate_extras(filled(connection.extra_dejson), self.conn_id)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's "Test" button: the backend the fields describe, or which field is wrong."""
+        try:
+            return True, f"backend {self.backend}"
+        except TranslateConfigError as exc:
+            return False, str(exc)
+
+    # -- the connection form (onceflow.connection_types; Airflow 3.2+ reads the provider info) --
+
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        from onceflow.connection_types import form_widgets
+
+        return form_widgets(cls.conn_type)
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        from onceflow.connection_types import field_behaviour
+
+        return field_behaviour(cls.conn_type)
 
     @property
     def backend(self) -> str:

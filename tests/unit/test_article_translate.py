@@ -94,7 +94,9 @@ def test_a_long_run_of_spaces_around_one_newline_is_chunked_at_all():
         "chunks = chunk_paragraphs(text, 10_000)\n"
         "assert list(chunks) == ['a', 'b'] and chunks.join(chunks) == text\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(onceflow.__file__).parents[1])}  # this checkout's code
+    # this checkout's code first, after whatever the session put there (the network guard's site)
+    paths = [str(Path(onceflow.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False, env=env
     )

@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -49,7 +50,7 @@ def test_a_connect_beyond_loopback_raises_at_once_naming_the_address_and_the_tes
     finally:
         sock.close()
     message = str(info.value)
-    assert "socket.connect to 192.0.2.1 port 80 refused" in message
+    assert "socket.connect: 192.0.2.1 port 80 refused" in message
     assert "test_a_connect_beyond_loopback_raises_at_once_naming_the_address_and_the_test" in message
     taken = network_refusals.take(lambda r: r.target == "192.0.2.1 port 80")
     assert [(r.pid, r.event) for r in taken] == [(os.getpid(), "socket.connect")]
@@ -76,7 +77,7 @@ def test_ipv6_beyond_loopback_is_refused_and_loopback_is_not(network_refusals: R
         for host in ("2001:db8::1", "fe80::1%lo", "::ffff:8.8.8.8"):
             with pytest.raises(NetworkGuardError):
                 network_guard.check("socket.connect", (sock, (host, 80, 0, 0)))
-        for host in ("::1", "::ffff:127.0.0.1"):
+        for host in ("::1", "::1%lo", "::ffff:127.0.0.1"):
             network_guard.check("socket.connect", (sock, (host, 80, 0, 0)))
     finally:
         sock.close()
@@ -97,7 +98,6 @@ def test_loopback_unix_sockets_and_local_names_pass() -> None:
     for host in (
         "localhost",
         "LOCALHOST.",
-        "api.localhost",
         "127.0.0.1",
         "10.0.0.1",
         None,
@@ -160,7 +160,7 @@ def test_a_child_python_process_installs_the_guard_through_sitecustomize(
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert (
-        "NetworkGuardError: onceflow network guard: socket.connect to 192.0.2.9 port 80 refused"
+        "NetworkGuardError: onceflow network guard: socket.connect: 192.0.2.9 port 80 refused"
         in proc.stderr
     )
     assert "test_a_child_python_process_installs_the_guard_through_sitecustomize" in proc.stderr
@@ -188,7 +188,7 @@ def test_a_swallowed_refusal_still_fails_the_test(
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*socket.connect to 203.0.113.5 port 25 refused*test_swallows*"])
+    result.stdout.fnmatch_lines(["*socket.connect: 203.0.113.5 port 25 refused*test_swallows*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     # The inner session logs to this session's file (it inherited the guard): taken here on purpose.
     assert len(network_refusals.take(lambda r: r.target == "203.0.113.5 port 25")) == 1
@@ -199,3 +199,113 @@ def test_google_auth_is_told_not_to_probe_the_metadata_server() -> None:
 
     assert _metadata._NO_GCE_CHECK is True
     assert _metadata.is_on_gce(request=None) is False  # no request is ever made
+
+
+def test_an_xfail_test_that_meets_a_refusal_fails_the_session(
+    pytester: pytest.Pytester, network_refusals: RefusalLog
+) -> None:
+    pytester.makeini("[pytest]\nonceflow_network_guard = true\n")
+    pytester.makepyfile(
+        test_inner=(
+            "import socket, sys, pytest\n"
+            "@pytest.mark.xfail(reason='expected to fail for another reason')\n"
+            "def test_swallows():\n"
+            "    try:\n"
+            "        sys.audit('socket.connect', socket.socket(), ('203.0.113.6', 25))\n"
+            "    except Exception:\n"
+            "        pass\n"
+            "    assert False\n"
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert len(network_refusals.take(lambda r: r.target == "203.0.113.6 port 25")) == 1
+
+
+def test_a_refusal_is_logged_even_after_the_code_under_test_clears_the_environment(
+    network_refusals: RefusalLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in list(os.environ):
+        monkeypatch.delenv(name)
+    sock = socket.socket()
+    try:
+        with pytest.raises(NetworkGuardError):
+            sys.audit("socket.connect", sock, ("198.51.100.9", 80))
+    finally:
+        sock.close()
+    monkeypatch.undo()
+    assert len(network_refusals.take(lambda r: r.target == "198.51.100.9 port 80")) == 1
+
+
+def test_another_threads_connect_inside_intercept_connects_is_refused_and_logged(
+    network_refusals: RefusalLog,
+) -> None:
+    errors: list[BaseException] = []
+
+    def background() -> None:
+        sock = socket.socket()
+        try:
+            sys.audit("socket.connect", sock, ("192.0.2.77", 80))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            sock.close()
+
+    with network_guard.intercept_connects() as seen:
+        thread = threading.Thread(target=background)
+        thread.start()
+        thread.join()
+    assert seen == []
+    assert [type(e) for e in errors] == [NetworkGuardError]
+    assert len(network_refusals.take(lambda r: r.target == "192.0.2.77 port 80")) == 1
+
+
+def test_names_are_local_only_when_the_hosts_file_lists_them(
+    tmp_path: Any, network_refusals: RefusalLog
+) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n127.0.0.1 buildbox buildbox.lan # this machine\n")
+    assert network_guard._hosts_file_names(str(hosts)) == {"localhost", "buildbox", "buildbox.lan"}
+    # names that nsswitch may send to a DNS server although they look local
+    for name in ("api.localhost", "localhost.localdomain", "ip6-localhost"):
+        if name in network_guard._hosts_file_names():
+            continue
+        with pytest.raises(NetworkGuardError):
+            network_guard.check("socket.getaddrinfo", (name, 80, 0, 0, 0))
+    network_refusals.take(lambda r: r.event == "socket.getaddrinfo")
+
+
+def test_uvloop_is_kept_out_of_guarded_processes() -> None:
+    """uvloop's sockets are libuv's, never audited: uvicorn must fall back to asyncio."""
+    with pytest.raises(ImportError):
+        import uvloop  # noqa: F401
+
+
+def test_a_child_of_another_interpreter_without_onceflow_is_guarded(
+    tmp_path: Any, network_refusals: RefusalLog
+) -> None:
+    """A plain venv of its own (no onceflow installed): the sitecustomize loads the guard by path."""
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    code = "import socket, sys\nsys.audit('socket.connect', socket.socket(), ('192.0.2.10', 80))\n"
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1 and "192.0.2.10 port 80 refused" in proc.stderr, proc.stderr
+    assert len(network_refusals.take(lambda r: r.target == "192.0.2.10 port 80")) == 1
+
+
+def test_sitecustomize_runs_the_next_one_and_never_itself_twice(tmp_path: Any) -> None:
+    other = tmp_path / "other_site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import builtins\nbuiltins.ONCEFLOW_OTHER_SITE = True\n")
+    copy = tmp_path / "network_guard_site"  # a second copy of the guard's folder (another checkout)
+    copy.mkdir()
+    (copy / "sitecustomize.py").write_text((network_guard.SITE_DIR / "sitecustomize.py").read_text())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(network_guard.SITE_DIR), str(copy), str(other)])}
+    code = "import builtins\nfrom onceflow.testing import network_guard as g\nprint(g.installed(), getattr(builtins, 'ONCEFLOW_OTHER_SITE', False))\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True"], (proc.stdout, proc.stderr)
+    assert "Error in sitecustomize" not in proc.stderr

@@ -2,8 +2,8 @@
 
 An audit hook (:func:`sys.addaudithook`) sees each socket operation before the system call: a
 ``connect``, ``sendto`` or ``sendmsg`` to anything but 127.0.0.0/8, ``::1`` or a Unix socket, and a
-name lookup of anything but ``localhost`` (``*.localhost``, this machine's own host name, numeric
-addresses and the names a test allows) raise :class:`NetworkGuardError` at once, naming the address
+name lookup of anything but ``localhost`` (names ``/etc/hosts`` lists, numeric addresses and the
+names a test allows) raise :class:`NetworkGuardError` at once, naming the address
 and the test. Nothing has been sent when it raises.
 
 The pytest plugin installs it in the pytest process and exports the environment below, so every
@@ -15,7 +15,9 @@ process), so each one is also appended to a log file that the plugin reads after
 any refusal fails the test during which it was logged, and the session.
 
 What the guard cannot see: sockets opened by C libraries without Python's socket module (libpq,
-gRPC's C core). The tests give those only loopback URLs (docs/testing.md).
+gRPC's C core, uvloop: kept out of guarded processes), processes started with ``-I``, ``-E`` or
+``-S`` or with a ``PYTHONPATH`` that drops the guard's folder, and programs that are not Python
+(uv). docs/testing.md lists them and how each is kept on loopback.
 
 A test that needs "a public address" uses :func:`intercept_connects`: inside it, a connect to a
 non-loopback address is recorded and refused with :class:`InterceptedConnect` (a
@@ -67,27 +69,44 @@ class InterceptedConnect(ConnectionRefusedError):
 @dataclass
 class _State:
     installed: bool = False
+    # Taken at install: code under test may clear os.environ, and a refusal must still be logged.
+    log_path: str | None = None
+    # Names whose lookup stays on this machine: those /etc/hosts lists, and ENV_ALLOW_NAMES.
+    local_names: frozenset[str] = frozenset({"localhost"})
     allowed_names: set[str] = field(default_factory=set)
-    # Stack of recorders of intercept_connects(); per process, guarded by the lock.
-    recorders: list[list[tuple[str, int]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _state = _State()
+# Recorders of intercept_connects(), per thread: another thread's connect is never intercepted
+# (a background thread's attempt would otherwise be refused as "firewalled" and never logged).
+_local = threading.local()
 
 
-def _own_names() -> set[str]:
-    names = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
+def _hosts_file_names(path: str = "/etc/hosts") -> set[str]:
+    """Names ``/etc/hosts`` lists: the C library answers them from the file (nsswitch ``files``
+    first), so looking one up sends no DNS query. Other names, ``localhost.localdomain`` included,
+    may go to the DNS server."""
+    names: set[str] = set()
     with contextlib.suppress(OSError):
-        names.add(socket.gethostname().lower())
-    extra = os.environ.get(ENV_ALLOW_NAMES, "")
-    names.update(n.strip().lower().rstrip(".") for n in extra.split(",") if n.strip())
+        for line in open(path, encoding="utf-8", errors="replace"):  # noqa: SIM115
+            fields = line.split("#", 1)[0].split()
+            names.update(n.lower().rstrip(".") for n in fields[1:])
     return names
 
 
+def _local_names() -> frozenset[str]:
+    names = {"localhost"} | _hosts_file_names()
+    extra = os.environ.get(ENV_ALLOW_NAMES, "")
+    names.update(n.strip().lower().rstrip(".") for n in extra.split(",") if n.strip())
+    return frozenset(names)
+
+
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if ":" in host:
+        host = host.split("%", 1)[0]  # an IPv6 scope id is not part of the address
     try:
-        return ipaddress.ip_address(host.split("%", 1)[0])  # an IPv6 scope id is not part of it
+        return ipaddress.ip_address(host)
     except ValueError:
         return None
 
@@ -104,13 +123,13 @@ def is_loopback(host: str) -> bool:
 
 def name_allowed(host: str) -> bool:
     """Whether looking ``host`` up may happen: a numeric address (no packet is sent to resolve
-    one), ``localhost`` and ``*.localhost``, this machine's host name, or an allowed name."""
+    one), ``localhost``, a name ``/etc/hosts`` lists (this machine's host name, usually), or a
+    name a test allowed."""
     name = host.lower().rstrip(".")
     if not name or _ip(name) is not None:
         return True
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    return name in _own_names() or name in _state.allowed_names
+    local = _state.local_names if _state.installed else _local_names()
+    return name in local or name in _state.allowed_names
 
 
 def _text(value: Any) -> str:
@@ -149,7 +168,7 @@ def _who() -> str:
 
 
 def _log(event: str, target: str, message: str) -> None:
-    path = os.environ.get(ENV_LOG)
+    path = _state.log_path or os.environ.get(ENV_LOG)
     if not path:
         return
     line = json.dumps(
@@ -174,7 +193,7 @@ def _log(event: str, target: str, message: str) -> None:
 
 def _refuse(event: str, target: str) -> None:
     message = (
-        f"onceflow network guard: {event} to {target} refused: tests never send a packet beyond "
+        f"onceflow network guard: {event}: {target} refused: tests never send a packet beyond "
         f"loopback (127.0.0.0/8, ::1); fake the remote host at the socket (docs/testing.md); {_who()}"
     )
     _log(event, target, message)
@@ -190,8 +209,8 @@ def check(event: str, args: tuple[Any, ...]) -> None:
         if target is None:
             return
         if event == "socket.connect":
-            with _state.lock:
-                recorder = _state.recorders[-1] if _state.recorders else None
+            recorders = getattr(_local, "recorders", None)
+            recorder = recorders[-1] if recorders else None
             if recorder is not None:
                 host, port = _text(args[1][0]), int(args[1][1])
                 recorder.append((host, port))
@@ -217,8 +236,13 @@ def install() -> None:
     with _state.lock:
         if _state.installed:
             return
+        _state.log_path = os.environ.get(ENV_LOG)
+        _state.local_names = _local_names()
         _state.installed = True
     sys.addaudithook(check)
+    # uvloop opens its sockets in C (libuv) with no audit event; uvicorn (Airflow's api-server)
+    # picks it when importable. Without it, uvicorn's "auto" loop is asyncio, which is audited.
+    sys.modules.setdefault("uvloop", None)  # type: ignore[arg-type]
 
 
 def installed() -> bool:
@@ -256,19 +280,19 @@ def allow_names(*names: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def intercept_connects() -> Iterator[list[tuple[str, int]]]:
-    """Record each attempted connect to a non-loopback address and refuse it before any packet.
+    """Record each attempted connect to a non-loopback address made by this thread, and refuse
+    it before any packet (other threads' attempts are refused and logged as usual).
 
     Yields the list of ``(host, port)`` attempted; the code under test sees
     :class:`InterceptedConnect`, a ``ConnectionRefusedError``.
     """
     seen: list[tuple[str, int]] = []
-    with _state.lock:
-        _state.recorders.append(seen)
+    recorders: list[list[tuple[str, int]]] = _local.__dict__.setdefault("recorders", [])
+    recorders.append(seen)
     try:
         yield seen
     finally:
-        with _state.lock:
-            _state.recorders.remove(seen)
+        recorders.remove(seen)
 
 
 @dataclass

@@ -160,8 +160,7 @@ def test_a_child_python_process_installs_the_guard_through_sitecustomize(
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert (
-        "NetworkGuardError: onceflow network guard: socket.connect: 192.0.2.9 port 80 refused"
-        in proc.stderr
+        "NetworkGuardError: onceflow network guard: socket.connect: 192.0.2.9 port 80 refused" in proc.stderr
     )
     assert "test_a_child_python_process_installs_the_guard_through_sitecustomize" in proc.stderr
     taken = network_refusals.take(lambda r: r.target == "192.0.2.9 port 80")

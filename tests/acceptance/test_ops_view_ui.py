@@ -65,6 +65,59 @@ class Server:
     expected: Expected
     missing_day: str
     tokens: dict[str, str]
+    otel: OtlpReceiver
+
+
+class OtlpReceiver:
+    """A loopback OTLP/HTTP metrics receiver: what Airflow's OpenTelemetry metrics export sends,
+    decoded with the OTLP protobuf classes (gauge name -> {attributes: last value})."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+        self.gauges: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = ExportMetricsServiceRequest.FromString(body)
+                with receiver.lock:
+                    for rm in request.resource_metrics:
+                        for sm in rm.scope_metrics:
+                            for metric in sm.metrics:
+                                if metric.HasField("gauge"):
+                                    for point in metric.gauge.data_points:
+                                        attrs = tuple(
+                                            sorted((a.key, a.value.string_value) for a in point.attributes)
+                                        )
+                                        value = (
+                                            point.as_double if point.HasField("as_double") else point.as_int
+                                        )
+                                        receiver.gauges.setdefault(metric.name, {})[attrs] = value
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def find(self, suffix: str) -> dict[tuple[tuple[str, str], ...], float] | None:
+        with self.lock:
+            return next((dict(v) for k, v in self.gauges.items() if k.endswith(suffix)), None)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def _request(
@@ -153,6 +206,7 @@ def server(onceflow_airflow_db: Any, tmp_path_factory: pytest.TempPathFactory) -
             ]
         },
     )
+    otel = OtlpReceiver()
     cluster = AirflowCluster(
         onceflow_airflow_db.variables,
         work / "cluster",
@@ -163,6 +217,13 @@ def server(onceflow_airflow_db: Any, tmp_path_factory: pytest.TempPathFactory) -
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             "AIRFLOW__ONCEFLOW_OPS__METRICS_TOKEN": METRICS_TOKEN,
             "AIRFLOW__ONCEFLOW_OPS__CALENDAR_DAYS": "20",  # the 20 seeded days, one of them missing
+            # Airflow's own metrics settings: OpenTelemetry to the loopback receiver, every second
+            "AIRFLOW__METRICS__OTEL_ON": "True",
+            "AIRFLOW__METRICS__OTEL_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__OTEL_PORT": str(otel.port),
+            "AIRFLOW__METRICS__OTEL_SSL_ACTIVE": "False",
+            "AIRFLOW__METRICS__OTEL_INTERVAL_MILLISECONDS": "1000",
+            "AIRFLOW__ONCEFLOW_OPS__STATS_INTERVAL": "2",
             "AIRFLOW_CONN_ONCEFLOW_LEDGER": json.dumps(
                 {"conn_type": "generic", "extra": {"sqlalchemy_url": f"sqlite:///{work / 'ledger.db'}"}}
             ),
@@ -178,10 +239,11 @@ def server(onceflow_airflow_db: Any, tmp_path_factory: pytest.TempPathFactory) -
     try:
         cluster.start(timeout=180)
         tokens = {user: _login(cluster.api_url, user) for user in PASSWORDS}
-        yield Server(cluster.api_url, expected, missing.isoformat(), tokens)
+        yield Server(cluster.api_url, expected, missing.isoformat(), tokens, otel)
     finally:
         cluster.stop()
         emulator.stop()
+        otel.stop()
         assert not cluster.leftover_pids()
 
 
@@ -386,6 +448,20 @@ def test_metrics_take_the_scrape_token_or_an_airflow_user(server: Server) -> Non
     assert _request(f"{server.url}{PREFIX}/metrics")[0] == 401
     assert _request(f"{server.url}{PREFIX}/metrics", token=server.tokens["norole"])[0] == 403
     assert _request(f"{server.url}{PREFIX}/metrics", token=server.tokens["viewer"])[0] == 200
+
+
+def test_the_gauges_go_out_through_airflows_opentelemetry_metrics(server: Server) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        written_back = server.otel.find("onceflow_ops_published_not_written_back")
+        attempts = server.otel.find("onceflow_ops_error_attempts")
+        if written_back and attempts:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"no onceflow_ops gauges reached the OTLP receiver: {sorted(server.otel.gauges)[:20]}")
+    assert list(written_back.values()) == [server.expected.published_not_written_back]
+    assert attempts[(("error_class", "FetchTimeout"), ("kind", "article"))] == 10
 
 
 def test_the_dashboard_serves_only_its_own_files(server: Server) -> None:

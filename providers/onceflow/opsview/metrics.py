@@ -2,7 +2,8 @@
 metrics settings (``[metrics] statsd_on`` / ``otel_on``), so they land wherever Airflow's do.
 
 One list of samples (:func:`samples`) feeds both, so the names cannot drift apart. Names and labels
-are documented in ``docs/operations-view.md``. Through StatsD the labels become tags (a StatsD without tags, such as the
+are documented in ``docs/operations-view.md``; ``deploy/grafana/onceflow-operations.json`` is a
+dashboard on them. Through StatsD the labels become tags (a StatsD without tags, such as the
 classic one, keeps the name and loses the split).
 """
 

@@ -62,6 +62,9 @@ _KV_IN_TEXT = re.compile(
     """
 )
 
+# user:password@ after "://", wherever it is (also where urlsplit does not find a user-info).
+_USERINFO = re.compile(r"(://[^/\s:@]*:)[^@\s/]*@")
+
 _registered: set[str] = set()
 _lock = threading.Lock()
 
@@ -82,7 +85,8 @@ def redact_url(url: str) -> str:
         return _redact_plain(url)
     if (netloc, path, query) != (parts.netloc, parts.path, parts.query):
         url = _join(parts, netloc, path, query)
-    return _replace_registered(url)
+    # user:password@ that urlsplit did not see as user-info ("://u:pw@h" with no scheme)
+    return _replace_registered(_USERINFO.sub(rf"\g<1>{MASK}@", url))
 
 
 def redact_text(text: str) -> str:
@@ -90,6 +94,7 @@ def redact_text(text: str) -> str:
     secrets replaced. Safe on any string, including ``repr()`` of an exception."""
     text = _replace_registered(text)
     text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    text = _USERINFO.sub(rf"\g<1>{MASK}@", text)
     return _KV_IN_TEXT.sub(lambda m: m.group(1) + MASK, text)
 
 
@@ -180,9 +185,7 @@ def _join(parts: SplitResult, netloc: str, path: str, query: str) -> str:
 
 
 def _redact_plain(text: str) -> str:
-    text = _replace_registered(text)
-    # user:password@ in something that is not a parseable URL
-    text = re.sub(r"(://[^/\s:@]*:)[^@\s/]*@", rf"\g<1>{MASK}@", text)
+    text = _USERINFO.sub(rf"\g<1>{MASK}@", _replace_registered(text))
     return _KV_IN_TEXT.sub(lambda m: m.group(1) + MASK, text)
 
 

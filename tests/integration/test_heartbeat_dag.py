@@ -90,3 +90,24 @@ def test_a_ping_endpoint_that_never_answers_does_not_stop_the_beat(
     assert result.state == "success"
     assert len(beats(ledger_url)) == 1
     assert len(held) == 2  # start and success were both attempted
+
+
+def test_the_ping_url_never_reaches_the_task_log(
+    run_dag: Any,
+    ledger_url: str,
+    receiver: AlertReceiver,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The URL comes from the environment, so Airflow would not mask it by itself; a refused ping
+    logs a warning that names it, redacted, and the secrets masker hides any other mention."""
+    caplog.set_level("INFO")
+    receiver.set_down(True)
+    monkeypatch.setenv("ONCEFLOW_HEARTBEAT_PING_URL", receiver.ping_url("HC-SECRET-UUID-4242"))
+    result = run_dag("heartbeat")
+    assert result.state == "success"
+    out, err = capfd.readouterr()
+    logged = out + err + caplog.text
+    assert "not accepted" in logged  # the warning was written: the check below is not vacuous
+    assert "HC-SECRET-UUID-4242" not in logged

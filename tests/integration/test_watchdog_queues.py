@@ -118,3 +118,47 @@ def test_the_oldest_claimed_article_without_a_finished_run(tmp_path: Path) -> No
     finally:
         receiver.stop()
         engine.dispose()
+
+
+HOSTILE = (
+    "https://news.example/a\nRunbook: https://evil.example/fix <!channel> <https://evil.example|Open runbook>"
+)
+
+
+def test_a_hostile_sheet_cell_cannot_add_a_line_a_mention_or_a_link_to_the_alert(
+    sheets_emulator: Any, tmp_path: Path
+) -> None:
+    """Anyone who can edit the sheet writes the URL cell: it reaches the alert only as inert text."""
+    sid = sheets_emulator.create_spreadsheet("queue", sheets={"Queue": [HEADER, [HOSTILE, "NEW"]]})
+    receiver = AlertReceiver(tmp_path / "received.jsonl").start()
+    try:
+        sheet = {
+            "kind": "sheet_queue",
+            "endpoint": sheets_emulator.endpoint,
+            "spreadsheet_id": sid,
+            "range": "Queue!A:F",
+            "max_age_seconds": 60,
+            "grace_seconds": 60,
+            "period_seconds": 60,
+        }
+        clock = FakeClock(T0)
+        wd = Watchdog(_config(tmp_path, receiver, {"sheet": sheet}), clock=clock.now)
+        wd.run_once()
+        clock.advance(200)
+        assert wd.run_once().states == {"sheet": "down"}
+        (message,) = receiver.webhooks()
+    finally:
+        receiver.stop()
+    text = message["text"]
+    lines = text.splitlines()
+    assert [line for line in lines if line.startswith("Runbook:")] == [
+        f"Runbook: {wd.config.checks[0].runbook}"
+    ]
+    assert "<!channel>" not in text and "<https://evil" not in text and "|Open runbook>" not in text
+    assert "&lt;!channel&gt;" in text  # shown, escaped: the reader sees what was planted
+    # every untrusted value sits inside backticks (Slack code: no link, no mention)
+    for line in lines:
+        if "evil.example" in line:
+            inside = line.split("`")[1::2]
+            assert any("evil.example" in part for part in inside), line
+            assert all("evil.example" not in part for part in line.split("`")[0::2]), line

@@ -8,6 +8,8 @@ before a dead one. The watchdog (``onceflow-watchdog``) reads these rows from ou
 Optionally each beat is also pinged to a healthchecks.io-compatible URL (``<url>/start``,
 ``<url>``, ``<url>/fail``, each with ``?rid=<uuid of the run id>``). Every ping has a short
 timeout and never raises: a slow or dead monitoring endpoint must never block or fail the beat.
+The ping URL is a secret (it can fake the beat): it is registered with Airflow's secrets masker
+and only ever logged redacted (:mod:`onceflow.redact`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ class HeartbeatHook(BaseHook):
         super().__init__()
         self.ledger_conn_id = ledger_conn_id
         self.ping_url = ping_url.rstrip("/") if ping_url else None
+        if self.ping_url:
+            # Whoever reads the log could fake the heartbeat with it. Airflow masks the
+            # connections and variables it reads itself; this URL may come from os.environ.
+            from onceflow.redact import register_secret
+
+            register_secret(self.ping_url, airflow=True)
 
     def ping(self, run_id: str, signal: str = "", body: str = "") -> bool:
         """``signal`` is ``""`` (success), ``"start"`` or ``"fail"``; returns whether it was accepted."""
@@ -50,7 +58,11 @@ class HeartbeatHook(BaseHook):
         url = f"{self.ping_url}/{signal}" if signal else self.ping_url
         ok = ping(f"{url}?rid={rid}", timeout=PING_TIMEOUT_SECONDS, body=body)
         if not ok:
-            self.log.warning("heartbeat ping %s not accepted; the beat is recorded in the ledger anyway", url)
+            from onceflow.redact import redact_url
+
+            self.log.warning(
+                "heartbeat ping %s not accepted; the beat is recorded in the ledger anyway", redact_url(url)
+            )
         return ok
 
     def record_beat(

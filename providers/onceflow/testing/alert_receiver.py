@@ -23,8 +23,11 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def read_records(store: str | Path) -> list[dict[str, Any]]:
@@ -82,6 +85,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if self._refused("webhook"):
                 return
+            self.server.before_accept(self)
             self.server.record(
                 {
                     "kind": "webhook",
@@ -129,7 +133,16 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _Handler)
         self.store = store
         self.down = False
+        self.delay = 0.0
+        self.on_accept: Callable[[dict[str, str]], None] | None = None
         self._lock = threading.Lock()
+
+    def before_accept(self, handler: _Handler) -> None:
+        """A slow receiver (``delay``) and a test's hook, run before a webhook is recorded."""
+        if self.delay:
+            time.sleep(self.delay)
+        if self.on_accept is not None:
+            self.on_accept(dict(handler.headers.items()))
 
     def record(self, record: dict[str, Any]) -> None:
         record = {"received_at": time.time(), **record}
@@ -159,6 +172,14 @@ class AlertReceiver:
 
     def set_down(self, down: bool) -> None:
         self._server.down = down
+
+    def set_delay(self, seconds: float) -> None:
+        """Answer each webhook ``seconds`` late (a slow Slack)."""
+        self._server.delay = seconds
+
+    def on_accept(self, hook: Callable[[dict[str, str]], None] | None) -> None:
+        """Call ``hook(headers)`` in the handler thread before each webhook is accepted (tests)."""
+        self._server.on_accept = hook
 
     def records(self) -> list[dict[str, Any]]:
         return read_records(self.store)

@@ -1,32 +1,61 @@
-"""The durable alert outbox: queued before sending, marked sent only after the receiver said 2xx.
+"""The durable alert outbox: queued before sending, marked sent only while this replica's lease holds.
 
 An alert row is inserted in the same transaction as the state transition that calls for it
-(:func:`onceflow.watchdog.incidents.apply`), one row per channel, under a unique
-``dedup_key``. :meth:`Outbox.deliver` takes a short lease on a due row by compare-and-set
-(so two replicas never send the same row at once), sends it, and marks it ``sent`` only when the
-webhook answered 2xx or the SMTP server accepted the message. A failure reschedules the row with
-exponential backoff; after ``max_attempts`` a CRITICAL log line says the alert is stuck, and
-delivery goes on at the longest backoff, so the alert arrives once the receiver is back.
+(:func:`onceflow.watchdog.incidents.apply`), one row per channel, under a unique ``dedup_key``
+(``<check>/<incident>/<kind>[/<n>]/<channel>``; blindness incidents, numbered in each replica's
+own state file, carry that file's random id: ``<check>/<id>.<incident>/...``).
 
-The one window for a repeat: the receiver accepted, then the watchdog died before its UPDATE
-committed. The webhook carries the dedup key in the ``Idempotency-Key`` header and the payload
-(and e-mails in ``Message-ID``) so a receiver can drop that repeat.
+Delivery promises, per check and channel:
+
+* **In order.** A row is due only when no earlier row of the same check and channel is still
+  queued, so a recovery waits for its down alert (even through the down alert's retry backoff).
+  A check that recovers before its down alert went out gets one message, "was down for N s and is
+  up", instead of both (the queued, unleased down row is marked ``superseded`` in the recovery's
+  transaction).
+* **At most once without a crash.** :meth:`Outbox.deliver` leases one row (or one group) at a
+  time, reading the clock when that send starts, under a fresh lease token; every send has a total
+  deadline (``send_timeout_seconds``, webhook and SMTP alike) shorter than the lease; "mark sent"
+  is ``UPDATE ... WHERE lease_owner = <token>``, so a replica whose lease was taken over cannot
+  mark, and a lease cannot expire while its send is still running.
+* **At least once.** A failure reschedules with exponential backoff; after ``max_attempts`` a
+  CRITICAL log line says the alert is stuck, and delivery goes on at the longest backoff.
+
+The one window for a repeat: the receiver accepted, then the watchdog died (or its store hung past
+the lease) before "mark sent" committed. Webhooks carry the key in ``Idempotency-Key`` and the
+payload (e-mails in ``Message-ID``) so a receiver can drop that repeat.
+
+**Grouping**: down alerts of one channel that are due together (queued in one pass, or within
+``group_wait_seconds``) go out as one message listing them, up to ``group_max``.
+
+**Untrusted text**: reasons and evidence carry values from outside (a sheet cell, an HTTP answer).
+Each channel's text neutralises them (:func:`neutralise`): newlines and control characters
+collapsed, length capped, and for Slack ``&``, ``<``, ``>`` escaped and values in backticks, so a
+value cannot add a line, a mention (``<!channel>``) or a link. Secrets are redacted
+(:mod:`onceflow.redact`) in every payload, error, ledger row and log line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import re
 import smtplib
+import socket
+import threading
+import uuid
 from email.message import EmailMessage
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
+from onceflow.redact import redact_text, redact_url
 from onceflow.watchdog.schema import alerts
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sqlalchemy.engine import Connection, Engine
 
     from onceflow.watchdog.config import AlertConfig, CheckConfig
@@ -34,25 +63,71 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-QUEUED, SENT, SUPPRESSED = "queued", "sent", "suppressed"
+QUEUED, SENT, SUPPRESSED, SUPERSEDED = "queued", "sent", "suppressed", "superseded"
 WEBHOOK, EMAIL = "webhook", "email"
+#: Margin between a send's total deadline and its lease: the UPDATE that marks it sent.
+LEASE_MARGIN_SECONDS = 5.0
+#: Longest text of one untrusted value in a message.
+VALUE_LIMIT = 300
 
-_EMOJI = {"down": ":red_circle:", "reminder": ":red_circle:", "recovery": ":large_green_circle:"}
-_TITLE = {"down": "DOWN", "reminder": "STILL DOWN", "recovery": "RECOVERED"}
+_EMOJI = {
+    "down": ":red_circle:",
+    "reminder": ":red_circle:",
+    "recovery": ":large_green_circle:",
+    "flapping": ":large_orange_circle:",
+}
+_TITLE = {"down": "DOWN", "reminder": "STILL DOWN", "recovery": "RECOVERED", "flapping": "FLAPPING"}
 
 
 class DeliveryError(RuntimeError):
     pass
 
 
-def render(check: CheckConfig, incident: Incident, kind: str, verdict: Verdict, now: float) -> dict[str, Any]:
-    """A Slack-compatible message (``text``) with the structured facts beside it (``onceflow``)."""
+# -- rendering -------------------------------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\u0085]+")
+_URLISH = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+")
+
+
+def neutralise(value: Any, channel: str, *, quote: bool = True, limit: int = VALUE_LIMIT) -> str:
+    """``value`` as one inert line of ``channel``'s text (see the module docstring).
+
+    :param quote: Slack: the whole value in backticks (code: no link, no mention, no markup);
+        otherwise only URL-like parts are. E-mail: the value in double quotes when ``quote``.
+    """
+    text = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
+    text = _CONTROL.sub(" ", redact_text(text)).strip()
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    if channel == WEBHOOK:
+        text = text.replace("`", "'").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        return f"`{text}`" if quote else _URLISH.sub(lambda m: f"`{m.group(0)}`", text)
+    return f'"{text}"' if quote else text
+
+
+def render(
+    check: CheckConfig,
+    incident: Incident,
+    kind: str,
+    verdict: Verdict,
+    now: float,
+    channel: str = WEBHOOK,
+    *,
+    note: str | None = None,
+) -> dict[str, Any]:
+    """A Slack-compatible message (``text``) with the structured facts beside it (``onceflow``).
+
+    The check's name and runbook come from the config (trusted); the reason and evidence do not.
+    """
     lines = [
         f"{_EMOJI[kind]} onceflow watchdog: {check.name} {_TITLE[kind]} (incident {incident.incident})",
-        f"Reason: {verdict.reason}",
+        f"Reason: {neutralise(verdict.reason, channel, quote=False)}",
     ]
-    lines += [f"• {k}: {v}" for k, v in sorted(verdict.evidence.items())]
+    if note:
+        lines.append(note)
+    lines += [f"• {k}: {neutralise(v, channel)}" for k, v in sorted(verdict.evidence.items())]
     lines.append(f"Runbook: {check.runbook}")
+    evidence = json.loads(redact_text(json.dumps(verdict.evidence, default=str)))
     return {
         "text": "\n".join(lines),
         "onceflow": {
@@ -61,12 +136,29 @@ def render(check: CheckConfig, incident: Incident, kind: str, verdict: Verdict, 
             "incident": incident.incident,
             "state": incident.state,
             "since": incident.since,
-            "reason": verdict.reason,
-            "evidence": verdict.evidence,
+            "reason": redact_text(verdict.reason)[:2000],
+            "evidence": evidence,
             "runbook": check.runbook,
             "queued_at": now,
         },
     }
+
+
+def render_group(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """One message for several down alerts of one channel (grouping)."""
+    names = ", ".join(p["onceflow"]["check"] for p in payloads)
+    head = f"{_EMOJI['down']} onceflow watchdog: {len(payloads)} checks DOWN: {names}"
+    return {
+        "text": "\n\n".join([head, *(p["text"] for p in payloads)]),
+        "onceflow": {
+            "kind": "group",
+            "alert_ids": [p["onceflow"]["alert_id"] for p in payloads],
+            "alerts": [p["onceflow"] for p in payloads],
+        },
+    }
+
+
+# -- the outbox ------------------------------------------------------------------------------
 
 
 class Outbox:
@@ -74,16 +166,24 @@ class Outbox:
 
     :param config: the ``[alerts]`` table.
     :param owner: this replica's name, for delivery leases.
+    :param key_scope: put into every key (``<check>/<scope>.<incident>/...``): a store whose
+        incident numbers are not shared by every replica (the local blindness file) sets a random
+        id of that file, so two files' "incident 1" never share a key.
     """
 
-    def __init__(self, config: AlertConfig, owner: str) -> None:
+    def __init__(self, config: AlertConfig, owner: str, *, key_scope: str = "") -> None:
         self.config = config
         self.owner = owner
+        self.key_scope = key_scope
         self.reminder_seconds = config.reminder_seconds
 
     @property
     def channels(self) -> list[str]:
         return [c for c, on in ((WEBHOOK, self.config.webhook_url), (EMAIL, self.config.smtp_url)) if on]
+
+    def key(self, check_name: str, incident: int, kind: str, channel: str) -> str:
+        scope = f"{self.key_scope}." if self.key_scope else ""
+        return f"{check_name}/{scope}{incident}/{kind}/{channel}"
 
     def enqueue(
         self,
@@ -94,11 +194,22 @@ class Outbox:
         verdict: Verdict,
         *,
         now: float,
+        down_since: float | None = None,
     ) -> None:
+        """Queue ``kind`` for every channel, inside the caller's transaction (the transition's).
+
+        :param down_since: for a recovery, when the check went down (for "was down for N s").
+        """
         n = f"/{incident.reminders}" if kind == "reminder" else ""
-        payload = render(check, incident, kind, verdict, now)
         for channel in self.channels:
-            key = f"{check.name}/{incident.incident}/{kind}{n}/{channel}"
+            note = None
+            if kind == "recovery" and self._supersede_unsent(
+                conn, check.name, incident.incident, channel, now
+            ):
+                took = f" for {now - down_since:.0f} s" if down_since is not None else ""
+                note = f"It was down{took} and is up again; its DOWN alert had not been delivered yet."
+            payload = render(check, incident, kind, verdict, now, channel, note=note)
+            key = self.key(check.name, incident.incident, f"{kind}{n}", channel)
             payload["onceflow"]["alert_id"] = key
             # ON CONFLICT DO NOTHING in effect: the unique key keeps a second enqueue out.
             exists = conn.execute(sa.select(alerts.c.id).where(alerts.c.dedup_key == key)).first()
@@ -117,45 +228,106 @@ class Outbox:
                         created_at=now,
                     )
                 )
-        if not self.channels:
-            log.critical(
-                "check %s: %s alert with no channel configured: %s", check.name, kind, payload["text"]
+        if not self.channels:  # refused by the config; kept loud for a config built in code
+            log.critical("check %s: %s alert with no channel configured", check.name, kind)
+
+    def _supersede_unsent(
+        self, conn: Connection, check_name: str, incident: int, channel: str, now: float
+    ) -> bool:
+        """Mark this incident's queued, unleased messages of ``channel`` superseded; True if its
+        down alert was among them (it was never delivered, and now never will be)."""
+        pending = (
+            alerts.c.check_name == check_name,
+            alerts.c.incident == incident,
+            alerts.c.channel == channel,
+        )
+        free = sa.or_(alerts.c.lease_until.is_(None), alerts.c.lease_until < now)
+        down = conn.execute(
+            alerts.update()
+            .where(*pending, alerts.c.kind == "down", alerts.c.state == QUEUED, free)
+            .values(state=SUPERSEDED, lease_until=None)
+        ).rowcount
+        conn.execute(
+            alerts.update()
+            .where(*pending, alerts.c.kind == "reminder", alerts.c.state == QUEUED, free)
+            .values(state=SUPERSEDED, lease_until=None)
+        )
+        return down == 1
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    def deliver(self, engine: Engine, clock: Callable[[], float] | float) -> int:
+        """Send every due row, one lease at a time; return how many rows were accepted.
+
+        Never raises for a receiver's failure (a store's failure does raise: the caller turns it
+        into blindness). ``clock`` is read when each send starts.
+        """
+        now_fn: Callable[[], float] = clock if callable(clock) else (lambda: float(clock))
+        tried: set[int] = set()
+        sent = 0
+        while True:
+            now = now_fn()
+            ids = [i for i in self._due(engine, now) if i not in tried]
+            if not ids:
+                return sent
+            token = f"{self.owner}#{uuid.uuid4().hex[:12]}"
+            first = self._lease(engine, ids[0], token, now)
+            tried.add(ids[0])
+            if first is None:
+                continue  # another replica is sending it
+            group = [first]
+            if first["kind"] == "down" and self.config.group_max > 1:
+                for other in self._group_candidates(engine, first, now):
+                    if len(group) >= self.config.group_max:
+                        break
+                    row = self._lease(engine, other, token, now)
+                    tried.add(other)
+                    if row is not None:
+                        group.append(row)
+            sent += self._send_group(engine, group, token, now_fn)
+
+    def _due(self, engine: Engine, now: float) -> list[int]:
+        earlier = alerts.alias("earlier")
+        blocked = (
+            sa.select(earlier.c.id)
+            .where(
+                earlier.c.state == QUEUED,
+                earlier.c.check_name == alerts.c.check_name,
+                earlier.c.channel == alerts.c.channel,
+                earlier.c.id < alerts.c.id,
+            )
+            .exists()
+        )
+        wait = self.config.group_wait_seconds
+        with engine.connect() as conn:
+            return list(
+                conn.execute(
+                    sa.select(alerts.c.id)
+                    .where(
+                        alerts.c.state == QUEUED,
+                        alerts.c.next_attempt_at <= now,
+                        sa.or_(alerts.c.kind != "down", alerts.c.created_at + wait <= now),
+                        sa.or_(alerts.c.lease_until.is_(None), alerts.c.lease_until < now),
+                        ~blocked,
+                    )
+                    .order_by(alerts.c.id)
+                    .limit(200)
+                ).scalars()
             )
 
-    def deliver(self, engine: Engine, now: float) -> int:
-        """Send every due row; return how many were accepted. Never raises for a receiver's failure."""
-        with engine.connect() as conn:
-            due = conn.execute(
-                sa.select(alerts.c.id)
-                .where(
-                    alerts.c.state == QUEUED,
-                    alerts.c.next_attempt_at <= now,
-                    sa.or_(alerts.c.lease_until.is_(None), alerts.c.lease_until < now),
-                )
-                .order_by(alerts.c.id)
-            ).all()
-        sent = 0
-        for (alert_id,) in due:
-            row = self._lease(engine, alert_id, now)
-            if row is None:
-                continue  # another replica is sending it
-            try:
-                self._send(row)
-            except Exception as exc:  # a receiver's failure must never stop the watchdog
-                self._failed(engine, row, exc, now)
-                continue
-            with engine.begin() as conn:
-                conn.execute(
-                    alerts.update()
-                    .where(alerts.c.id == alert_id, alerts.c.lease_owner == self.owner)
-                    .values(state=SENT, sent_at=now, attempts=row["attempts"] + 1, lease_until=None)
-                )
-            log.info("alert %s sent (attempt %d)", row["dedup_key"], row["attempts"] + 1)
-            sent += 1
-        return sent
+    def _group_candidates(self, engine: Engine, first: dict[str, Any], now: float) -> list[int]:
+        return [i for i in self._due(engine, now) if i != first["id"] and self._same_group(engine, i, first)]
 
-    def _lease(self, engine: Engine, alert_id: int, now: float) -> dict[str, Any] | None:
-        hold = self.config.send_timeout * 3 + 5
+    @staticmethod
+    def _same_group(engine: Engine, alert_id: int, first: dict[str, Any]) -> bool:
+        with engine.connect() as conn:
+            row = conn.execute(
+                sa.select(alerts.c.kind, alerts.c.channel).where(alerts.c.id == alert_id)
+            ).one()
+        return bool(row.kind == "down" and row.channel == first["channel"])
+
+    def _lease(self, engine: Engine, alert_id: int, token: str, now: float) -> dict[str, Any] | None:
+        hold = self.config.send_timeout + LEASE_MARGIN_SECONDS
         with engine.begin() as conn:
             result = conn.execute(
                 alerts.update()
@@ -164,72 +336,138 @@ class Outbox:
                     alerts.c.state == QUEUED,
                     sa.or_(alerts.c.lease_until.is_(None), alerts.c.lease_until < now),
                 )
-                .values(lease_owner=self.owner, lease_until=now + hold)
+                .values(lease_owner=token, lease_until=now + hold)
             )
             if result.rowcount != 1:
                 return None
             return dict(conn.execute(sa.select(alerts).where(alerts.c.id == alert_id)).one()._mapping)
 
-    def _failed(self, engine: Engine, row: dict[str, Any], exc: Exception, now: float) -> None:
+    def _send_group(
+        self, engine: Engine, group: list[dict[str, Any]], token: str, now_fn: Callable[[], float]
+    ) -> int:
+        payloads = [json.loads(r["payload"]) for r in group]
+        payload = payloads[0] if len(group) == 1 else render_group(payloads)
+        key = group[0]["dedup_key"] if len(group) == 1 else f"{group[0]['dedup_key']}+{len(group) - 1}"
+        try:
+            self._send(group[0]["channel"], key, payload)
+        except Exception as exc:  # a receiver's failure must never stop the watchdog
+            for row in group:
+                self._failed(engine, row, token, exc, now_fn())
+            return 0
+        done = now_fn()
+        marked = 0
+        with engine.begin() as conn:
+            for row in group:
+                marked += conn.execute(
+                    alerts.update()
+                    .where(alerts.c.id == row["id"], alerts.c.lease_owner == token, alerts.c.state == QUEUED)
+                    .values(state=SENT, sent_at=done, attempts=row["attempts"] + 1, lease_until=None)
+                ).rowcount
+        if marked != len(group):
+            log.error("alert %s sent, but its lease was taken over before it was marked sent", key)
+        log.info("alert %s sent (attempt %d)", key, group[0]["attempts"] + 1)
+        return len(group)
+
+    def _failed(self, engine: Engine, row: dict[str, Any], token: str, exc: Exception, now: float) -> None:
         attempts = row["attempts"] + 1
         delay = min(self.config.backoff_seconds * 2 ** (attempts - 1), self.config.backoff_max_seconds)
+        error = redact_text(repr(exc))
         with engine.begin() as conn:
             conn.execute(
                 alerts.update()
-                .where(alerts.c.id == row["id"], alerts.c.lease_owner == self.owner)
+                .where(alerts.c.id == row["id"], alerts.c.lease_owner == token)
                 .values(
-                    attempts=attempts,
-                    next_attempt_at=now + delay,
-                    lease_until=None,
-                    last_error=repr(exc)[:2000],
+                    attempts=attempts, next_attempt_at=now + delay, lease_until=None, last_error=error[:2000]
                 )
             )
         if attempts >= self.config.max_attempts:
             log.critical(
-                "ALERT NOT DELIVERED: %s failed %d times (last: %r); retrying every %.0f s. Message: %s",
+                "ALERT NOT DELIVERED: %s failed %d times (last: %s); retrying every %.0f s. Message: %s",
                 row["dedup_key"],
                 attempts,
-                exc,
+                error,
                 delay,
-                json.loads(row["payload"])["text"],
+                redact_text(json.loads(row["payload"])["text"]),
             )
         else:
             log.warning(
-                "alert %s: attempt %d failed (%r); next in %.0f s", row["dedup_key"], attempts, exc, delay
+                "alert %s: attempt %d failed (%s); next in %.0f s", row["dedup_key"], attempts, error, delay
             )
 
-    def _send(self, row: dict[str, Any]) -> None:
-        payload = json.loads(row["payload"])
-        if row["channel"] == WEBHOOK:
+    def _send(self, channel: str, key: str, payload: dict[str, Any]) -> None:
+        if channel == WEBHOOK:
             assert self.config.webhook_url is not None
-            post_json(
-                self.config.webhook_url, payload, self.config.send_timeout, idempotency_key=row["dedup_key"]
-            )
-        elif row["channel"] == EMAIL:
-            self._send_email(row["dedup_key"], payload)
+            post_json(self.config.webhook_url, payload, self.config.send_timeout, idempotency_key=key)
+        elif channel == EMAIL:
+            self._send_email(key, payload)
         else:
-            raise DeliveryError(f"unknown channel {row['channel']!r}")
+            raise DeliveryError(f"unknown channel {channel!r}")
 
     def _send_email(self, key: str, payload: dict[str, Any]) -> None:
         assert self.config.smtp_url is not None
         parts = urlsplit(self.config.smtp_url)
         msg = EmailMessage()
         facts = payload["onceflow"]
-        msg["Subject"] = (
-            f"[onceflow watchdog] {facts['check']} {_TITLE[facts['kind']]} (incident {facts['incident']})"
-        )
+        if facts["kind"] == "group":
+            subject = f"[onceflow watchdog] {len(facts['alerts'])} checks DOWN"
+        else:
+            subject = (
+                f"[onceflow watchdog] {facts['check']} {_TITLE[facts['kind']]} (incident {facts['incident']})"
+            )
+        msg["Subject"] = subject
         msg["From"] = self.config.email_from
         msg["To"] = ", ".join(self.config.email_to)
-        msg["Message-ID"] = f"<{key.replace('/', '.')}@onceflow-watchdog>"
+        msg["Message-ID"] = f"<{re.sub(r'[^A-Za-z0-9.+_-]', '.', key)}@onceflow-watchdog>"
         msg.set_content(payload["text"])
-        with smtplib.SMTP(
-            parts.hostname or "localhost", parts.port or 25, timeout=self.config.send_timeout
-        ) as smtp:
-            # Raises unless at least one recipient was accepted; retrying a partial refusal would
-            # mail the accepted ones twice, so it is logged loudly instead.
-            refused = smtp.send_message(msg)
+        timeout = self.config.send_timeout
+        with _deadline(timeout) as watch:
+            try:
+                smtp = smtplib.SMTP(timeout=timeout)
+                watch.target = smtp
+                smtp.connect(parts.hostname or "localhost", parts.port or 25)
+                with smtp:
+                    if parts.username and parts.password:
+                        smtp.login(parts.username, parts.password)
+                    # Raises unless at least one recipient was accepted; retrying a partial refusal
+                    # would mail the accepted ones twice, so it is logged loudly instead.
+                    refused = smtp.send_message(msg)
+            except (OSError, smtplib.SMTPException) as exc:
+                if watch.expired.is_set():
+                    raise DeliveryError(
+                        f"SMTP {redact_url(self.config.smtp_url)}: not done within {timeout:.0f} s"
+                    ) from exc
+                raise DeliveryError(
+                    f"SMTP {redact_url(self.config.smtp_url)}: {redact_text(str(exc))}"
+                ) from exc
+        if watch.expired.is_set():
+            raise DeliveryError(f"SMTP {redact_url(self.config.smtp_url)}: not done within {timeout:.0f} s")
         if refused:
             log.critical("alert %s: the SMTP server refused recipients %s", key, refused)
+
+
+class _deadline:
+    """Shut the target's socket down at the deadline: a total bound on a conversation whose library
+    only bounds each read (http.client, smtplib)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.target: Any = None
+        self.expired = threading.Event()
+        self._timer = threading.Timer(seconds, self._abort)
+        self._timer.daemon = True
+
+    def _abort(self) -> None:
+        self.expired.set()
+        sock = getattr(self.target, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already closed: nothing to stop
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def __enter__(self) -> _deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
 
 
 def post_json(url: str, payload: Any, timeout: float, *, idempotency_key: str | None = None) -> int:
@@ -239,7 +477,7 @@ def post_json(url: str, payload: Any, timeout: float, *, idempotency_key: str | 
         headers["Idempotency-Key"] = idempotency_key
     status, _ = http_request("POST", url, json.dumps(payload).encode(), headers, timeout)
     if not 200 <= status < 300:
-        raise DeliveryError(f"{url} answered {status}")
+        raise DeliveryError(f"{redact_url(url)} answered {status}")
     return status
 
 
@@ -248,7 +486,7 @@ def ping(url: str, timeout: float, body: str = "") -> bool:
     try:
         return 200 <= http_request("POST", url, body.encode(), {}, timeout)[0] < 300
     except Exception as exc:
-        log.warning("ping %s failed: %r", url, exc)
+        log.warning("ping %s failed: %s", redact_url(url), redact_text(repr(exc)))
         return False
 
 
@@ -260,40 +498,29 @@ def http_request(
     A socket timeout bounds each read only: an endpoint that drips a header byte every second
     would hold the beat (or the watchdog's pass, and past its alert lease) for ever. A timer
     shuts the socket down at the deadline, and whatever was read by then does not count.
+    Errors name the URL redacted (:func:`onceflow.redact.redact_url`).
     """
-    import contextlib
     import http.client
-    import socket
-    import threading
 
     parts = urlsplit(url)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = cls(parts.hostname or "localhost", parts.port, timeout=timeout)
-    expired = threading.Event()
-
-    def abort() -> None:
-        expired.set()
-        if conn.sock is not None:
-            with contextlib.suppress(OSError):  # already closed: nothing to stop
-                conn.sock.shutdown(socket.SHUT_RDWR)
-
-    timer = threading.Timer(timeout, abort)
-    timer.daemon = True
-    timer.start()
+    shown = redact_url(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    try:
-        length = {"Content-Length": str(len(body))} if body is not None else {}
-        conn.request(method, target, body=body, headers={**length, **headers})
-        response = conn.getresponse()
-        data = response.read()
-        status = int(response.status)
-    except (OSError, http.client.HTTPException) as exc:
-        if expired.is_set():
-            raise DeliveryError(f"{url}: no complete answer within {timeout:.0f} s") from exc
-        raise DeliveryError(f"{url} unreachable: {exc}") from exc
-    finally:
-        timer.cancel()
-        conn.close()
-    if expired.is_set():  # the shutdown ended the answer early: it was not given in time
-        raise DeliveryError(f"{url}: no complete answer within {timeout:.0f} s")
+    with _deadline(timeout) as watch:
+        watch.target = conn
+        try:
+            length = {"Content-Length": str(len(body))} if body is not None else {}
+            conn.request(method, target, body=body, headers={**length, **headers})
+            response = conn.getresponse()
+            data = response.read()
+            status = int(response.status)
+        except (OSError, http.client.HTTPException) as exc:
+            if watch.expired.is_set():
+                raise DeliveryError(f"{shown}: no complete answer within {timeout:.0f} s") from exc
+            raise DeliveryError(f"{shown} unreachable: {redact_text(str(exc))}") from exc
+        finally:
+            conn.close()
+    if watch.expired.is_set():  # the shutdown ended the answer early: it was not given in time
+        raise DeliveryError(f"{shown}: no complete answer within {timeout:.0f} s")
     return status, data

@@ -1,51 +1,324 @@
-"""The watchdog's TOML configuration, validated completely before anything runs.
+"""The watchdog's TOML configuration: pydantic models of the file, validated before anything runs.
 
-Every error names the offending key (as a dotted path) and its value, so a typo in a
-crontab-driven config shows up in the first run's output, not as a silent default::
+::
 
     ledger_url = "postgresql+psycopg2://watchdog@db/ledger"
     state_dir = "/var/lib/onceflow-watchdog"
-    loop_seconds = 15
-    runbook_base = "https://git.example.com/onceflow/blob/main/docs/watchdog.md"
-
-    [self_heartbeat]
-    url = "https://hc-ping.com/<uuid>"
 
     [alerts]
     webhook_url = "https://hooks.slack.com/services/..."
-    reminder_seconds = 3600
 
     [checks.heartbeat]
     period_seconds = 60
     grace_seconds = 120
-    max_lag_seconds = 30
 
-See ``docs/watchdog.md`` for the full reference.
+The models (:class:`WatchdogFile` and the classes it names) describe every key, its type, range
+and default, and give the reference table in ``docs/watchdog.md``. :func:`load_config` turns
+every wrong input into one :class:`ConfigError` whose lines each name a key (dotted path) and its
+value, with secrets redacted (:mod:`onceflow.redact`): a DSN's password, a webhook's token. The
+value of an *unknown* key is never shown (a mistyped ``webhook_ulr`` holds the token). The
+runtime objects (:class:`WatchdogConfig`, :class:`CheckConfig`, :class:`AlertConfig`) are plain
+frozen dataclasses built from the validated models.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
+import difflib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from onceflow.redact import redact_text, redact_url
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser from PyPI
     import tomli as tomllib
 
-HTTP_SCHEMES = frozenset({"http", "https"})
-SQL_SCHEMES = ("postgresql", "sqlite")
 CHECK_KINDS = ("heartbeat", "api_health", "business_freshness", "sheet_queue", "article_queue")
+#: Keys whose values may hold a credential: shown redacted in errors.
+_SECRET_KEYS = frozenset({"ledger_url", "warehouse_url", "webhook_url", "smtp_url", "url", "endpoint"})
+_YEAR = 366 * 86400.0
 
 
 class ConfigError(ValueError):
-    """The configuration is unusable; the message names the key and the value."""
+    """The configuration is unusable; the message names the key and the value (secrets redacted)."""
+
+
+# -- field types -----------------------------------------------------------------------------
+
+
+def _http_url(value: str) -> str:
+    return _url(value, ("http", "https"), "http or https")
+
+
+def _smtp_url(value: str) -> str:
+    return _url(value, ("smtp",), "smtp://host:port")
+
+
+def _url(value: str, schemes: tuple[str, ...], expected: str) -> str:
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # raises on a port that is not a number in 0..65535
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL ({exc}; expected {expected})") from None
+    if parts.scheme not in schemes:
+        raise ValueError(f"unsupported URL scheme {parts.scheme!r} (expected {expected})")
+    if not parts.hostname:
+        raise ValueError("the URL has no host")
+    if port == 0:
+        raise ValueError("port 0 is not a port to send to")
+    return value
+
+
+def _sql_url(value: str) -> str:
+    import sqlalchemy as sa
+
+    scheme = value.split(":", 1)[0]
+    backend = scheme.split("+", 1)[0]
+    if backend not in ("postgresql", "sqlite"):
+        hint = " (did you mean postgresql?)" if backend in ("postgres", "psql", "pg") else ""
+        raise ValueError(f"unsupported URL scheme {scheme!r}{hint} (expected postgresql or sqlite)")
+    try:
+        sa.engine.make_url(value).get_dialect().import_dbapi()
+    except Exception as exc:  # unknown driver (postgresql+nope), or its module is not installed
+        raise ValueError(
+            f"unknown or unavailable database driver {scheme!r} ({type(exc).__name__})"
+        ) from None
+    return value
+
+
+def _timezone(value: str) -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError("unknown timezone") from None
+    return value
+
+
+def _cron(value: str) -> str:
+    from croniter import croniter
+
+    if not croniter.is_valid(value):
+        raise ValueError("bad cron expression")
+    return value
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    if value.tzinfo is None:
+        raise ValueError("expected an offset date-time (2026-12-01T02:00:00Z), not a local one")
+    return value
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+SqlUrl = Annotated[str, AfterValidator(_sql_url)]
+Seconds = Annotated[float, Field(ge=0, le=_YEAR, allow_inf_nan=False)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=_YEAR, allow_inf_nan=False)]
+AwareDatetime = Annotated[dt.datetime, AfterValidator(_aware)]
+
+
+class _Model(BaseModel):
+    # strict: "5" is not a number and 0 is not false; forbid: a typo is an error, not a default.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# -- the file --------------------------------------------------------------------------------
+
+
+class SilenceWindow(_Model):
+    """A silence or maintenance window: the check's down alert is held while it covers it."""
+
+    start: AwareDatetime = Field(description="Start, an offset date-time (`2026-12-01T02:00:00Z`).")
+    end: AwareDatetime = Field(description="End (exclusive); after `start`.")
+    reason: str = Field("maintenance", description="Why, for the record.", max_length=500)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SilenceWindow:
+        if self.end <= self.start:
+            raise ValueError(f"end {self.end.isoformat()} is not after start {self.start.isoformat()}")
+        return self
+
+
+class _CheckBase(_Model):
+    enabled: bool = Field(True, description="`false` skips the check.")
+    period_seconds: PositiveSeconds = Field(60.0, description="How often the evidence must renew.")
+    grace_seconds: Seconds = Field(60.0, description="Late for this long after the period, then down.")
+    runbook: str | None = Field(None, description="Runbook link; default `<runbook_base>#check-<kind>`.")
+    silences: list[SilenceWindow] = Field(default_factory=list, description="Silence windows.")
+    flap_threshold: int = Field(
+        4,
+        ge=0,
+        le=1000,
+        description="More down transitions than this within `flap_window_seconds`: "
+        "held as flapping (one message), 0 = never.",
+    )
+    flap_window_seconds: PositiveSeconds = Field(3600.0, description="The flap-counting window.")
+
+
+class HeartbeatCheck(_CheckBase):
+    """The `heartbeat` DAG's beats in `onceflow_heartbeats`."""
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    max_lag_seconds: PositiveSeconds = Field(30.0, description="A beat started later than this: late.")
+
+
+class ApiHealthCheck(_CheckBase):
+    """Airflow's `/api/v2/monitor/health` (recorded, never trusted alone)."""
+
+    kind: Literal["api_health"]
+    url: HttpUrl = Field(description="The health endpoint.")
+    timeout_seconds: PositiveSeconds = Field(5.0, description="Total deadline of the GET.")
+
+
+class BusinessFreshnessCheck(_CheckBase):
+    """A table's `load_audit` partitions against a business deadline."""
+
+    kind: Literal["business_freshness"]
+    table: str = Field("daily_sales", description="The table in `load_audit`.", min_length=1)
+    deadline_cron: Annotated[str, AfterValidator(_cron)] = Field(
+        "0 7 * * *", description="When each partition is due, cron in `timezone`."
+    )
+    timezone: Annotated[str, AfterValidator(_timezone)] = Field("UTC", description="The business timezone.")
+    partition_offset_days: int = Field(1, ge=0, le=366, description="Partition due = deadline's date - this.")
+
+
+class SheetQueueCheck(_CheckBase):
+    """The oldest NEW row of the sheet queue."""
+
+    kind: Literal["sheet_queue"]
+    endpoint: HttpUrl = Field(description="Sheets API endpoint (or the emulator's).")
+    spreadsheet_id: str = Field(description="The spreadsheet.", min_length=1)
+    range: str = Field("Queue!A:Z", description="A1 range with the header row.")
+    credentials_file: str | None = Field(None, description="Service account JSON; none: anonymous.")
+    max_age_seconds: PositiveSeconds = Field(3600.0, description="A NEW row older than this: late.")
+
+
+class ArticleQueueCheck(_CheckBase):
+    """The oldest claimed, unfinished article in the ledger."""
+
+    kind: Literal["article_queue"]
+    max_age_seconds: PositiveSeconds = Field(3600.0, description="An article older than this: late.")
+
+
+AnyCheck = Annotated[
+    HeartbeatCheck | ApiHealthCheck | BusinessFreshnessCheck | SheetQueueCheck | ArticleQueueCheck,
+    Field(discriminator="kind"),
+]
+
+
+class SelfHeartbeatSection(_Model):
+    """Who watches the watchdog: a URL pinged at the start of every pass."""
+
+    url: HttpUrl | None = Field(None, description="A healthchecks.io check URL (kept secret in logs).")
+
+
+class AlertsSection(_Model):
+    """Where alerts go, and how delivery retries, groups and times out."""
+
+    webhook_url: HttpUrl | None = Field(None, description="Slack-compatible incoming webhook.")
+    smtp_url: Annotated[str, AfterValidator(_smtp_url)] | None = Field(
+        None, description="`smtp://[user:password@]host:port`."
+    )
+    email_from: str = Field("onceflow-watchdog@localhost", description="From address.")
+    email_to: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+$")]] = Field(
+        default_factory=list, description="Recipients; required with `smtp_url`."
+    )
+    reminder_seconds: PositiveSeconds = Field(3600.0, description="Remind while down, this often.")
+    send_timeout_seconds: Annotated[float, Field(gt=0, le=120, allow_inf_nan=False)] = Field(
+        5.0, description="Total deadline of one send (webhook or SMTP); the lease is this + 5 s."
+    )
+    max_attempts: int = Field(8, ge=1, le=10000, description="Failures before the CRITICAL log line.")
+    backoff_seconds: Seconds = Field(2.0, description="First retry delay; doubles each failure.")
+    backoff_max_seconds: Seconds = Field(300.0, description="Longest retry delay.")
+    group_wait_seconds: Seconds = Field(0.0, description="Hold a down alert this long to group it.")
+    group_max: int = Field(50, ge=1, le=1000, description="Most down alerts in one grouped message.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_recipient(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("email_to"), str):
+            data = {**data, "email_to": [data["email_to"]]}
+        return data
+
+    @model_validator(mode="after")
+    def _some_channel(self) -> AlertsSection:
+        if not self.webhook_url and not self.smtp_url:
+            raise ValueError("no alert channel: set webhook_url or smtp_url (a down check must page someone)")
+        if self.smtp_url and not self.email_to:
+            raise ValueError("email_to is required when smtp_url is set")
+        return self
+
+
+class StatusSection(_Model):
+    """The status API over HTTP (the same JSON as `onceflow-watchdog status`)."""
+
+    port: int | None = Field(None, ge=1, le=65535, description="Serve on 127.0.0.1:<port>; none: off.")
+    flips: int = Field(20, ge=0, le=1000, description="How many recent flips to list per check.")
+
+
+class WatchdogFile(_Model):
+    """The whole TOML file."""
+
+    ledger_url: SqlUrl = Field(description="SQLAlchemy URL of the ledger database (postgresql or sqlite).")
+    warehouse_url: SqlUrl | None = Field(
+        None, description="Where `load_audit` lives; for business_freshness."
+    )
+    state_dir: str = Field(".onceflow-watchdog", description="This replica's SQLite file (blindness).")
+    loop_seconds: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = Field(
+        15.0, description="Time between passes."
+    )
+    pass_budget_seconds: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] | None = Field(
+        None, description="A pass running longer is a blindness incident; default 2 x loop + 30 s."
+    )
+    statement_timeout_seconds: Annotated[float, Field(gt=0, le=600, allow_inf_nan=False)] = Field(
+        10.0, description="Deadline of each database call (PostgreSQL statement, lock, connect, pool)."
+    )
+    runbook_base: str = Field("docs/watchdog.md", description="Base of the runbook links.")
+    replica: str = Field("", description="This replica's name; default host:pid.", max_length=200)
+    self_heartbeat: SelfHeartbeatSection = Field(
+        default_factory=lambda: SelfHeartbeatSection.model_validate({}),
+        description="The `[self_heartbeat]` table.",
+    )
+    alerts: AlertsSection = Field(description="The `[alerts]` table.")
+    status: StatusSection = Field(
+        default_factory=lambda: StatusSection.model_validate({}), description="The `[status]` table."
+    )
+    checks: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,100}$")], AnyCheck] = Field(
+        description="`[checks.<name>]` tables; `kind` defaults to the name."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_from_name(cls, data: Any) -> Any:
+        checks = data.get("checks") if isinstance(data, dict) else None
+        if isinstance(checks, dict):
+            data = {
+                **data,
+                "checks": {
+                    name: ({"kind": name, **body} if isinstance(body, dict) and "kind" not in body else body)
+                    for name, body in checks.items()
+                },
+            }
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WatchdogFile:
+        if not any(c.enabled for c in self.checks.values()):
+            raise ValueError("checks: at least one enabled [checks.<name>] table is needed")
+        if self.warehouse_url is None and any(
+            c.kind == "business_freshness" and c.enabled for c in self.checks.values()
+        ):
+            raise ValueError("warehouse_url: required by a business_freshness check (where load_audit lives)")
+        return self
+
+
+# -- runtime objects -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -71,6 +344,8 @@ class CheckConfig:
     runbook: str
     silences: tuple[Window, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    flap_threshold: int = 0
+    flap_window: float = 3600.0
 
     def silenced_at(self, when: float) -> Window | None:
         return next((w for w in self.silences if w.covers(when)), None)
@@ -87,6 +362,8 @@ class AlertConfig:
     max_attempts: int = 8
     backoff_seconds: float = 2.0
     backoff_max_seconds: float = 300.0
+    group_wait_seconds: float = 0.0
+    group_max: int = 50
 
 
 @dataclass(frozen=True)
@@ -101,257 +378,176 @@ class WatchdogConfig:
     checks: tuple[CheckConfig, ...]
     warehouse_url: str | None = None
     source: str = "<memory>"
+    pass_budget_seconds: float | None = None
+    statement_timeout: float = 10.0
+    status_port: int | None = None
+    status_flips: int = 20
+
+    @property
+    def pass_budget(self) -> float:
+        """Longest a pass may run before it is itself a blindness incident."""
+        return self.pass_budget_seconds or self.loop_seconds * 2 + 30
 
 
-_TOP = {
-    "ledger_url",
-    "warehouse_url",
-    "state_dir",
-    "loop_seconds",
-    "runbook_base",
-    "replica",
-    "self_heartbeat",
-    "alerts",
-    "checks",
-}
-_ALERT_KEYS = {
-    "webhook_url",
-    "smtp_url",
-    "email_from",
-    "email_to",
-    "reminder_seconds",
-    "send_timeout_seconds",
-    "max_attempts",
-    "backoff_seconds",
-    "backoff_max_seconds",
-}
-_COMMON = {"kind", "period_seconds", "grace_seconds", "runbook", "silences", "enabled"}
-_KIND_KEYS: dict[str, set[str]] = {
-    "heartbeat": {"max_lag_seconds"},
-    "api_health": {"url", "timeout_seconds"},
-    "business_freshness": {"table", "deadline_cron", "timezone", "partition_offset_days"},
-    "sheet_queue": {"endpoint", "spreadsheet_id", "range", "credentials_file", "max_age_seconds"},
-    "article_queue": {"max_age_seconds"},
-}
+# -- loading ---------------------------------------------------------------------------------
 
 
 def load_config(path: str | Path) -> WatchdogConfig:
-    """Read and validate ``path``; raises :class:`ConfigError` naming the first bad key."""
+    """Read and validate ``path``; raises :class:`ConfigError` naming each bad key."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:  # a binary or Latin-1 file is unreadable too
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from exc
+        raise ConfigError(f"cannot read config file {str(path)!r}: {type(exc).__name__}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     return parse_config(raw, source=str(path))
 
 
 def parse_config(raw: dict[str, Any], *, source: str = "<memory>") -> WatchdogConfig:
-    _unknown(raw, _TOP, "")
-    ledger_url = _sql_url(raw, "ledger_url", required=True)
-    assert ledger_url is not None
-    warehouse_url = _sql_url(raw, "warehouse_url", required=False)
-    state_dir = Path(_str(raw, "state_dir", default=".onceflow-watchdog"))
-    loop = _seconds(raw, "loop_seconds", 15.0, positive=True)
-    runbook_base = _str(raw, "runbook_base", default="docs/watchdog.md")
-    replica = _str(raw, "replica", default="")
-    self_hb = raw.get("self_heartbeat", {})
-    _table(self_hb, "self_heartbeat")
-    _unknown(self_hb, {"url"}, "self_heartbeat.")
-    self_url = _http_url(self_hb, "url", "self_heartbeat.")
-    alerts = _alerts(raw.get("alerts", {}))
-    checks_raw = raw.get("checks", {})
-    _table(checks_raw, "checks")
-    checks = []
-    for name, body in checks_raw.items():
-        _table(body, f"checks.{name}")
-        enabled = body.get("enabled", True)
-        if not isinstance(enabled, bool):  # "no" or 0 would otherwise silently mean "on"
-            raise ConfigError(f"checks.{name}.enabled: expected true or false, got {enabled!r}")
-        if not enabled:
+    """Validate a parsed TOML document; raises :class:`ConfigError` naming each bad key."""
+    try:
+        model = WatchdogFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc, raw)) from None
+    except (OverflowError, RecursionError) as exc:  # an integer of 320 digits where a float belongs
+        raise ConfigError(f"a number is out of range ({exc})") from None
+    return _runtime(model, source)
+
+
+def format_errors(exc: ValidationError, raw: Any) -> str:
+    """One line per error: ``dotted.key: message (got <value, redacted>)``."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = [str(p) for p in err["loc"]]
+        if len(loc) > 2 and loc[0] == "checks" and loc[2] in CHECK_KINDS:
+            del loc[2]  # pydantic puts the union's tag (the check kind) into the location
+        key = ".".join(loc) or "(file)"
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(raw, loc[:-1])
+            hint = difflib.get_close_matches(loc[-1], allowed, n=1)
+            did = f" (did you mean {hint[0]!r}?)" if hint else ""
+            lines.append(f"{key}: unknown key{did}; its value is not shown; allowed: {', '.join(allowed)}")
             continue
-        checks.append(_check(name, body, runbook_base))
-    if not checks:
-        raise ConfigError("checks: at least one [checks.<name>] table is needed")
-    if any(c.kind == "business_freshness" for c in checks) and warehouse_url is None:
-        raise ConfigError("warehouse_url: required by a business_freshness check (where load_audit lives)")
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            kind = err.get("ctx", {}).get("tag", "?")
+            lines.append(f"{key}.kind: unknown check kind {kind!r} (one of {', '.join(CHECK_KINDS)})")
+            continue
+        if err["type"] == "missing":
+            lines.append(f"{key}: required")
+            continue
+        lines.append(f"{key}: {redact_text(message)} (got {_shown(loc, err.get('input'))})")
+    return "\n".join(lines)
+
+
+def _shown(loc: list[str], value: Any) -> str:
+    if isinstance(value, dict):  # a table: its values may hold secrets, and the key says where
+        return f"a table with keys {', '.join(map(str, value))}"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, str) and (any(part in _SECRET_KEYS for part in loc) or "://" in value):
+        return repr(redact_url(value))
+    text = repr(value)
+    return redact_text(text if len(text) <= 200 else text[:199] + "…")
+
+
+def _allowed_keys(raw: Any, loc: list[str]) -> list[str]:
+    model: type[BaseModel] = WatchdogFile
+    node = raw
+    for part in loc:
+        node = node.get(part) if isinstance(node, dict) else None
+        if part == "checks" and model is WatchdogFile:
+            continue
+        if model is WatchdogFile and loc and loc[0] == "checks":
+            kind = node.get("kind", part) if isinstance(node, dict) else part
+            model = _KIND_MODELS.get(kind, HeartbeatCheck)
+            continue
+        annotation = model.model_fields.get(part)
+        sub = getattr(annotation, "annotation", None)
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            model = sub
+    return sorted(model.model_fields)
+
+
+_KIND_MODELS: dict[str, type[BaseModel]] = {
+    "heartbeat": HeartbeatCheck,
+    "api_health": ApiHealthCheck,
+    "business_freshness": BusinessFreshnessCheck,
+    "sheet_queue": SheetQueueCheck,
+    "article_queue": ArticleQueueCheck,
+}
+
+
+def _runtime(model: WatchdogFile, source: str) -> WatchdogConfig:
+    a = model.alerts
+    alerts = AlertConfig(
+        webhook_url=a.webhook_url,
+        smtp_url=a.smtp_url,
+        email_from=a.email_from,
+        email_to=tuple(a.email_to),
+        reminder_seconds=a.reminder_seconds,
+        send_timeout=a.send_timeout_seconds,
+        max_attempts=a.max_attempts,
+        backoff_seconds=a.backoff_seconds,
+        backoff_max_seconds=a.backoff_max_seconds,
+        group_wait_seconds=a.group_wait_seconds,
+        group_max=a.group_max,
+    )
+    checks = tuple(
+        _check(name, body, model.runbook_base) for name, body in model.checks.items() if body.enabled
+    )
     return WatchdogConfig(
-        ledger_url=ledger_url,
-        state_dir=state_dir,
-        loop_seconds=loop,
-        runbook_base=runbook_base,
-        replica=replica,
-        self_heartbeat_url=self_url,
+        ledger_url=model.ledger_url,
+        state_dir=Path(model.state_dir),
+        loop_seconds=model.loop_seconds,
+        runbook_base=model.runbook_base,
+        replica=model.replica,
+        self_heartbeat_url=model.self_heartbeat.url,
         alerts=alerts,
-        checks=tuple(checks),
-        warehouse_url=warehouse_url,
+        checks=checks,
+        warehouse_url=model.warehouse_url,
         source=source,
+        pass_budget_seconds=model.pass_budget_seconds,
+        statement_timeout=model.statement_timeout_seconds,
+        status_port=model.status.port,
+        status_flips=model.status.flips,
     )
 
 
-def _alerts(raw: Any) -> AlertConfig:
-    _table(raw, "alerts")
-    _unknown(raw, _ALERT_KEYS, "alerts.")
-    webhook = _http_url(raw, "webhook_url", "alerts.")
-    smtp = raw.get("smtp_url")
-    if smtp is not None:
-        parts = urlsplit(str(smtp))
-        try:
-            parts.port  # noqa: B018 -- raises on a port that is not a number (smtp://h:twenty-five)
-        except ValueError:
-            parts = urlsplit("")
-        if parts.scheme != "smtp" or not parts.hostname:
-            raise ConfigError(f"alerts.smtp_url: unsupported URL {smtp!r} (expected smtp://host:port)")
-    to = raw.get("email_to", [])
-    if isinstance(to, str):
-        to = [to]
-    if not isinstance(to, list) or not all(isinstance(t, str) and "@" in t for t in to):
-        raise ConfigError(f"alerts.email_to: expected a list of e-mail addresses, got {to!r}")
-    if smtp and not to:
-        raise ConfigError("alerts.email_to: required when alerts.smtp_url is set")
-    attempts = raw.get("max_attempts", 8)
-    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
-        raise ConfigError(f"alerts.max_attempts: expected an integer >= 1, got {attempts!r}")
-    return AlertConfig(
-        webhook_url=webhook,
-        smtp_url=smtp,
-        email_from=_str(raw, "email_from", default="onceflow-watchdog@localhost", prefix="alerts."),
-        email_to=tuple(to),
-        reminder_seconds=_seconds(raw, "reminder_seconds", 3600.0, prefix="alerts.", positive=True),
-        send_timeout=_seconds(raw, "send_timeout_seconds", 5.0, prefix="alerts.", positive=True),
-        max_attempts=attempts,
-        backoff_seconds=_seconds(raw, "backoff_seconds", 2.0, prefix="alerts."),
-        backoff_max_seconds=_seconds(raw, "backoff_max_seconds", 300.0, prefix="alerts."),
-    )
-
-
-def _check(name: str, raw: dict[str, Any], runbook_base: str) -> CheckConfig:
-    p = f"checks.{name}."
-    kind = raw.get("kind", name)
-    if kind not in CHECK_KINDS:
-        raise ConfigError(f"{p}kind: unknown check kind {kind!r} (one of {', '.join(CHECK_KINDS)})")
-    _unknown(raw, _COMMON | _KIND_KEYS[kind], p)
-    period = _seconds(raw, "period_seconds", 60.0, prefix=p, positive=True)
-    grace = _seconds(raw, "grace_seconds", 60.0, prefix=p)
+def _check(name: str, c: Any, runbook_base: str) -> CheckConfig:
     options: dict[str, Any] = {}
-    if kind == "heartbeat":
-        options["max_lag"] = _seconds(raw, "max_lag_seconds", 30.0, prefix=p, positive=True)
-    elif kind == "api_health":
-        url = _http_url(raw, "url", p)
-        if url is None:
-            raise ConfigError(f"{p}url: required for an api_health check")
-        options["url"] = url
-        options["timeout"] = _seconds(raw, "timeout_seconds", 5.0, prefix=p, positive=True)
-    elif kind == "business_freshness":
-        options["table"] = _str(raw, "table", default="daily_sales", prefix=p)
-        tz_name = _str(raw, "timezone", default="UTC", prefix=p)
-        try:
-            options["timezone"] = ZoneInfo(tz_name)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ConfigError(f"{p}timezone: unknown timezone {tz_name!r}") from exc
-        cron = _str(raw, "deadline_cron", default="0 7 * * *", prefix=p)
-        from croniter import croniter
-
-        if not croniter.is_valid(cron):
-            raise ConfigError(f"{p}deadline_cron: bad cron expression {cron!r}")
-        options["deadline_cron"] = cron
-        offset = raw.get("partition_offset_days", 1)
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise ConfigError(f"{p}partition_offset_days: expected an integer >= 0, got {offset!r}")
-        options["partition_offset_days"] = offset
-    elif kind == "sheet_queue":
-        for key in ("endpoint", "spreadsheet_id"):
-            if key not in raw:
-                raise ConfigError(f"{p}{key}: required for a sheet_queue check")
-        endpoint = _http_url(raw, "endpoint", p)
+    if isinstance(c, HeartbeatCheck):
+        options["max_lag"] = c.max_lag_seconds
+    elif isinstance(c, ApiHealthCheck):
+        options.update(url=c.url, timeout=c.timeout_seconds)
+    elif isinstance(c, BusinessFreshnessCheck):
         options.update(
-            endpoint=endpoint,
-            spreadsheet_id=_str(raw, "spreadsheet_id", default="", prefix=p),
-            range=_str(raw, "range", default="Queue!A:Z", prefix=p),
-            # Not str(): an integer would be opened as a file descriptor (the watchdog's own DB).
-            credentials_file=_optional_str(raw, "credentials_file", p),
-            max_age=_seconds(raw, "max_age_seconds", 3600.0, prefix=p, positive=True),
+            table=c.table,
+            timezone=ZoneInfo(c.timezone),
+            deadline_cron=c.deadline_cron,
+            partition_offset_days=c.partition_offset_days,
         )
-    elif kind == "article_queue":
-        options["max_age"] = _seconds(raw, "max_age_seconds", 3600.0, prefix=p, positive=True)
-    runbook = _str(raw, "runbook", default=f"{runbook_base}#check-{kind.replace('_', '-')}", prefix=p)
-    silences = tuple(_window(w, f"{p}silences[{i}]") for i, w in enumerate(raw.get("silences", [])))
-    return CheckConfig(name, kind, period, grace, runbook, silences, options)
-
-
-def _window(raw: Any, where: str) -> Window:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a table with start, end, reason; got {raw!r}")
-    _unknown(raw, {"start", "end", "reason"}, f"{where}.")
-    bounds = []
-    for key in ("start", "end"):
-        value = raw.get(key)
-        if not isinstance(value, dt.datetime) or value.tzinfo is None:
-            raise ConfigError(
-                f"{where}.{key}: expected an offset date-time (2026-12-01T02:00:00Z), got {value!r}"
-            )
-        bounds.append(value.timestamp())
-    if bounds[1] <= bounds[0]:
-        raise ConfigError(f"{where}.end: {raw['end']!r} is not after start {raw['start']!r}")
-    return Window(bounds[0], bounds[1], str(raw.get("reason", "maintenance")))
-
-
-def _table(value: Any, key: str) -> None:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected a table, got {value!r}")
-
-
-def _unknown(raw: dict[str, Any], allowed: set[str], prefix: str) -> None:
-    for key in raw:
-        if key not in allowed:
-            raise ConfigError(
-                f"{prefix}{key}: unknown key (value {raw[key]!r}); allowed: {', '.join(sorted(allowed))}"
-            )
-
-
-def _str(raw: dict[str, Any], key: str, *, default: str, prefix: str = "") -> str:
-    value = raw.get(key, default)
-    if not isinstance(value, str):
-        raise ConfigError(f"{prefix}{key}: expected a string, got {value!r}")
-    return value
-
-
-def _optional_str(raw: dict[str, Any], key: str, prefix: str) -> str | None:
-    value = raw.get(key)
-    if value is not None and not isinstance(value, str):
-        raise ConfigError(f"{prefix}{key}: expected a string, got {value!r}")
-    return value
-
-
-def _seconds(
-    raw: dict[str, Any], key: str, default: float, *, prefix: str = "", positive: bool = False
-) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        # nan or inf would never be exceeded: a check that can never go down.
-        raise ConfigError(f"{prefix}{key}: expected a finite number of seconds, got {value!r}")
-    if value < 0 or (positive and value == 0):
-        raise ConfigError(f"{prefix}{key}: must be {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
-
-
-def _http_url(raw: dict[str, Any], key: str, prefix: str) -> str | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    parts = urlsplit(str(value))
-    if parts.scheme not in HTTP_SCHEMES or not parts.netloc:
-        raise ConfigError(f"{prefix}{key}: unsupported URL scheme in {value!r} (expected http or https)")
-    return str(value)
-
-
-def _sql_url(raw: dict[str, Any], key: str, *, required: bool) -> str | None:
-    value = raw.get(key)
-    if value is None:
-        if required:
-            raise ConfigError(f"{key}: required (a SQLAlchemy URL of the ledger database)")
-        return None
-    if not isinstance(value, str) or value.split(":", 1)[0].split("+", 1)[0] not in SQL_SCHEMES:
-        raise ConfigError(f"{key}: unsupported URL scheme in {value!r} (expected postgresql or sqlite)")
-    return value
+    elif isinstance(c, SheetQueueCheck):
+        options.update(
+            endpoint=c.endpoint,
+            spreadsheet_id=c.spreadsheet_id,
+            range=c.range,
+            credentials_file=c.credentials_file,
+            max_age=c.max_age_seconds,
+        )
+    elif isinstance(c, ArticleQueueCheck):
+        options["max_age"] = c.max_age_seconds
+    silences = tuple(Window(w.start.timestamp(), w.end.timestamp(), w.reason) for w in c.silences)
+    runbook = c.runbook or f"{runbook_base}#check-{c.kind.replace('_', '-')}"
+    return CheckConfig(
+        name,
+        c.kind,
+        c.period_seconds,
+        c.grace_seconds,
+        runbook,
+        silences,
+        options,
+        flap_threshold=c.flap_threshold,
+        flap_window=c.flap_window_seconds,
+    )

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from onceflow.watchdog.schema import incidents
+from onceflow.watchdog.schema import flips, incidents
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -145,7 +145,10 @@ def apply(
     for _ in range(5):
         current = get_or_create(engine, check.name, now, actor)
         target, since = resolve(verdict, current, check.grace, now)
-        changes, alert_kind = _plan(current, target, since, check, outbox, now)
+        downs = _recent_downs(engine, check, now) if target == DOWN else 0
+        # Going down now would be one more; staying down counts the flips already recorded.
+        flapping = check.flap_threshold > 0 and downs + (current.state != DOWN) > check.flap_threshold
+        changes, alert_kind = _plan(current, target, since, check, outbox, now, flapping=flapping)
         if changes is None:
             return current
         with engine.begin() as conn:
@@ -169,8 +172,21 @@ def apply(
                 continue  # another replica got there first: re-read and re-judge
             after = read(conn, check.name)
             assert after is not None
+            if changes.get("state", current.state) != current.state:
+                conn.execute(
+                    flips.insert().values(
+                        check_name=check.name,
+                        at=now,
+                        from_state=current.state,
+                        to_state=after.state,
+                        incident=after.incident,
+                        actor=actor,
+                    )
+                )
+            if alert_kind == "down" and flapping and changes.get("state") == DOWN:
+                alert_kind = "flapping" if not _flapping_announced(conn, check, now) else None
             if alert_kind is not None:
-                outbox.enqueue(conn, check, after, alert_kind, verdict, now=now)
+                outbox.enqueue(conn, check, after, alert_kind, verdict, now=now, down_since=current.since)
         if changes.get("state", current.state) != current.state:
             log.warning(
                 "check %s: %s -> %s (incident %s): %s",
@@ -184,26 +200,71 @@ def apply(
     raise RuntimeError(f"check {check.name}: compare-and-set kept losing; is the clock running backwards?")
 
 
+def _recent_downs(engine: Engine, check: CheckConfig, now: float) -> int:
+    """How many times the check went down within its flap window (0 when damping is off)."""
+    if check.flap_threshold <= 0:
+        return 0
+    with engine.connect() as conn:
+        downs = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(flips)
+            .where(
+                flips.c.check_name == check.name,
+                flips.c.to_state == DOWN,
+                flips.c.at > now - check.flap_window,
+            )
+        ).scalar_one()
+    return int(downs)
+
+
+def _flapping_announced(conn: Connection, check: CheckConfig, now: float) -> bool:
+    from onceflow.watchdog.schema import alerts
+
+    return (
+        conn.execute(
+            sa.select(alerts.c.id).where(
+                alerts.c.check_name == check.name,
+                alerts.c.kind == "flapping",
+                alerts.c.created_at > now - check.flap_window,
+            )
+        ).first()
+        is not None
+    )
+
+
 def _plan(
-    current: Incident, target: str, since: float, check: CheckConfig, outbox: Outbox, now: float
+    current: Incident,
+    target: str,
+    since: float,
+    check: CheckConfig,
+    outbox: Outbox,
+    now: float,
+    *,
+    flapping: bool = False,
 ) -> tuple[dict[str, Any] | None, str | None]:
-    """The column changes and the alert kind for one step, or ``(None, None)`` if nothing to do."""
+    """The column changes and the alert kind for one step, or ``(None, None)`` if nothing to do.
+
+    A flapping check's new incident is recorded unalerted and announced once as ``flapping``
+    (the caller turns this step's ``down`` into it); while it keeps flapping nothing more is
+    paged; when the flips age out of the window and it is still down, the down alert goes out.
+    """
     silenced = check.silenced_at(now) is not None
     if target == DOWN:
         if current.state != DOWN:
             # Going down opens a new incident; a silenced check records it without paging.
+            held = silenced or flapping
             return (
                 {
                     "state": DOWN,
                     "since": since,
                     "incident": current.incident + 1,
-                    "alerted": not silenced,
-                    "last_alert_at": None if silenced else now,
+                    "alerted": not held,
+                    "last_alert_at": None if held else now,
                     "reminders": 0,
                 },
                 None if silenced else "down",
             )
-        if silenced:
+        if silenced or (flapping and not current.alerted):
             return None, None
         if not current.alerted:  # the silence ended with the check still down: page now
             return {"alerted": True, "last_alert_at": now}, "down"

@@ -69,7 +69,8 @@ alerts = sa.Table(
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("channel", sa.String(16), nullable=False),
     sa.Column("payload", sa.Text, nullable=False),
-    # queued -> sent; "suppressed" for a silenced check (kept so the silence is on record).
+    # queued -> sent; "superseded" when its check recovered before it went out (one message said
+    # both); "suppressed" for a silenced check (kept so the silence is on record).
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("next_attempt_at", sa.Double, nullable=False),
@@ -79,6 +80,28 @@ alerts = sa.Table(
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("sent_at", sa.Double),
     sa.Index("ix_watchdog_alerts_state", "state", "next_attempt_at"),
+)
+
+flips = sa.Table(
+    "watchdog_flips",
+    metadata,
+    # Every state change of every check, for flap damping and the status API's "last N flips".
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("check_name", sa.String(200), nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("from_state", sa.String(16), nullable=False),
+    sa.Column("to_state", sa.String(16), nullable=False),
+    sa.Column("incident", sa.Integer, nullable=False),
+    sa.Column("actor", sa.String(250)),
+    sa.Index("ix_watchdog_flips_check_at", "check_name", "at"),
+)
+
+local_meta = sa.Table(
+    "watchdog_local_meta",
+    metadata,
+    # Only in a replica's own state file: its random id, which scopes its blindness alert keys.
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(200), nullable=False),
 )
 
 seen = sa.Table(

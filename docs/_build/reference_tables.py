@@ -387,7 +387,7 @@ def watchdog_keys() -> list[tuple[str, str, str, str]]:
     """
     from onceflow.watchdog import config
 
-    root = getattr(config, "WatchdogConfig", None)
+    root = getattr(config, "WatchdogFile", None) or getattr(config, "WatchdogConfig", None)
     if hasattr(root, "model_fields"):
         return list(_model_rows("", root, ""))
     alert_defaults = {f: getattr(config.AlertConfig, f, "") for f in config.AlertConfig.__dataclass_fields__}

@@ -228,8 +228,11 @@ class Outbox:
                         created_at=now,
                     )
                 )
-        if not self.channels:  # refused by the config; kept loud for a config built in code
-            log.critical("check %s: %s alert with no channel configured", check.name, kind)
+        if not self.channels:  # only with log_only = true: the log line is the alert
+            text = render(check, incident, kind, verdict, now, EMAIL)["text"]
+            log.critical(
+                "check %s: %s alert (log_only, no channel): %s", check.name, kind, text.replace("\n", " | ")
+            )
 
     def _supersede_unsent(
         self, conn: Connection, check_name: str, incident: int, channel: str, now: float

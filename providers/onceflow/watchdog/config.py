@@ -238,6 +238,11 @@ class AlertsSection(_Model):
     backoff_max_seconds: Seconds = Field(300.0, description="Longest retry delay.")
     group_wait_seconds: Seconds = Field(0.0, description="Hold a down alert this long to group it.")
     group_max: int = Field(50, ge=1, le=1000, description="Most down alerts in one grouped message.")
+    log_only: bool = Field(
+        False,
+        description="No channel on purpose (a demo): alerts are CRITICAL log lines only. Without it, "
+        "a config with neither `webhook_url` nor `smtp_url` is refused.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -248,8 +253,11 @@ class AlertsSection(_Model):
 
     @model_validator(mode="after")
     def _some_channel(self) -> AlertsSection:
-        if not self.webhook_url and not self.smtp_url:
-            raise ValueError("no alert channel: set webhook_url or smtp_url (a down check must page someone)")
+        if not self.webhook_url and not self.smtp_url and not self.log_only:
+            raise ValueError(
+                "no alert channel: set webhook_url or smtp_url (a down check must page someone), "
+                "or log_only = true to mean it"
+            )
         if self.smtp_url and not self.email_to:
             raise ValueError("email_to is required when smtp_url is set")
         return self

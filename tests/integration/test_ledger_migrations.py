@@ -337,7 +337,7 @@ def test_ledger_v4_creates_the_checks_it_was_released_with_whatever_schema_says_
     engine = create_ledger_engine(ledger_url)
     try:
         handwritten.migrate(engine, target=3)
-        assert migrations.migrate(engine).after == "ledger_v4"
+        assert migrations.migrate(engine, target="ledger_v4").after == "ledger_v4"
         with engine.begin() as conn:
             _insert_item(conn, "leased:1", state="leased")  # a state of the released model
         assert "ck_work_items_state" in _assert_refused(

@@ -86,6 +86,24 @@ claim_index = sa.Index(
     sqlite_where=_LIVE,
 )
 sa.Index("ix_work_items_recheck", work_items.c.recheck_id)
+# The operations view's (onceflow.opsview.questions; revision ledger_v5): every query of it reads
+# one time window or the live items, not the history.
+_PENDING = sa.text("state = 'pending'")
+_ERRORED = sa.text("last_error_class IS NOT NULL")
+sa.Index("ix_work_items_kind_created", work_items.c.kind, work_items.c.created_at)
+sa.Index("ix_work_items_created", work_items.c.created_at)
+sa.Index(
+    "ix_work_items_eligible",
+    work_items.c.kind,
+    work_items.c.lane,
+    work_items.c.priority,
+    work_items.c.required_version,
+    work_items.c.available_at,
+    work_items.c.created_at,
+    postgresql_where=_PENDING,
+    sqlite_where=_PENDING,
+)
+sa.Index("ix_work_items_errors", work_items.c.updated_at, postgresql_where=_ERRORED, sqlite_where=_ERRORED)
 
 transitions = sa.Table(
     "transitions",
@@ -101,6 +119,8 @@ transitions = sa.Table(
     sa.Column("at", Time, nullable=False),
     sa.Column("reason", sa.Text),
     *_checks("transitions"),
+    sa.Index("ix_transitions_to_state_at", "to_state", "at"),
+    sa.Index("ix_transitions_event_at", "event", "at"),
 )
 
 results = sa.Table(
@@ -117,6 +137,8 @@ results = sa.Table(
     # The follow-ups this result promised (JSON list of outbox dedup keys / work keys).
     sa.Column("follow_ups", sa.Text),
     sa.UniqueConstraint("work_key", "step", "processing_version", name="uq_results_key_step_version"),
+    sa.Index("ix_results_step_committed", "step", "committed_at"),
+    sa.Index("ix_results_committed", "committed_at"),
 )
 
 outbox = sa.Table(

@@ -9,6 +9,7 @@ so the owner is split from both ends.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from urllib.parse import quote
 
 #: The task of a partition load whose owner string names no task.
@@ -26,11 +27,11 @@ class TaskRef:
     try_number: int | None = None
     task_id: str | None = None
 
-    @property
+    @cached_property
     def run_url(self) -> str:
         return f"/dags/{_q(self.dag_id)}/runs/{_q(self.run_id)}"
 
-    @property
+    @cached_property
     def log_url(self) -> str | None:
         """The task instance's page, whose first tab is its log (at this try when known)."""
         if self.task_id is None:

@@ -250,9 +250,12 @@ def error_classes(conn: Connection, now: float, days: int = 7) -> dict[str, Any]
     return {"window_days": days, "classes": classes, "attempts": sum(c["attempts"] for c in classes)}
 
 
-def follow_ups(conn: Connection, now: float, settle_s: float = WRITE_BACK_SETTLE_S) -> dict[str, Any]:
-    """Committed results whose follow-up work is missing: outbox rows not relayed, and published
-    articles without their write-back (older than ``settle_s``, so a chain in flight is not one)."""
+def follow_ups(
+    conn: Connection, now: float, settle_s: float = WRITE_BACK_SETTLE_S, days: int = 7
+) -> dict[str, Any]:
+    """Committed results whose follow-up work is missing: outbox rows not relayed, and articles
+    published in the last ``days`` without their write-back (older than ``settle_s``, so a chain
+    in flight is not one; older gaps are the reconciler's to report)."""
     outbox = [
         {"target_type": kind, "rows": int(n), "oldest_age_s": max(0.0, now - oldest)}
         for kind, n, oldest in conn.execute(
@@ -266,6 +269,7 @@ def follow_ups(conn: Connection, now: float, settle_s: float = WRITE_BACK_SETTLE
         sa.select(r.c.work_key, r.c.processing_version, r.c.committed_at, r.c.committed_by)
         .where(
             r.c.step == "publish",
+            r.c.committed_at >= now - days * DAY,
             r.c.committed_at <= now - settle_s,
             ~sa.exists().where(
                 wb.c.work_key == r.c.work_key,
@@ -278,6 +282,7 @@ def follow_ups(conn: Connection, now: float, settle_s: float = WRITE_BACK_SETTLE
     rows = conn.execute(missing_wb.limit(50)).all()
     total = conn.execute(sa.select(sa.func.count()).select_from(missing_wb.subquery())).scalar_one()
     return {
+        "window_days": days,
         "outbox_pending": outbox,
         "outbox_pending_rows": sum(x["rows"] for x in outbox),
         "published_not_written_back": int(total),

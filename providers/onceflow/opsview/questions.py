@@ -47,6 +47,10 @@ UNUSUAL_RATIO = 2.0
 MIN_UNUSUAL = 3
 
 w, t, r, o = schema.work_items, schema.transitions, schema.results, schema.outbox
+# Written as literals, not bound parameters: SQLite uses a partial index only when the query's
+# WHERE names its predicate's very values (ix_work_items_eligible, ix_work_items_claim).
+PENDING = sa.text("work_items.state = 'pending'")
+LIVE = sa.text("work_items.state IN ('pending', 'leased')")
 
 
 def hour_bucket(conn: Connection, column: Any, since: float) -> Any:
@@ -125,7 +129,7 @@ def oldest_eligible(conn: Connection, now: float) -> dict[str, Any]:
     ``oldest_age_s`` counts from the item's creation, ``longest_wait_s`` from when it last became
     available (a retry's backoff is not waiting). ``histogram`` counts the eligible items by age.
     """
-    eligible = sa.and_(w.c.state == states.PENDING, w.c.available_at <= now)
+    eligible = sa.and_(PENDING, w.c.available_at <= now)
     groups = [
         {
             "kind": kind,
@@ -222,7 +226,7 @@ def error_classes(conn: Connection, now: float, days: int = 7) -> dict[str, Any]
     will take more attempts), ``failed`` the ones that ran out.
     """
     since = now - days * DAY
-    live = w.c.state.in_((states.PENDING, states.LEASED))
+    live = LIVE
     rows = conn.execute(
         sa.select(
             w.c.kind,
@@ -313,7 +317,7 @@ def active_versions(conn: Connection, now: float, days: int = 7) -> dict[str, An
 
     for kind, version, n in conn.execute(
         sa.select(w.c.kind, w.c.required_version, sa.func.count())
-        .where(w.c.state.in_((states.PENDING, states.LEASED)))
+        .where(LIVE)
         .group_by(w.c.kind, w.c.required_version)
     ):
         e = entry(version)

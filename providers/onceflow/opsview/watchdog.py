@@ -11,6 +11,7 @@ timeout; when it does not answer, the view falls back to the tables and says so.
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
@@ -78,22 +79,63 @@ def from_tables(conn: Connection, now: float) -> dict[str, Any]:
     }
 
 
-def from_status_api(url: str) -> dict[str, Any]:
-    """The watchdog's own status document (``onceflow-watchdog status``), as it says it."""
-    with urllib.request.urlopen(url, timeout=STATUS_TIMEOUT_S) as resp:
-        doc = json.loads(resp.read())
+def from_status_api(url: str, now: float) -> dict[str, Any]:
+    """The watchdog's own status document (:mod:`onceflow.watchdog.status`), as it says it.
+
+    Its checks (``{name: {...}}``) become a list as the tables give them; its blindness entries
+    (``watchdog.blind.*``: the watchdog cannot see a store) are listed as checks too, since a
+    blind watchdog is the incident an operator must see first. A 503 (its ledger unreadable)
+    still carries the document.
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=STATUS_TIMEOUT_S) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as err:
+        if err.code != 503:
+            raise
+        raw = err.read()
+    doc = json.loads(raw)
     if not isinstance(doc, dict):
         raise ValueError(f"watchdog status at {url} is not a JSON object")
-    checks = doc.get("checks")
-    if isinstance(checks, dict):  # {name: {...}} as well as [{name: ...}]
-        checks = [{"name": k, **(v if isinstance(v, dict) else {"state": v})} for k, v in checks.items()]
-    return {**doc, "source": "status_api", "checks": checks if isinstance(checks, list) else []}
+    checks: list[dict[str, Any]] = []
+    last_beat = None
+    for group in ("blind", "checks"):
+        entries = doc.get(group) or {}
+        for name, raw_entry in sorted(entries.items() if isinstance(entries, dict) else []):
+            entry = raw_entry if isinstance(raw_entry, dict) else {"state": raw_entry}
+            since = entry.get("since")
+            last_beat = last_beat or entry.get("last_beat")
+            checks.append(
+                {
+                    "name": name,
+                    "state": entry.get("state"),
+                    "since": since,
+                    "for_s": max(0.0, now - since) if isinstance(since, (int, float)) else None,
+                    "incident": entry.get("incident"),
+                    "alerted": entry.get("alerted"),
+                    "reason": entry.get("reason"),
+                }
+            )
+    state: dict[str, Any] = {
+        "source": "status_api",
+        "replica": doc.get("replica"),
+        "generated_at": doc.get("generated_at"),
+        "checks": checks,
+        "open_incidents": doc.get("open_incidents", []),
+        "alerts": [],
+        "last_heartbeat_at": last_beat,
+        "seconds_since_heartbeat": None if last_beat is None else max(0.0, now - last_beat),
+    }
+    ledger = doc.get("ledger") or {}
+    if not ledger.get("readable", True):
+        state["note"] = f"the watchdog cannot read its ledger: {ledger.get('error')}"
+    return state
 
 
 def watchdog_state(conn: Connection, now: float, status_url: str = "") -> dict[str, Any]:
     if status_url:
         try:
-            return from_status_api(status_url)
+            return from_status_api(status_url, now)
         except Exception as exc:
             state = from_tables(conn, now)
             state["note"] = (

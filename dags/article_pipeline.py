@@ -8,6 +8,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import dag
 
+from onceflow.compat import retry_backoff
 from onceflow.lanes import LANES, NEW_LANE, RECHECK_LANE
 from onceflow.operators.articles import (
     ArticleReviewOperator,
@@ -82,7 +83,7 @@ def article_pipeline(lane_name: str) -> None:
             "owner": "onceflow",
             "retries": 3,
             "retry_delay": timedelta(seconds=30),
-            "retry_exponential_backoff": 2.0,
+            "retry_exponential_backoff": retry_backoff(2.0),  # on 3.1: on, Airflow's factor
             "max_retry_delay": timedelta(minutes=10),
         },
         max_active_runs=lane.max_active_runs,

@@ -9,8 +9,9 @@ import datetime as dt
 from typing import Any
 
 import pendulum
-from airflow.sdk import CronDataIntervalTimetable, dag, task
+from airflow.sdk import dag, task
 
+from onceflow.compat import CronDataIntervalTimetable
 from onceflow.notifications.deadline import daily_load_deadline
 from onceflow.operators.partition import PartitionOverwriteOperator
 from onceflow.priority import RecentFirstWeightStrategy
@@ -63,8 +64,7 @@ def daily_sales() -> None:
     @task
     def extract(**context: Any) -> dict[str, Any]:
         """Read the orders of the run's data interval [start, end) into the run's staging folder."""
-        from airflow.sdk.exceptions import AirflowFailException
-
+        from onceflow.compat import AirflowFailException
         from onceflow.hooks.storage import StorageHook
         from onceflow.hooks.warehouse import ShopDbHook
         from onceflow.objects import StorageUriError

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -30,17 +29,10 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from wheel_env import REPO, build_wheel, check_run, clean_env, last_json_line, uv_cmd
+from wheel_env import RELEASES, REPO, build_wheel, cache_root, check_run, clean_env, last_json_line, uv_cmd
 
 from onceflow.compat import OLDEST_SUPPORTED_AIRFLOW
 
-#: Per minor: the release tested and the day uv resolves its dependencies as of (its release day,
-#: standing in for the release's constraints file). Add a row when a new minor is declared.
-RELEASES: dict[str, tuple[str, str]] = {
-    "3.1": ("3.1.8", "2026-04-01"),
-    "3.2": ("3.2.2", "2026-06-01"),
-    "3.3": ("3.3.2", "2026-10-01"),
-}
 DAY = dt.date(2026, 1, 1)  # the day daily_sales loads
 
 # Every DAG file of the folder imported and round-tripped through Airflow's serialization (what
@@ -108,16 +100,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_wheel(tmp_path_factory.mktemp("dist"))
 
 
-def _cache_root() -> Path:
-    default = Path.home() / ".cache" / "onceflow" / "airflow-venvs"
-    lock = hashlib.sha256((REPO / "uv.lock").read_bytes()).hexdigest()[:16]
-    return Path(os.environ.get("ONCEFLOW_VENV_CACHE", default)) / lock
-
-
 def _venv(minor: str, wheel: Path) -> Path:
     """The cached venv of ``minor`` (built once per uv.lock), with this build of the wheel in it."""
     version, resolved_as_of = RELEASES[minor]
-    root = _cache_root()
+    root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     venv = root / f"airflow-{version}"
     env = clean_env()

@@ -28,8 +28,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
 
+from onceflow.compat import AirflowNotFoundException
 from onceflow.hooks.warehouse import connection_url, embedded_dir
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
 
+from onceflow.compat import AirflowNotFoundException
 from onceflow.hooks.warehouse import embedded_dir
 from onceflow.objects import StorageUriError, parse_storage_uri, storage_path
 

@@ -22,7 +22,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
+
+from onceflow.compat import AirflowNotFoundException
 
 if TYPE_CHECKING:
     from onceflow.articles.translate.base import Translation, Translator

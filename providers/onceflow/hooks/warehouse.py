@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
+
+from onceflow.compat import AirflowNotFoundException
 
 if TYPE_CHECKING:
     from collections.abc import Callable

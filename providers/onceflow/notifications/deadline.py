@@ -25,11 +25,9 @@ from zoneinfo import ZoneInfo
 
 from airflow.sdk.bases.notifier import BaseNotifier
 
-# The same classes as ``airflow.sdk.AsyncCallback`` etc.; imported from their modules because
-# ``airflow/sdk/__init__.pyi`` does not list them for type checkers.
-from airflow.sdk.definitions.callback import AsyncCallback
-
-from onceflow.compat import deadline_alert
+# ``airflow.sdk.AsyncCallback``, from its module (``airflow/sdk/__init__.pyi`` does not list it for
+# type checkers), which differs between 3.1 and 3.2+: hence compat.
+from onceflow.compat import AsyncCallback, deadline_alert
 from onceflow.notifications.deadline_reference import BusinessTimeDeadline, business_due
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 from zoneinfo import ZoneInfo
 
-from airflow.sdk.definitions.deadline import REFERENCE_TYPE_FIELD, BaseDeadlineReference
+from onceflow.compat import REFERENCE_TYPE_FIELD, BaseDeadlineReference
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -78,6 +78,13 @@ class BusinessTimeDeadline(BaseDeadlineReference):
             due=reference_data["due"],
             days_after=int(reference_data.get("days_after", 1)),
         )
+
+    def fixed_offset(self) -> dt.timedelta:
+        """The due time as a fixed offset from the data day's local midnight, in standard time:
+        what Airflow 3.1, which evaluates no custom reference, gets instead (``onceflow.compat``)."""
+        january = dt.date(2026, 1, 15)
+        midnight = dt.datetime.combine(january, dt.time(), tzinfo=ZoneInfo(self.timezone))
+        return self.due_for(midnight) - midnight.astimezone(dt.timezone.utc)
 
     def due_for(self, logical_date: dt.datetime) -> dt.datetime:
         """The deadline of a run whose data day is the local date of ``logical_date``."""

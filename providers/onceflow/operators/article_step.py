@@ -53,8 +53,7 @@ def run_claim_conf(
 
     :raises AirflowFailException: wrong lane, or a conf without a claim (a retry cannot help).
     """
-    from airflow.sdk.exceptions import AirflowFailException
-
+    from onceflow.compat import AirflowFailException
     from onceflow.lanes import LANES, WrongLane, check_run_lane
     from onceflow.operators.sheets import run_claim_token
     from onceflow.sheets.ledger_link import owner_claim
@@ -170,10 +169,9 @@ class ArticleStepOperator(BaseOperator):
             from onceflow.extras import require
 
             require(self.requires_extra)  # the task log names the extra to install, not a bare ImportError
-        from airflow.sdk.exceptions import AirflowFailException
-
         from onceflow.articles import chain
         from onceflow.articles.errors import TransientStepError
+        from onceflow.compat import AirflowFailException
         from onceflow.hooks.ledger import LedgerHook
         from onceflow.ledger import LeaseHeld, WrongVersion
         from onceflow.ledger.steps import InvalidInput, run_keyed_step

@@ -74,9 +74,8 @@ class TranslateArticleOperator(ArticleStepOperator):
         self.translate_conn_id = translate_conn_id
 
     def work(self, run: StepRun, context: Context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
         from onceflow.articles import chain
+        from onceflow.compat import AirflowFailException
         from onceflow.hooks.translate import TranslateConfigError, TranslateHook
 
         try:

@@ -148,7 +148,7 @@ class RecheckOperator(BaseOperator):
         try:
             request.validate()
         except ValueError as exc:
-            from airflow.sdk.exceptions import AirflowFailException
+            from onceflow.compat import AirflowFailException
 
             raise AirflowFailException(f"invalid recheck request: {exc}") from exc  # retrying cannot help
         result = start_recheck(ledger, request)

@@ -86,8 +86,7 @@ class PartitionOverwriteOperator(BaseOperator):
         from onceflow.extras import require
 
         require("sales")  # before anything imports pandas: the log names the missing extra
-        from airflow.sdk.exceptions import AirflowFailException
-
+        from onceflow.compat import AirflowFailException
         from onceflow.hooks.storage import StorageHook
         from onceflow.hooks.warehouse import WarehouseHook
         from onceflow.sales.fencing import OlderExtractError
@@ -153,8 +152,7 @@ class PartitionOverwriteOperator(BaseOperator):
         The warehouse commit is the authority; a crash before the ledger commit is repaired by the
         ledger reconciler (``onceflow.sales.ledger_checks``) or by the task's retry.
         """
-        from airflow.sdk.exceptions import AirflowFailException
-
+        from onceflow.compat import AirflowFailException
         from onceflow.hooks.ledger import LedgerHook
         from onceflow.ledger import LeaseHeld
         from onceflow.sales.ledger_link import load_partition
@@ -201,7 +199,7 @@ class PartitionOverwriteOperator(BaseOperator):
         day: Any,
         bigquery: bool,
     ) -> AuditRecord:
-        from airflow.sdk.exceptions import AirflowFailException
+        from onceflow.compat import AirflowFailException
 
         if staged.reject_ratio > self.max_reject_ratio:
             store.record_rejects(lease, staged.rejects, source_watermark_utc=staged.source_watermark_utc)

@@ -63,6 +63,11 @@ def run_claim_token(dag_id: str, run_id: str) -> str | None:
     """The claim token in an existing run's conf; ``None`` when there is no such run or its conf
     carries no token (a recheck run). Asked from inside a running task, like :func:`create_dag_run`.
     """
+    from onceflow.compat import CAN_READ_OTHER_RUNS, note_degraded
+
+    if not CAN_READ_OTHER_RUNS:  # Airflow 3.1 (compat.DEGRADED["read_other_runs"])
+        note_degraded("read_other_runs")
+        return None
     from airflow.sdk.api.client import ServerResponseError
     from airflow.sdk.execution_time import task_runner
     from airflow.sdk.execution_time.comms import ErrorResponse, GetDagRun

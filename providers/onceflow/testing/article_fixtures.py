@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from onceflow.testing.article_site import ArticleSite, serve
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the site is imported when the fixture is used (the plugin loads this everywhere)
     from collections.abc import Iterator
     from pathlib import Path
+
+    from onceflow.testing.article_site import ArticleSite
 
 FETCH_CONN_ID = "onceflow_fetch"
 
@@ -33,6 +33,8 @@ def fetch_connection_json(site: ArticleSite, **extra: Any) -> str:
 @pytest.fixture
 def onceflow_article_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArticleSite]:
     """The demo article site for one test, allowed by the ``onceflow_fetch`` connection."""
+    from onceflow.testing.article_site import serve
+
     published = tmp_path / "published"
     published.mkdir()
     with serve(published_dir=published) as site:

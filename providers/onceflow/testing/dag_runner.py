@@ -128,8 +128,11 @@ def _ensure_serialized(dag: DAG) -> None:
     refused with "the dag is not serialized".
     """
     from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
     from airflow.models.dag_version import DagVersion
+
+    from onceflow.compat import dagbag_module
+
+    DagBag, sync_bag_to_db = dagbag_module().DagBag, dagbag_module().sync_bag_to_db
 
     if DagVersion.get_version(dag.dag_id):
         return
@@ -141,9 +144,9 @@ def _ensure_serialized(dag: DAG) -> None:
 
 def load_dag(dag_id: str, dags_folder: str | None = None) -> DAG:
     """Parse the DAG folder (the configured one by default) and return one DAG by id."""
-    from airflow.dag_processing.dagbag import DagBag
+    from onceflow.compat import dagbag_module
 
-    bag = DagBag(dags_folder)
+    bag = dagbag_module().DagBag(dags_folder)
     if dag_id not in bag.dags:
         errors = "\n".join(f"{k}: {v}" for k, v in bag.import_errors.items())
         raise KeyError(f"DAG {dag_id!r} not found in {bag.dag_folder}; import errors:\n{errors}")

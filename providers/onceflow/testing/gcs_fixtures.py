@@ -24,13 +24,9 @@ import collections
 import contextlib
 import json
 import os
-import secrets
 import signal
 import socket
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -81,6 +77,9 @@ class FakeGcs:
 
     def bucket(self, prefix: str = "onceflow") -> str:
         """Create a fresh bucket; return its name."""
+        import secrets
+        import urllib.request  # here, not at the top: the plugin loads this module in every session
+
         name = f"{prefix}-{secrets.token_hex(6)}"
         request = urllib.request.Request(
             f"{self.url}/storage/v1/b?project=onceflow-test",
@@ -94,6 +93,9 @@ class FakeGcs:
 
     def objects(self, bucket: str, prefix: str = "") -> dict[str, bytes]:
         """Every object under ``prefix`` in ``bucket``, name -> bytes (read over plain HTTP)."""
+        import urllib.parse
+        import urllib.request
+
         query = urllib.parse.urlencode({"prefix": prefix})
         with urllib.request.urlopen(f"{self.url}/storage/v1/b/{bucket}/o?{query}", timeout=30) as reply:
             items = json.loads(reply.read()).get("items", [])

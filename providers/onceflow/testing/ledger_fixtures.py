@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from onceflow.testing.clock import FakeClock
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported when a fixture is used (the plugin loads this module everywhere)
     from collections.abc import Iterator
     from pathlib import Path
 
     from onceflow.ledger import Ledger
+    from onceflow.testing.clock import FakeClock
 
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
@@ -31,6 +30,8 @@ BACKENDS = [
 
 @pytest.fixture
 def onceflow_fake_clock() -> FakeClock:
+    from onceflow.testing.clock import FakeClock
+
     return FakeClock()
 
 

@@ -35,12 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from onceflow.testing import postgres
-from onceflow.testing.airflow_env import AirflowTestEnv, prepare
-from onceflow.testing.ports import free_port as _free_port
-
+# Imports nothing of onceflow (and so nothing of SQLAlchemy, Airflow or the emulators) until a
+# session enables a feature or a test uses a fixture: pytest loads this module, by the pytest11
+# entry point, in every session of any project where onceflow is installed
+# (benchmarks/bench_pytest_plugin_import.py measures what it adds to such a project's session).
 if TYPE_CHECKING:
     from onceflow.testing.airflow_cluster import AirflowCluster
+    from onceflow.testing.airflow_env import AirflowTestEnv
     from onceflow.testing.dag_runner import DagRunResult
     from onceflow.testing.network_guard import Refusal, RefusalLog
 
@@ -52,7 +53,7 @@ pytest_plugins = [
     "onceflow.testing.article_fixtures",
 ]
 
-ENV_KEY = pytest.StashKey[AirflowTestEnv]()
+ENV_KEY = pytest.StashKey["AirflowTestEnv"]()
 GUARD_KEY = pytest.StashKey["RefusalLog"]()
 GUARD_SEEN_KEY = pytest.StashKey[list["Refusal"]]()
 GUARD_OWNED_LOG_KEY = pytest.StashKey[Path]()
@@ -118,6 +119,9 @@ def pytest_configure(config: pytest.Config) -> None:
     enabled = config.getini("onceflow_isolated_airflow") or config.getoption("onceflow_isolated_airflow")
     if not enabled:
         return
+    from onceflow.testing import postgres
+    from onceflow.testing.airflow_env import prepare
+
     if "airflow" in sys.modules:
         raise pytest.UsageError(
             "onceflow: airflow was imported before the test session configured AIRFLOW_HOME; "
@@ -255,6 +259,7 @@ def onceflow_airflow_cluster_factory(
     Every cluster made here is stopped at teardown, and the test errors if any of its processes
     survived.
     """
+    from onceflow.testing import postgres
     from onceflow.testing.airflow_cluster import AirflowCluster, set_pools
     from onceflow.testing.celery_cluster import CeleryCluster
 
@@ -333,6 +338,8 @@ def onceflow_postgres_url_factory() -> Iterator[Callable[..., str]]:
     In CI (``CI=true`` or ``ONCEFLOW_TEST_DATABASE_URL`` set) an unreachable server fails the
     test; elsewhere it skips it.
     """
+    from onceflow.testing import postgres
+
     created: list[str] = []
 
     def factory(tag: str = "test") -> str:
@@ -362,4 +369,6 @@ def onceflow_postgres_url(
 @pytest.fixture
 def onceflow_free_port() -> int:
     """A free TCP port on 127.0.0.1."""
-    return _free_port()
+    from onceflow.testing.ports import free_port
+
+    return free_port()

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from onceflow.sales.generator import GeneratorConfig, OrderRow, generate_orders, write_orders
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported when a fixture is used (the plugin loads this module everywhere)
     from collections.abc import Callable
     from pathlib import Path
+
+    from onceflow.sales.generator import GeneratorConfig, OrderRow
 
 
 def _sqlite_url(path: Path) -> str:
@@ -43,6 +43,7 @@ def onceflow_sales_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str
 def onceflow_shop_orders() -> Callable[..., list[OrderRow]]:
     """``shop_orders(url, start, end, ingested_before=None, **config)`` -> rows written."""
     from onceflow.sales.engine import make_engine
+    from onceflow.sales.generator import GeneratorConfig, generate_orders, write_orders
 
     def write(
         url: str,
@@ -91,6 +92,7 @@ def source_frame(day: dt.date, config: GeneratorConfig, *, ingested_before: dt.d
     """
     import pandas as pd
 
+    from onceflow.sales.generator import generate_orders
     from onceflow.sales.partitions import day_bounds_utc
 
     rows = generate_orders(day - dt.timedelta(days=3), day + dt.timedelta(days=1), config)

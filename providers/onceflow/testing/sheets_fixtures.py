@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from onceflow.testing.sheets_emulator.quota import Quota
-from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
-
+# The emulator is imported when a fixture is used, not when pytest loads the plugin: every pytest
+# session of a project where onceflow is installed loads this module (docs/testing.md).
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from onceflow.testing.sheets_emulator.faults import FaultInjector
+    from onceflow.testing.sheets_emulator.quota import Quota
     from onceflow.testing.sheets_emulator.requestlog import RequestLog
 
 DEFAULT_CONN_ID = "onceflow_sheets"
@@ -67,6 +67,8 @@ class SheetsEmulator:
     """
 
     def __init__(self, state: str | Path | None, port: int = 0) -> None:
+        from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
+
         self.state = state
         self.server = SheetsEmulatorServer(port=port, state=state).start()
 
@@ -100,6 +102,8 @@ class SheetsEmulator:
         :param writes_per_minute: writes admitted per window, ``None`` for no limit.
         :param window: window length in seconds (shorten it in tests).
         """
+        from onceflow.testing.sheets_emulator.quota import Quota
+
         self.server.quota = Quota(reads_per_minute, writes_per_minute, window)
         return self.server.quota
 
@@ -155,6 +159,8 @@ class SheetsEmulator:
 
     def restart(self) -> None:
         """Stop, then start a new server on the same port from the same state file."""
+        from onceflow.testing.sheets_emulator.server import SheetsEmulatorServer
+
         port, limit = self.server.port, self.server.store.metadata_limit
         self.server.stop()
         self.server = SheetsEmulatorServer(port=port, state=self.state, metadata_limit=limit).start()

@@ -1,0 +1,120 @@
+"""What the onceflow pytest plugin costs a project that does not use it: ``pytest --co`` side by side.
+
+The provider's wheel registers its pytest plugin by entry point (``pytest11``), so every pytest
+session of every project in an environment where onceflow is installed loads it. This makes a
+small foreign project (its own tests, no onceflow configuration, nothing onceflow in it) in a
+temporary folder and runs ``python -m pytest --co -q`` there, alternately with the plugin and
+with ``-p no:onceflow``, ``--repeat`` times each; it prints the median wall time and the median
+CPU time (user + system of the child) of both, their difference, the modules the plugin adds, and
+the load average beside them. No assertion: timings on a shared machine are for reading.
+
+    .venv/bin/python benchmarks/bench_pytest_plugin_import.py --repeat 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+FOREIGN_TEST = """
+import pytest
+
+@pytest.fixture
+def numbers():
+    return [3, 1, 2]
+
+@pytest.mark.parametrize("n", range(20))
+def test_sorted(numbers, n):
+    assert sorted(numbers + [n])[0] == min(numbers + [n])
+"""
+
+COUNT_MODULES = """
+import sys, json
+import pytest
+
+class Count:
+    def pytest_collection_finish(self, session):
+        print("MODULES " + json.dumps(sorted(sys.modules)))
+
+sys.exit(pytest.main(["--co", "-q", "-p", "no:cacheprovider", *sys.argv[1:]], plugins=[Count()]))
+"""
+
+
+def _run(folder: Path, extra: list[str]) -> tuple[float, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", *extra],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=_env(),
+    )
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"pytest --co failed:\n{done.stdout}\n{done.stderr}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def _env() -> dict[str, str]:
+    # a foreign project's session: none of this repository's settings
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIRFLOW", "ONCEFLOW", "PYTEST")) and k != "PYTHONPATH"
+    }
+
+
+def _modules(folder: Path, extra: list[str]) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", COUNT_MODULES, *extra], cwd=folder, capture_output=True, text=True, env=_env()
+    )
+    line = next(line for line in done.stdout.splitlines() if line.startswith("MODULES "))
+    return set(json.loads(line[8:]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=10)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="foreign-project-") as tmp:
+        folder = Path(tmp)
+        (folder / "test_foreign.py").write_text(FOREIGN_TEST)
+        (folder / "pyproject.toml").write_text('[project]\nname = "foreign"\nversion = "0"\n')
+        _run(folder, [])  # warm the page cache and the bytecode once
+        _run(folder, ["-p", "no:onceflow"])
+        with_plugin: list[tuple[float, float]] = []
+        without: list[tuple[float, float]] = []
+        load_before = os.getloadavg()
+        for _ in range(args.repeat):  # alternated, so a load change hits both alike
+            with_plugin.append(_run(folder, []))
+            without.append(_run(folder, ["-p", "no:onceflow"]))
+        load_after = os.getloadavg()
+        added = _modules(folder, []) - _modules(folder, ["-p", "no:onceflow"])
+    wall_with, wall_without = (statistics.median(w for w, _ in runs) for runs in (with_plugin, without))
+    cpu_with, cpu_without = (statistics.median(c for _, c in runs) for runs in (with_plugin, without))
+    print(f"pytest --co of a foreign project, median of {args.repeat} each, alternated")
+    print(f"  load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
+    print(
+        f"  wall: with onceflow {wall_with * 1000:.0f} ms, -p no:onceflow {wall_without * 1000:.0f} ms, "
+        f"added {(wall_with - wall_without) * 1000:+.0f} ms ({wall_with / wall_without:.2f}x)"
+    )
+    print(
+        f"  CPU:  with onceflow {cpu_with * 1000:.0f} ms, -p no:onceflow {cpu_without * 1000:.0f} ms, "
+        f"added {(cpu_with - cpu_without) * 1000:+.0f} ms ({cpu_with / cpu_without:.2f}x)"
+    )
+    print(f"  modules the plugin adds: {len(added)}: {', '.join(sorted(added)[:40])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -182,8 +182,11 @@ def test_the_database_refuses_a_fencing_token_going_down(ledger):
         ledger.engine.begin() as conn,
     ):
         _insert_item(conn, "a:2", token=-1)
-    with ledger.engine.begin() as conn:  # going up, or staying, is what claims do
-        conn.exec_driver_sql("UPDATE work_items SET fencing_token = fencing_token + 1")
+    with ledger.engine.begin() as conn:  # going up by one into a new lease, or staying, is what claims do
+        conn.exec_driver_sql(
+            "UPDATE work_items SET state = 'leased', lease_owner = 'w', lease_expires_at = 1e12,"
+            " fencing_token = fencing_token + 1, attempts = 1"
+        )
         conn.exec_driver_sql("UPDATE work_items SET reason = 'same token'")
     assert ledger.item("a:1").fencing_token == 4
 

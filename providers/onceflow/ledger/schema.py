@@ -6,10 +6,13 @@ stamped with the newest Alembic revision; an existing one is brought here by the
 checks that both roads end in the same database. Times are float seconds since the epoch
 (UTC); JSON values are stored as text.
 
-The database enforces the state model's shape, not only the Python code: ``state`` columns
-accept only the states of :mod:`onceflow.ledger.states` (CHECK constraints), a fencing token is
-never negative, and a trigger (``sql/guards.sql``) refuses an UPDATE that lowers one, because a
-token that goes down would let a fenced-out holder commit again.
+The database enforces the state model, not only the Python code: ``state`` columns accept only
+the states of :mod:`onceflow.ledger.states` and ``transitions.event`` only its events (CHECK
+constraints); a leased item has an owner and an expiry, ``1 <= max_attempts >= attempts``; and
+triggers (``sql/guards.sql``) refuse an item created other than pending, a move along a pair the
+state table does not allow, ``done`` without a result, a fencing token that changes other than
+by + 1 into a new lease (or a new lease without one), and any UPDATE or DELETE of
+``transitions`` (append-only). ``docs/ledger.md`` lists the plain-SQL writes refused.
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ CHECKS: dict[str, tuple[str, str]] = {
     "ck_work_items_attempts": ("work_items", "attempts >= 0 AND max_attempts >= 0"),
     "ck_transitions_from_state": ("transitions", _one_of("from_state", states.STATES, nullable=True)),
     "ck_transitions_to_state": ("transitions", _one_of("to_state", states.STATES, nullable=True)),
+    # ledger_v6: the state machine's per-state column rules and the known events
+    "ck_work_items_attempt_budget": ("work_items", "max_attempts >= 1 AND attempts <= max_attempts"),
+    "ck_work_items_leased_has_lease": (
+        "work_items",
+        "state <> 'leased' OR (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
+    ),
+    "ck_transitions_event": ("transitions", _one_of("event", frozenset(states.BY_EVENT))),
 }
 
 
@@ -184,8 +194,24 @@ rechecks = sa.Table(
 
 # Named DDL in sql/guards.sql, per dialect, run in this order after the tables exist.
 GUARDS: dict[str, tuple[str, ...]] = {
-    "postgresql": ("guard_fencing_token_function_postgresql", "guard_fencing_token_trigger_postgresql"),
-    "sqlite": ("guard_fencing_token_trigger_sqlite",),
+    "postgresql": (
+        "guard_fencing_token_function_postgresql",
+        "guard_fencing_token_trigger_postgresql",
+        "guard_state_machine_function_postgresql",
+        "guard_state_machine_trigger_postgresql",
+        "guard_transitions_append_only_function_postgresql",
+        "guard_transitions_append_only_trigger_postgresql",
+        "guard_transitions_no_truncate_trigger_postgresql",
+    ),
+    "sqlite": (
+        "guard_fencing_token_trigger_sqlite",
+        "guard_state_machine_insert_trigger_sqlite",
+        "guard_state_machine_pairs_trigger_sqlite",
+        "guard_state_machine_done_trigger_sqlite",
+        "guard_state_machine_token_trigger_sqlite",
+        "guard_transitions_no_update_trigger_sqlite",
+        "guard_transitions_no_delete_trigger_sqlite",
+    ),
 }
 
 
@@ -201,6 +227,7 @@ def drop_guards(conn: sa.Connection) -> None:
         conn.execute(query(name.replace("guard_", "drop_guard_", 1)))
 
 
-@sa.event.listens_for(work_items, "after_create")
-def _guards_after_create(_target: sa.Table, connection: sa.Connection, **_kw: Any) -> None:
+@sa.event.listens_for(metadata, "after_create")
+def _guards_after_create(_target: sa.MetaData, connection: sa.Connection, **_kw: Any) -> None:
+    # after every table: the guards of transitions and of results' use need those tables too
     create_guards(connection)

@@ -123,11 +123,12 @@ def openmetrics(doc: dict[str, Any]) -> str:
 
 def emit(doc: dict[str, Any]) -> int:
     """Send the samples as gauges through Airflow's Stats (StatsD or OpenTelemetry, as configured)."""
-    from airflow.observability.stats import gauge
+    # ``Stats`` (not 3.3's module-level ``gauge``): the one spelling Airflow 3.2 and 3.3 share
+    from airflow.observability.stats import Stats
 
     found = samples(doc)
     for s in found:
-        gauge(s.name, s.value, tags=dict(s.labels))
+        Stats.gauge(s.name, s.value, tags=dict(s.labels))
     return len(found)
 
 

@@ -99,3 +99,19 @@ def test_the_plugin_imports_no_api_code_until_the_api_server_mounts_it() -> None
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("days", ["0", "9999", "-3"])
+def test_a_calendar_length_out_of_range_names_the_setting(monkeypatch: pytest.MonkeyPatch, days: str) -> None:
+    from onceflow.opsview.sources import Settings
+
+    monkeypatch.setenv("AIRFLOW__ONCEFLOW_OPS__CALENDAR_DAYS", days)
+    with pytest.raises(ValueError, match=r"\[onceflow_ops\] calendar_days must be between 1 and 3660"):
+        Settings.from_airflow()
+
+
+def test_settings_split_the_table_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    from onceflow.opsview.sources import Settings
+
+    monkeypatch.setenv("AIRFLOW__ONCEFLOW_OPS__TABLES", " daily_sales, returns ,")
+    assert Settings.from_airflow().tables == ("daily_sales", "returns")

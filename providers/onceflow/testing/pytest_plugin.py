@@ -54,6 +54,9 @@ pytest_plugins = [
 ]
 
 ENV_KEY = pytest.StashKey["AirflowTestEnv"]()
+#: ``network_guard.ENV_ENABLED``, spelt here so a session without the guard never imports it
+#: (tests/unit/test_pytest_plugin_import.py checks they agree).
+GUARD_ENV_ENABLED = "ONCEFLOW_NETWORK_GUARD"
 GUARD_KEY = pytest.StashKey["RefusalLog"]()
 GUARD_SEEN_KEY = pytest.StashKey[list["Refusal"]]()
 GUARD_OWNED_LOG_KEY = pytest.StashKey[Path]()
@@ -92,15 +95,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _configure_network_guard(config: pytest.Config) -> None:
     """Install the guard here and export it to every child; a session started by a guarded one
     (``ONCEFLOW_NETWORK_GUARD=1`` inherited) is guarded too and logs to the same file."""
-    from onceflow.testing import network_guard as guard
-
     enabled = (
         config.getini("onceflow_network_guard")
         or config.getoption("onceflow_network_guard")
-        or os.environ.get(guard.ENV_ENABLED) == "1"
+        or os.environ.get(GUARD_ENV_ENABLED) == "1"
     )
     if not enabled:
         return
+    from onceflow.testing import network_guard as guard
+
     log_path = os.environ.get(guard.ENV_LOG)
     if not log_path:
         fd, log_path = tempfile.mkstemp(prefix="onceflow-network-guard-", suffix=".jsonl")

@@ -1,0 +1,516 @@
+"""Seeded fault schedules for a sheet-driven queue, and a checker of its promises (issue 22).
+
+In the spirit of Jepsen: :func:`generate` turns a seed into a schedule of claimers, an editor
+(insert, delete, sort, a new URL typed into a row, a status typed over), faults of the Sheets
+emulator (a reply lost after the write was applied, which httplib2 answers by sending the request
+again; a 500 after apply; 429; 500; slow replies), the developer-metadata cap closing in, an edit
+that lands between a write-back's read and its write, and workers that crash at named points or
+are paused past their lease; :func:`run_schedule` plays it against a running Sheets emulator
+(real google-api-python-client over HTTP) and a real ledger, then drives every row to rest as
+``sheet_reconcile`` and the article chain would, and :func:`check` states what must hold:
+
+* no article published twice, and every DONE row beside the URL whose article was published for
+  it (its link is that article's), agreeing with the ledger (a FAILED row's item is not done);
+* every row at rest is final (or a status onceflow never touches), every PROCESSING row in the
+  sheet during the run carries a token some claim handed out, and none is left in flight;
+* at every step, at most one row anchor per token (resends must not eat the metadata room) and
+  the metadata under the cap; at rest, no anchor left;
+* a claim refused at the metadata cap only when not one more row fitted.
+
+A failing schedule raises :class:`ScheduleFailed`, whose message names the seed and how to replay
+it: ``python -m onceflow.testing.sheet_faults --seed N`` (its own emulator and SQLite ledger), or
+``run_schedule(emulator, ledger, N)`` in a test. Users can run their own sheet-driven work
+through the same faults by passing ``work=`` (what a claimed row's processing does).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from onceflow.sheets.transport import GoogleSheetsTransport
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from onceflow.ledger import Ledger
+    from onceflow.sheets.protocol import Claim, SheetQueue
+
+HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
+#: the kinds of step a schedule is made of
+STEPS = (
+    "claim",
+    "fault",
+    "cap",
+    "uncap",
+    "edit",
+    "edit_in_flight",
+    "work",
+    "crash",
+    "stale",
+    "resend_at_cap",
+)
+EDITS = ("insert", "delete", "sort", "new_url", "status")
+FAULTS = ("apply_then_drop", "apply_then_fail", "429", "500", "latency")
+CRASH_POINTS = ("after_lease", "after_publish", "after_commit")
+
+
+class ScheduleFailed(AssertionError):
+    """A promise broke under a generated schedule; the message says which, and how to replay."""
+
+
+@dataclass
+class Step:
+    kind: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def generate(seed: int, *, rows: int = 6, steps: int = 12) -> list[Step]:
+    """The schedule of ``seed``: a pure function of it, so a failing seed replays exactly."""
+    rng = random.Random(seed)
+    out: list[Step] = []
+    for _ in range(steps):
+        kind = rng.choices(STEPS, weights=(5, 3, 1, 1, 3, 2, 4, 1, 1, 1))[0]
+        if kind == "claim":
+            out.append(Step(kind, {"limit": rng.randint(1, rows)}))
+        elif kind == "fault":
+            method = rng.choice(
+                ["spreadsheets.batchUpdate", "values.batchGet", "values.batchUpdateByDataFilter"]
+            )
+            out.append(Step(kind, {"fault": rng.choice(FAULTS), "method": method}))
+        elif kind == "cap":
+            out.append(Step(kind, {"room": rng.randint(1, rows)}))
+        elif kind == "resend_at_cap":  # a claim's reply lost, its resend meeting the cap
+            limit = rng.randint(1, rows)
+            out.append(Step(kind, {"limit": limit, "room": rng.randint(limit, 2 * limit)}))
+        elif kind in ("edit", "edit_in_flight"):
+            out.append(
+                Step(kind, {"edit": rng.choice(EDITS), "pick": rng.random(), "n": rng.randint(0, 10**6)})
+            )
+        elif kind == "crash":
+            out.append(Step(kind, {"point": rng.choice(CRASH_POINTS)}))
+        else:
+            out.append(Step(kind))
+    return out
+
+
+class CachedResources:
+    """A ``sheets`` service whose resource objects (``spreadsheets()``, ``.values()``...) are made
+    once: google-api-python-client builds every method's docstring each time a resource is made,
+    which costs more than the request itself against a local emulator. Requests are unchanged."""
+
+    def __init__(self, resource: Any) -> None:
+        self._resource = resource
+        self._children: dict[str, CachedResources] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._resource, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if args or kwargs:  # an API method: a request
+                return attr(*args, **kwargs)
+            if name not in self._children:  # a child resource
+                self._children[name] = CachedResources(attr())
+            return self._children[name]
+
+        return call
+
+
+class _Interposed(GoogleSheetsTransport):
+    """The workers' transport: runs an armed editor action just before the next write."""
+
+    def __init__(self, service: Any, spreadsheet_id: str) -> None:
+        super().__init__(service, spreadsheet_id)
+        self.armed: list[Callable[[], None]] = []
+
+    def _fire(self) -> None:
+        while self.armed:
+            self.armed.pop(0)()
+
+    def batch_update(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if any("findReplace" in r for r in requests):
+            self._fire()
+        return super().batch_update(requests)
+
+
+@dataclass
+class Run:
+    """What one schedule did: its seed, the claims handed out, publications, violations."""
+
+    seed: int
+    handed: dict[str, Claim] = field(default_factory=dict)
+    published: Counter[str] = field(default_factory=Counter)
+    tokens_seen: set[str] = field(default_factory=set)
+    violations: list[str] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+
+def link(row_key: str) -> str:
+    """The published link of an article (one per row key, as ``publish_path`` makes it)."""
+    return f"https://published.example.org/{row_key}"
+
+
+class _Crash(Exception):
+    """A worker dies at a named point."""
+
+
+def services(emulator: Any) -> tuple[Any, Any]:
+    """The workers' and the editor's ``sheets`` services on ``emulator`` (make them once, reuse)."""
+    from onceflow.sheets.transport import anonymous_service
+
+    return CachedResources(anonymous_service(emulator.endpoint)), CachedResources(
+        anonymous_service(emulator.endpoint)
+    )
+
+
+def run_schedule(
+    emulator: Any,
+    ledger: Ledger,
+    seed: int,
+    *,
+    rows: int = 6,
+    steps: int = 12,
+    clients: tuple[Any, Any] | None = None,
+) -> Run:
+    """Play schedule ``seed`` against ``emulator`` (a running
+    :class:`~onceflow.testing.sheets_fixtures.SheetsEmulator`) and ``ledger``; bring every row to
+    rest; check the promises. :raises ScheduleFailed: naming the seed and the replay command.
+
+    :param clients: the workers' and the editor's services (:func:`services`), reused across
+        schedules; made afresh when not given.
+    """
+    from onceflow.sheets.model import Snapshot, Status
+    from onceflow.sheets.protocol import SheetQueue
+    from onceflow.sheets.retry import Backoff
+    from onceflow.testing.sheet_edits import batch_update, delete_rows, insert_rows, set_row, sort_rows
+
+    FINAL = {Status.DONE, Status.FAILED, Status.INVALID, Status.DUPLICATE, Status.REJECTED}
+    rng = random.Random(seed)
+    urls = [f"https://news.example.com/s{seed}-{i}" for i in range(rows)]
+    sid = emulator.create_spreadsheet(
+        f"faults-{seed}", sheets={"queue": [HEADER, *([u, "NEW"] for u in urls)]}
+    )
+    book = emulator.server.store.spreadsheets[sid]
+    worker_service, editor = clients or services(emulator)
+    transport = _Interposed(worker_service, sid)
+    queue = SheetQueue(transport, backoff=Backoff(base=0.001, cap=0.01), rng=random.Random(seed), spread=2)
+    run = Run(seed)
+    pending: list[str] = []  # tokens handed out and not yet worked on
+
+    def values() -> list[list[Any]]:
+        return emulator.values(sid, "queue")
+
+    def edit(kind: str, pick: float, n: int) -> None:
+        from http.client import HTTPException
+
+        from googleapiclient.errors import HttpError
+
+        for _ in range(3):  # a fault armed for the workers may hit the editor's request: it tries again
+            try:
+                return _edit(kind, pick, n)
+            except (HttpError, HTTPException, OSError):
+                continue
+
+    def _edit(kind: str, pick: float, n: int) -> None:
+        height = len(values())
+        row = 1 + int(pick * max(height - 1, 1))  # a data row's 0-based index
+        if kind == "insert":
+            batch_update(
+                editor,
+                sid,
+                insert_rows(0, row),
+                set_row(0, row, [f"https://news.example.com/s{seed}-e{n}", "NEW"]),
+            )
+        elif kind == "delete" and height > 2:
+            batch_update(editor, sid, delete_rows(0, row, row + 1))
+        elif kind == "sort":
+            batch_update(editor, sid, sort_rows(0, 0, descending=bool(n % 2)))
+        elif kind == "new_url":
+            # into a row not yet final: retyping a finished row's URL is the editor's own business
+            open_rows = [r.number - 1 for r in Snapshot.from_values(values()).rows if r.status not in FINAL]
+            if open_rows:
+                at = open_rows[int(pick * len(open_rows))]
+                batch_update(editor, sid, set_row(0, at, [f"https://news.example.com/s{seed}-u{n}"]))
+        elif kind == "status" and height > 1:
+            cell = ("NEW", "HOLD", "")[n % 3]
+            cells = {"updateCells": {"start": {"sheetId": 0, "rowIndex": min(row, height - 1), "columnIndex": 1},
+                                     "rows": [{"values": [{"userEnteredValue": {"stringValue": cell}}]}],
+                                     "fields": "userEnteredValue"}}  # fmt: skip
+            batch_update(editor, sid, cells)
+
+    def observe(where: str) -> None:
+        anchors = Counter(m.value for m in book.all_metadata() if m.key == "onceflow.claim")
+        doubled = [t for t, k in anchors.items() if k > 1]
+        if doubled:
+            run.violations.append(f"{where}: tokens anchored more than once: {doubled}")
+        from onceflow.testing.sheets_emulator.limits import usage
+
+        if book.metadata_limit is not None and max(usage(book).values()) > book.metadata_limit:
+            run.violations.append(f"{where}: developer metadata over the cap")
+        for r in Snapshot.from_values(values()).rows:
+            if r.status is Status.PROCESSING and r.token:
+                run.tokens_seen.add(r.token)
+
+    def claim(limit: int) -> None:
+        from onceflow.sheets.retry import Refused, RetriesExhausted
+
+        try:
+            result = queue.claim(limit)
+        except Refused as err:
+            if "metadata" in str(err).lower():
+                from onceflow.testing.sheets_emulator.limits import usage
+
+                anchor = len("onceflow.claim") + 30 + len(queue.version)
+                room = (book.metadata_limit or 0) - max(usage(book).values())
+                if room >= anchor:
+                    run.violations.append(
+                        f"claim refused whole at the cap with room for {room // anchor} rows"
+                    )
+            run.log.append(f"claim refused: {str(err)[:80]}")
+            return
+        except (RetriesExhausted, OSError) as err:
+            run.log.append(f"claim gave up: {type(err).__name__}")
+            return
+        for c in result.claims:
+            run.handed[c.token] = c
+            pending.append(c.token)
+
+    def work(token: str, *, crash: str | None = None, stale: bool = False, at: float = 0.0) -> None:
+        _work(run, queue, ledger, run.handed[token], crash=crash, stale=stale, at=at)
+
+    for i, step in enumerate(generate(seed, rows=rows, steps=steps)):
+        run.log.append(f"{i}: {step.kind} {step.args}")
+        try:
+            if step.kind == "claim":
+                claim(step.args["limit"])
+            elif step.kind == "fault":
+                kind = step.args["fault"]
+                options: dict[str, Any] = {"count": 1, "methods": [step.args["method"]], "retry_after": 0}
+                if kind == "latency":
+                    options["latency"] = 0.05
+                emulator.faults.add(kind, **options)
+            elif step.kind == "cap":
+                from onceflow.testing.sheets_emulator.limits import usage
+
+                anchor = len("onceflow.claim") + 30 + len(queue.version)
+                book.metadata_limit = max(usage(book).values()) + step.args["room"] * anchor + anchor // 2
+            elif step.kind == "resend_at_cap":
+                from onceflow.testing.sheets_emulator.limits import usage
+
+                # room for the first copy's k anchors and fewer than k more: the resend is refused
+                limit = step.args["limit"]
+                before = queue.rng.getstate()
+                good, bad = queue._pick_targets(Snapshot.from_values(values()), limit)
+                queue.rng.setstate(before)
+                k = len(good) + len(bad)
+                room = k + (step.args["room"] - limit) * k // (limit + 1)
+                anchor = len("onceflow.claim") + 30 + len(queue.version)
+                book.metadata_limit = max(usage(book).values()) + room * anchor + anchor // 2
+                emulator.faults.add("apply_then_drop", count=1, methods=["spreadsheets.batchUpdate"])
+                claim(step.args["limit"])
+                book.metadata_limit = None
+            elif step.kind == "uncap":
+                book.metadata_limit = None
+            elif step.kind == "edit":
+                edit(step.args["edit"], step.args["pick"], step.args["n"])
+            elif step.kind == "edit_in_flight" and pending:
+                transport.armed.append(
+                    functools.partial(edit, step.args["edit"], step.args["pick"], step.args["n"])
+                )
+                try:
+                    work(pending.pop(rng.randrange(len(pending))))
+                finally:
+                    transport.armed.clear()
+            elif step.kind in ("work", "crash", "stale") and pending:
+                token = pending.pop(rng.randrange(len(pending)))
+                if step.kind == "crash":
+                    work(token, crash=step.args["point"])
+                else:
+                    work(token, stale=step.kind == "stale")
+        except _Crash:
+            run.log.append(f"{i}: worker crashed")
+        except Exception as err:  # a fault the code under test did not handle is a finding too
+            run.violations.append(f"step {i} ({step.kind}) raised {type(err).__name__}: {err}")
+        observe(f"after step {i}")
+    # rest: no more faults, no cap; reconcile and work until nothing is in flight or NEW
+    emulator.faults.clear()
+    transport.armed.clear()
+    book.metadata_limit = None
+    rest = time.time() + 7200  # every lease taken before now has expired
+    for _ in range(6):
+        claim(rows * 2)
+        snapshot = Snapshot.from_values(values())
+        in_flight = [
+            r for r in snapshot.rows if r.status in (Status.PROCESSING, Status.NEEDS_REVIEW) and r.token
+        ]
+        if not in_flight and not any(r.status is Status.NEW for r in snapshot.rows):
+            break
+        for r in in_flight:
+            token = str(r.token)
+            if token not in run.handed:
+                continue  # reported below: no claim handed it out
+            claim_now = run.handed[token]
+            from onceflow.sheets.validation import judge_url
+
+            verdict = judge_url(r)
+            if verdict.key and verdict.key != claim_now.row_key:  # the URL changed: run it as reconcile would
+                from dataclasses import replace
+
+                run.handed[token] = replace(
+                    claim_now, row_key=verdict.key, url=verdict.normalised_url or r.url
+                )
+            elif not verdict.key:
+                continue
+            work(token, at=rest)  # no crash is scheduled at rest
+        observe("at rest")
+    queue.sweep_anchors()  # sheet_reconcile's sweep: anchors of rows the editor finished or retyped
+    check(run, Snapshot.from_values(values()), book, ledger)
+    if run.violations:
+        raise ScheduleFailed(
+            f"seed {seed}: "
+            + "; ".join(run.violations)
+            + f"\nreplay: python -m onceflow.testing.sheet_faults --seed {seed}\nschedule:\n  "
+            + "\n  ".join(run.log)
+        )
+    return run
+
+
+def _work(
+    run: Run, queue: SheetQueue, ledger: Ledger, claim: Claim, *, crash: str | None, stale: bool, at: float
+) -> None:
+    """What the article chain does for one claim: a fenced keyed step that publishes (create-only)
+    and commits, then the write-back; a permanent error's FAILED as ``ArticleStepOperator`` writes
+    it. ``stale``: this try is paused past its lease, a newer try takes the item over and finishes,
+    then this one fails permanently."""
+    from onceflow.articles.errors import PermanentStepError
+    from onceflow.articles.writeback import write_done, write_failed
+    from onceflow.ledger import Ledger as LedgerClass
+    from onceflow.ledger.steps import InvalidInput, run_keyed_step
+    from onceflow.sheets.ledger_link import KIND, work_key
+    from onceflow.sheets.model import Status
+    from onceflow.testing.clock import FakeClock
+
+    key = work_key(claim.row_key)
+    clocked = ledger if not at else LedgerClass(ledger.engine, clock=FakeClock(start=at), migrate=False)
+
+    def publish(lease: Any) -> dict[str, Any]:
+        if crash == "after_lease":
+            raise _Crash
+        if claim.row_key not in run.published:
+            run.published[claim.row_key] += 1
+        if crash == "after_publish":
+            raise _Crash
+        if stale:
+            later = LedgerClass(ledger.engine, clock=FakeClock(start=time.time() + 3600), migrate=False)
+            newer = run_keyed_step(later, kind=KIND, work_key=key, step="publish", owner="newer-try",
+                                   worker_version="v1", work=lambda _l: {"link": link(claim.row_key)}, lease_seconds=60)  # fmt: skip
+            write_done(
+                queue,
+                claim.token,
+                score=0.9,
+                published_url=newer.payload["link"],
+                run_id="newer",
+                row_key=claim.row_key,
+            )
+            raise PermanentStepError("too slow", step="publish")
+        return {"link": link(claim.row_key)}
+
+    try:
+        outcome = run_keyed_step(clocked, kind=KIND, work_key=key, step="publish", owner=f"try-{claim.token}-{at}",
+                                 worker_version="v1", work=publish, lease_seconds=60)  # fmt: skip
+    except InvalidInput as err:
+        write_failed(queue, claim.token, reason=str(err), old=(Status.PROCESSING, Status.NEEDS_REVIEW))
+        return
+    except Exception as err:
+        if isinstance(err, _Crash) or isinstance(err.__cause__, _Crash):
+            raise _Crash from err
+        run.log.append(f"work on {claim.token} stopped: {type(err).__name__}")
+        return
+    if crash == "after_commit":
+        raise _Crash
+    write_done(
+        queue,
+        claim.token,
+        score=0.9,
+        published_url=outcome.payload["link"],
+        run_id=claim.run_id,
+        row_key=claim.row_key,
+    )
+
+
+def check(run: Run, snapshot: Any, book: Any, ledger: Ledger) -> None:
+    """The promises over the final sheet, ledger and publications (appends to ``run.violations``)."""
+    from onceflow.ledger.errors import UnknownWorkItem
+    from onceflow.sheets.ledger_link import work_key
+    from onceflow.sheets.model import Status
+    from onceflow.sheets.validation import judge_url
+
+    twice = [k for k, n in run.published.items() if n > 1]
+    if twice:
+        run.violations.append(f"published twice: {twice}")
+    for row in snapshot.rows:
+        verdict = judge_url(row)
+        if row.status is Status.DONE:
+            if (
+                not verdict.key
+                or row.get("published_url") != link(verdict.key)
+                or verdict.key not in run.published
+            ):
+                run.violations.append(
+                    f"row {row.number} DONE beside {row.url!r} with {row.get('published_url')!r}"
+                )
+        elif row.status is Status.FAILED and verdict.key:
+            try:
+                item = ledger.item(work_key(verdict.key))
+            except UnknownWorkItem:
+                continue
+            if item.state == "done":
+                run.violations.append(
+                    f"row {row.number} FAILED while its article was published and committed"
+                )
+        elif row.status in (Status.PROCESSING, Status.NEEDS_REVIEW, Status.NEW):
+            run.violations.append(f"row {row.number} not at rest: {row.status_cell.raw!r} beside {row.url!r}")
+    orphans = sorted(run.tokens_seen - set(run.handed))
+    if orphans:
+        run.violations.append(f"rows PROCESSING under tokens no claim handed out: {orphans}")
+    left = [m.value for m in book.all_metadata() if m.key == "onceflow.claim"]
+    if left:
+        run.violations.append(f"row anchors left at rest: {left}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m onceflow.testing.sheet_faults --seed N [--count K]``: replay schedules."""
+    import argparse
+    import tempfile
+
+    from onceflow.ledger import Ledger, create_ledger_engine
+    from onceflow.testing.sheets_fixtures import SheetsEmulator
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--count", type=int, default=1)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        emulator = SheetsEmulator(state=None)
+        engine = create_ledger_engine(f"sqlite:///{tmp}/ledger.db")
+        try:
+            ledger = Ledger(engine)
+            clients = services(emulator)
+            for seed in range(args.seed, args.seed + args.count):
+                run_schedule(emulator, ledger, seed, clients=clients)
+                print(f"seed {seed}: ok")
+        except ScheduleFailed as err:
+            print(err)
+            return 1
+        finally:
+            engine.dispose()
+            emulator.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -74,6 +74,45 @@ def _item(key: str, kind: str, state: str, created: float, **kw: Any) -> dict[st
     return row
 
 
+def insert_items(conn: sa.Connection, rows: list[dict[str, Any]], chunk: int = 500) -> None:
+    """Insert work items the way the ledger's guards allow (``ledger_v6``): each created pending
+    with token 0, then leased with token 1, then moved to its final state (a ``done`` item needs
+    its result first: insert results before calling this)."""
+    w = schema.work_items
+    conn.execute(
+        w.insert(),
+        [
+            {**row, "state": "pending", "fencing_token": 0, "lease_owner": None, "lease_expires_at": None}
+            for row in rows
+        ],
+    )
+    leased = [row for row in rows if row["state"] == "leased"]
+    finished = [row for row in rows if row["state"] not in ("pending", "leased")]
+    for row in leased:  # their own lease
+        conn.execute(
+            w.update()
+            .where(w.c.work_key == row["work_key"])
+            .values(state="leased", fencing_token=1, lease_owner=row["lease_owner"] or "seed",
+                    lease_expires_at=row["lease_expires_at"] or 0.0)
+        )  # fmt: skip
+    by_state: dict[str, list[str]] = {}
+    for row in finished:
+        by_state.setdefault(row["state"], []).append(row["work_key"])
+    for state, keys in by_state.items():
+        for start in range(0, len(keys), chunk):
+            part = keys[start : start + chunk]
+            conn.execute(
+                w.update()
+                .where(w.c.work_key.in_(part))
+                .values(state="leased", fencing_token=1, lease_owner="seed", lease_expires_at=0.0)
+            )
+            conn.execute(
+                w.update()
+                .where(w.c.work_key.in_(part))
+                .values(state=state, lease_owner=None, lease_expires_at=None)
+            )
+
+
 def create_ledger(engine: sa.Engine) -> None:
     """The ledger's schema at the newest revision (through its migrations, as a deployment does)."""
     from onceflow.ledger.migrations import migrate
@@ -215,9 +254,12 @@ def seed_ledger(engine: sa.Engine, now: float) -> Expected:
     )
     trans.append(_transition("article:v2done", "complete", "leased", "done", now - 3 * DAY, None))
     # live items by required version (pending or leased), results of the last 7 days
-    exp.versions = {"v1": (4, 7), "v2": (1, 1), None: (5, 0)}
+    exp.versions = {"v1": (4, 8), "v2": (1, 1), None: (5, 0)}
     # Question 1: the newest item 60 s ago (a partition load); created within the last 48 h per kind.
     items.append(_item("daily_sales/2026-11-22", "partition_load", "done", now - 60))
+    results.append(
+        _result("daily_sales/2026-11-22", "load", "v1", now - 30, "daily_sales/scheduled__2026-11-22/1", {})
+    )
     trans.append(
         _transition(
             "daily_sales/2026-11-22",
@@ -263,9 +305,9 @@ def seed_ledger(engine: sa.Engine, now: float) -> Expected:
     ]
     exp.outbox_pending = 2
     with engine.begin() as conn:
-        conn.execute(schema.work_items.insert(), items)
-        conn.execute(schema.transitions.insert(), trans)
         conn.execute(schema.results.insert(), results)
+        insert_items(conn, items)
+        conn.execute(schema.transitions.insert(), trans)
         conn.execute(schema.outbox.insert(), outbox)
     return exp
 

@@ -64,3 +64,43 @@ def test_the_reference_rejects_ids_longer_than_the_warehouse_columns(
         loaded.net_cents,
     )
     assert loaded.reject_count >= 2 and loaded.row_count > 1  # two long ids and the generator's own
+
+
+def test_the_reference_rejects_conflicting_events_under_one_key_like_cleaning(
+    postgres_url_factory: Callable[..., str], sales_db_url: str
+) -> None:
+    shop = postgres_url_factory("shop")
+    engine = make_engine(shop)
+    try:
+        write_orders(
+            engine,
+            generate_orders(DAY - dt.timedelta(days=3), DAY + dt.timedelta(days=1), GeneratorConfig(seed=12)),
+        )
+        start, _ = day_bounds_utc(DAY, TZ)
+        at = (start + dt.timedelta(hours=10)).replace(tzinfo=None)
+        later = at + dt.timedelta(minutes=5)
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO orders (order_id, event_type, refund_id, customer_id, created_at_utc,"
+                    " ingested_at_utc, amount, currency) VALUES"
+                    " ('K-1', 'sale', NULL, 'C1', :at, :at, '20.00', 'EUR'),"
+                    " ('K-2', 'sale', NULL, 'C2', :at, :at, '30.00', 'EUR'),"
+                    " ('K-1', 'refund', 'RK', 'C1', :at, :at, '5.00', 'EUR'),"
+                    " ('K-2', 'refund', 'RK', 'C2', :at, :later, '7.00', 'EUR'),"  # RK reused: conflict
+                    " ('K-2', 'refund', 'RK', 'C2', :at, :later, '7.0', 'EUR'),"  # exact repeat of the kept
+                    " ('K-1', 'sale', NULL, 'C1', :at, :later, '21.00', 'EUR')"  # corrected amount: conflict
+                ),
+                {"at": at, "later": later},
+            )
+    finally:
+        engine.dispose()
+
+    by_sql = reference_totals(shop, [DAY], timezone=TZ)[DAY.isoformat()]
+    loaded = day_by_day_pass(shop, sales_db_url, [DAY], timezone=TZ)[DAY.isoformat()]
+    assert (by_sql.row_count, by_sql.reject_count, by_sql.net_cents) == (
+        loaded.row_count,
+        loaded.reject_count,
+        loaded.net_cents,
+    )
+    assert loaded.reject_count >= 2  # the reused refund id and the corrected sale

@@ -137,6 +137,7 @@ def test_a_run_is_staged_under_onceflow_storage_and_read_back_whole(stage: Stagi
             "processing_version": "v1",
             "source_watermark_utc": "2024-10-28 09:30:00",
             "extract_id": source.extract_id,
+            "duplicates_dropped": result.duplicates_dropped,
         }
     )
     assert len(rows) == len(result.rows) > 0

@@ -78,31 +78,66 @@ def test_every_reason_is_covered_by_the_cases_above() -> None:
         "bad_amount",
         "non_positive_amount",
         "unknown_currency",
+        "conflicting_duplicate",
     }
 
 
 def test_exact_duplicates_collapse_to_one_order() -> None:
-    result = clean_orders(frame(event(1), event(2, order_id="O1")), partition=DAY)
+    repeat = event(2, order_id="O1", created_at_utc=event(1)["created_at_utc"])  # ingested later
+    result = clean_orders(frame(event(1), repeat), partition=DAY)
     assert result.rows["order_id"].tolist() == ["O1"]
     assert result.duplicates_dropped == 1
     assert result.rejects.empty
 
 
-def test_the_latest_ingested_version_of_an_order_wins() -> None:
+def test_the_latest_ingested_version_of_an_order_wins_and_the_other_is_rejected_not_dropped() -> None:
     late = T0 + dt.timedelta(hours=5)
     result = clean_orders(
         frame(event(1, amount="10.00"), event(2, order_id="O1", amount="12.00", ingested_at_utc=late)),
         partition=DAY,
     )
     assert result.rows["gross_cents"].tolist() == [1200]
+    assert result.rejects["reason"].tolist() == ["conflicting_duplicate"]
+    assert json.loads(result.rejects["raw"].iloc[0])["amount"] == "10.00"
+    assert result.duplicates_dropped == 0
+
+
+def test_two_different_refunds_under_one_refund_id_keep_one_and_reject_the_other() -> None:
+    late = T0 + dt.timedelta(hours=5)
+    result = clean_orders(
+        frame(
+            event(1, order_id="OA", amount="40.00"),
+            event(2, order_id="OB", amount="30.00"),
+            event(3, order_id="OA", event_type="refund", refund_id="R1", amount="5.00"),
+            # the shop reused R1 for a refund of another order: a different event, not a repeat
+            event(4, order_id="OB", event_type="refund", refund_id="R1", amount="7.00", ingested_at_utc=late),
+            # an exact repeat of the winning refund (only ingested later): latest wins, counted
+            event(5, order_id="OB", event_type="refund", refund_id="R1", amount="7.00",
+                  created_at_utc=T0 + dt.timedelta(minutes=4), ingested_at_utc=late + dt.timedelta(seconds=1)),
+        ),
+        partition=DAY,
+    )  # fmt: skip
+    assert result.rejects[["source_row_id", "reason"]].values.tolist() == [[3, "conflicting_duplicate"]]
+    refunds = dict(zip(result.rows["order_id"], result.rows["refund_cents"], strict=True))
+    assert refunds == {"OA": 0, "OB": 700}
+    assert result.duplicates_dropped == 1
+    assert result.reasons() == {"conflicting_duplicate": 1}
+
+
+def test_the_same_amount_written_differently_is_a_repeat_not_a_conflict() -> None:
+    same = {"order_id": "O1", "created_at_utc": T0}
+    result = clean_orders(
+        frame(event(1, amount="10.0", **same), event(2, amount="10.00", **same)), partition=DAY
+    )
+    assert result.rejects.empty and result.duplicates_dropped == 1
 
 
 def test_refunds_are_netted_per_order() -> None:
     result = clean_orders(
         frame(
             event(1, amount="40.00"),
-            event(2, order_id="O1", event_type="refund", refund_id="R1", amount="15.50"),
-            event(3, order_id="O1", event_type="refund", refund_id="R1", amount="15.50"),  # duplicate refund
+            event(2, order_id="O1", event_type="refund", refund_id="R1", amount="15.50", created_at_utc=T0),
+            event(3, order_id="O1", event_type="refund", refund_id="R1", amount="15.50", created_at_utc=T0),
         ),
         partition=DAY,
     )

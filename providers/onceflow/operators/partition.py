@@ -228,6 +228,7 @@ class PartitionOverwriteOperator(BaseOperator):
                 rejects=staged.rejects,
                 processing_version=staged.processing_version,
                 source_watermark_utc=staged.source_watermark_utc,
+                duplicate_count=staged.duplicates_dropped,
             )
         else:
             audit = store.overwrite(
@@ -237,6 +238,7 @@ class PartitionOverwriteOperator(BaseOperator):
                 processing_version=staged.processing_version,
                 method=self.load_method,
                 source_watermark_utc=staged.source_watermark_utc,
+                duplicate_count=staged.duplicates_dropped,
             )
         return audit
 

@@ -35,6 +35,8 @@ class AuditRecord:
     ledger_token: int | None = None
     #: when the loaded extract read the shop (the shop database's clock); None if unknown.
     source_watermark_utc: dt.datetime | None = None
+    #: exact repeats dropped by cleaning (latest wins); None if the staged files did not say.
+    duplicate_count: int | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> AuditRecord:

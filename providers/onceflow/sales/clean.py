@@ -10,7 +10,12 @@ Rules, in order:
    each reject keeps the whole raw row as ASCII JSON (NUL as ``\\u0000``, a byte that is not
    UTF-8, read as U+DC80 + byte, as ``\\udcXX``).
 2. **Dedupe**: a sale is identified by its order id, a refund by its refund id; of several rows
-   for the same event the latest ingested one wins (ties: the higher source ``row_id``).
+   under one key the latest ingested one wins (ties: the higher source ``row_id``). A row that
+   repeats the winner as an event (same order, refund id, customer, event time and amount in the
+   same currency; only ``row_id`` and ``ingested_at_utc`` differ) is an exact repeat, dropped and
+   counted (``duplicates_dropped``). A row that differs from the winner as an event (a refund id
+   reused on another order, a second sale under one order id, a corrected amount) is not dropped:
+   it goes to ``rejects`` as ``conflicting_duplicate`` with its raw row.
 3. **Normalise currency** into the reporting currency with a fixed rate table, rounding each event
    half-even to cents.
 4. **Net refunds** per order within the day: ``net = gross - refunds``. A refund of an order sold
@@ -45,7 +50,8 @@ RATES_TO_EUR: Mapping[str, Decimal] = {
     "SEK": Decimal("0.087"),
 }
 # v2: rows the warehouse cannot store (nul_byte, invalid_text, value_too_long) are rejected.
-PROCESSING_VERSION = "sales-clean-v2"
+# v3: rows that share an event key but differ as events are rejected (conflicting_duplicate).
+PROCESSING_VERSION = "sales-clean-v3"
 REJECT_REASONS: tuple[str, ...] = (
     "nul_byte",
     "invalid_text",
@@ -56,7 +62,10 @@ REJECT_REASONS: tuple[str, ...] = (
     "bad_amount",
     "non_positive_amount",
     "unknown_currency",
+    "conflicting_duplicate",
 )
+# What makes two rows under one key the same event (row_id and ingested_at_utc do not).
+_EVENT_FIELDS = ("event_type", "order_id", "refund_id", "customer_id", "created_at_utc", "currency")
 _AMOUNT_RE = re.compile(r"^-?\d{1,12}(\.\d{1,2})?$")
 _TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
 # Columns that reach the warehouse's varchar(ID_LENGTH) columns as they are.
@@ -203,14 +212,44 @@ def clean_orders(
     ).reset_index(drop=True)
 
     valid = df[reasons.isna()].copy()
-    valid["event_key"] = valid["order_id"].where(valid["event_type"] == "sale", valid["refund_id"])
-    valid["event_key"] = valid["event_type"].astype(str) + ":" + valid["event_key"].astype(str)
-    valid = valid.sort_values(["event_key", "ingested_at_utc", "row_id"], kind="stable")
-    deduped = valid.drop_duplicates("event_key", keep="last")
-    duplicates = len(valid) - len(deduped)
+    deduped, conflicting, duplicates = _dedupe(valid)
+    if len(conflicting):
+        more = pd.DataFrame(
+            {
+                "source_row_id": conflicting["row_id"].astype("int64"),
+                "order_id": [_storable_id(v) for v in conflicting["order_id"]],
+                "reason": "conflicting_duplicate",
+                "raw": [_raw_json(r) for r in conflicting.to_dict("records")],
+            },
+            columns=list(REJECT_COLUMNS),
+        )
+        rejects = pd.concat([rejects, more], ignore_index=True)
+        rejects = rejects.sort_values("source_row_id", kind="stable").reset_index(drop=True)
 
     rows = _net_per_order(deduped, partition, reporting_currency)
     return CleanResult(rows=rows, rejects=rejects, source_rows=len(df), duplicates_dropped=duplicates)
+
+
+def _dedupe(valid: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+    """``(kept events, rows conflicting with a kept event, exact repeats dropped)``."""
+    valid = valid.copy()
+    valid["event_key"] = valid["order_id"].where(valid["event_type"] == "sale", valid["refund_id"])
+    valid["event_key"] = valid["event_type"].astype(str) + ":" + valid["event_key"].astype(str)
+    # The event as text: equal amounts written differently ("10.0", "10.00") are one event.
+    amounts = [str(Decimal(str(a).strip()).quantize(_CENT)) for a in valid["amount"]]
+    columns = [valid[name].tolist() for name in _EVENT_FIELDS]
+    fingerprint = ["\x1f".join(map(str, parts)) for parts in zip(amounts, *columns, strict=True)]
+    valid["_event"] = fingerprint
+    valid = valid.sort_values(["event_key", "ingested_at_utc", "row_id"], kind="stable")
+    is_winner = ~valid.duplicated("event_key", keep="last")
+    winners = valid[is_winner]
+    winner_event = valid["event_key"].map(
+        pd.Series(winners["_event"].values, index=winners["event_key"].values)
+    )
+    differs = ~is_winner & (valid["_event"] != winner_event)
+    conflicting = valid[differs].sort_values("row_id", kind="stable")
+    repeats = int((~is_winner & ~differs).sum())
+    return winners.drop(columns=["_event"]), conflicting.drop(columns=["event_key", "_event"]), repeats
 
 
 def _net_per_order(events: pd.DataFrame, partition: dt.date, reporting: str) -> pd.DataFrame:

@@ -34,9 +34,10 @@ from onceflow.sales.fencing import (
     PartitionLeaseHeld,
     StaleAttemptError,
 )
-from onceflow.sales.partitions import partition_key, validate_partition, validate_table_name
+from onceflow.sales.partitions import partition_key, validate_partition
 from onceflow.sales.schema import REJECT_COLUMNS, SALES_COLUMNS, sales_table, warehouse_tables
 from onceflow.sales.schema_upgrade import upgrade
+from onceflow.sales.table_names import resolve_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -81,10 +82,12 @@ class PartitionStore:
         self, engine: Engine, table: str = "daily_sales", *, clock: Callable[[], dt.datetime] | None = None
     ):
         self.engine = engine
-        self.table_name = validate_table_name(table)
+        # Resolved before any fence: one physical table, one fence name (table_names).
+        self.resolved = resolve_table(engine, table)
+        self.table_name = self.resolved.fence_name
         self.clock = clock
         self.metadata = sa.MetaData()
-        self.table = sales_table(self.table_name, self.metadata)
+        self.table = sales_table(self.resolved.statement_name, self.metadata)
         self.tables = warehouse_tables(self.metadata)
         self.rejects, self.audit_table, self.fence = self.tables
         self.fencing = PartitionFence(self.table_name, self.fence, self.dialect, clock)
@@ -190,6 +193,7 @@ class PartitionStore:
         method: LoadMethod = "auto",
         checkpoint: Checkpoint | None = None,
         source_watermark_utc: dt.datetime | None = None,
+        duplicate_count: int | None = None,
     ) -> AuditRecord:
         """Replace the partition with ``rows`` (and its rejects) in one fenced transaction.
 
@@ -201,6 +205,7 @@ class PartitionStore:
         :param checkpoint: called with ``"deleted"`` and ``"rows_written"`` inside the transaction
             and ``"committed"`` after it (crash tests pause there).
         :param source_watermark_utc: when the extract behind ``rows`` read the shop (naive UTC).
+        :param duplicate_count: exact repeats cleaning dropped (recorded in ``load_audit``).
         :raises StaleAttemptError: a newer attempt holds the partition; nothing is written.
         :raises OlderExtractError: the committed load read the shop later; nothing is written.
         """
@@ -220,6 +225,7 @@ class PartitionStore:
             audit = self._commit_audit(
                 conn, lease, row_count=len(rows), checksum=checksum, reject_records=reject_records,
                 processing_version=processing_version, source_watermark_utc=source_watermark_utc,
+                duplicate_count=duplicate_count,
             )  # fmt: skip
         notify("committed")
         return audit
@@ -259,6 +265,7 @@ class PartitionStore:
         rejects: pd.DataFrame | None,
         processing_version: str,
         source_watermark_utc: dt.datetime | None = None,
+        duplicate_count: int | None = None,
     ) -> AuditRecord:
         """Fenced audit and rejects commit for a partition written to another system (BigQuery).
 
@@ -271,6 +278,7 @@ class PartitionStore:
                 conn, lease, row_count=len(rows), checksum=frame_checksum(rows, SALES_COLUMNS),
                 reject_records=frame_records(rejects, REJECT_COLUMNS) if rejects is not None else [],
                 processing_version=processing_version, source_watermark_utc=source_watermark_utc,
+                duplicate_count=duplicate_count,
             )  # fmt: skip
 
     def check_load(self, lease: Lease, source_watermark_utc: dt.datetime | None) -> None:
@@ -331,6 +339,7 @@ class PartitionStore:
         reject_records: list[tuple[Any, ...]],
         processing_version: str,
         source_watermark_utc: dt.datetime | None,
+        duplicate_count: int | None = None,
     ) -> AuditRecord:
         key = partition_key(lease.partition)
         self._replace_rejects(conn, key, reject_records)
@@ -347,6 +356,7 @@ class PartitionStore:
             loaded_at_utc=self.fencing.now(conn),
             ledger_token=lease.ledger_token,
             source_watermark_utc=source_watermark_utc,
+            duplicate_count=duplicate_count,
         )
         replace_audit(conn, self.audit_table, audit)
         self.fencing.mark_committed(conn, lease)

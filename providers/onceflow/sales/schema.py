@@ -125,6 +125,9 @@ def warehouse_tables(metadata: sa.MetaData) -> WarehouseTables:
         # for warehouse-lease loads), and when the loaded extract read the shop (NULL: unknown).
         sa.Column("ledger_token", sa.BigInteger, nullable=True),
         sa.Column("source_watermark_utc", sa.DateTime, nullable=True),
+        # Added in place: exact repeats the cleaning dropped (rows that differ as events are
+        # rejects, counted in reject_count). NULL: loaded before it was counted.
+        sa.Column("duplicate_count", sa.BigInteger, nullable=True),
     )
     load_fence = sa.Table(
         "load_fence",

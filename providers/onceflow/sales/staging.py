@@ -203,6 +203,8 @@ class StagedClean:
     processing_version: str
     #: when the extract behind these rows read the shop (naive UTC); None if not recorded.
     source_watermark_utc: dt.datetime | None = None
+    #: exact repeats cleaning dropped; None for files staged before it was recorded.
+    duplicates_dropped: int | None = None
 
     @property
     def reject_ratio(self) -> float:
@@ -229,6 +231,7 @@ def write_clean(
         "processing_version": processing_version,
         "source_watermark_utc": _iso(source.source_watermark_utc if source else None),
         "extract_id": source.extract_id if source else None,
+        "duplicates_dropped": result.duplicates_dropped,
     }
     _write_parquet(result.rows, folder / "rows.parquet", facts)
     _write_parquet(result.rejects.astype({"source_row_id": "int64"}), folder / "rejects.parquet", facts)
@@ -268,4 +271,5 @@ def read_clean(folder: Folder) -> StagedClean:
         source_rows=int(facts["source_rows"]),
         processing_version=str(facts["processing_version"]),
         source_watermark_utc=_parse(facts.get("source_watermark_utc")),
+        duplicates_dropped=facts.get("duplicates_dropped"),
     )

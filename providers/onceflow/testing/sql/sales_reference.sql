@@ -7,8 +7,10 @@
 -- One business day [:start_utc, :end_utc): source rows, rejected rows, orders (= rows of the
 -- day's partition) and net cents in EUR. Rates: EUR 1, USD 0.92, GBP 1.17, SEK 0.087; each
 -- event rounded half-even to cents; of duplicate events the latest ingested wins (then the
--- higher row_id); an event is a sale by order_id or a refund by refund_id. Processing version
--- sales-clean-v2 (onceflow.sales.clean.PROCESSING_VERSION).
+-- higher row_id); an event is a sale by order_id or a refund by refund_id; a row under the same
+-- key that differs from the kept one as an event (order, refund id, customer, event time,
+-- currency, amount value) is rejected (conflicting_duplicate). Processing version
+-- sales-clean-v3 (onceflow.sales.clean.PROCESSING_VERSION).
 WITH day_events AS (
     SELECT * FROM orders WHERE created_at_utc >= :start_utc AND created_at_utc < :end_utc
 ),
@@ -27,11 +29,16 @@ valid AS (
       AND e.currency IN ('EUR', 'USD', 'GBP', 'SEK')
 ),
 latest AS (
-    SELECT v.*, row_number() OVER (
+    SELECT v.*, row_number() OVER w AS version,
+        ROW(v.order_id, v.refund_id, v.customer_id, v.created_at_utc, v.currency,
+            v.amount_text::numeric(14, 2))::text AS event,
+        first_value(ROW(v.order_id, v.refund_id, v.customer_id, v.created_at_utc, v.currency,
+            v.amount_text::numeric(14, 2))::text) OVER w AS kept_event
+    FROM valid v
+    WINDOW w AS (
         PARTITION BY v.event_type, CASE WHEN v.event_type = 'sale' THEN v.order_id ELSE v.refund_id END
         ORDER BY v.ingested_at_utc DESC, v.row_id DESC
-    ) AS version
-    FROM valid v
+    )
 ),
 priced AS (
     SELECT order_id, event_type,
@@ -49,7 +56,8 @@ cents AS (
 )
 SELECT
     (SELECT count(*) FROM day_events) AS source_rows,
-    (SELECT count(*) FROM day_events) - (SELECT count(*) FROM valid) AS reject_count,
+    (SELECT count(*) FROM day_events) - (SELECT count(*) FROM valid)
+        + (SELECT count(*) FROM latest WHERE version > 1 AND event <> kept_event) AS reject_count,
     (SELECT count(DISTINCT order_id) FROM cents) AS row_count,
     coalesce((SELECT sum(CASE WHEN event_type = 'sale' THEN cents ELSE -cents END) FROM cents), 0)
         AS net_cents

@@ -16,7 +16,7 @@ import datetime as dt
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseHook
 
@@ -30,15 +30,9 @@ if TYPE_CHECKING:
 
     from onceflow.sales.fencing import Lease
     from onceflow.sales.partition_store import PartitionStore
+    from onceflow.sales.shop_query import SourceExtract
 
 BIGQUERY_CONN_TYPES = frozenset({"google_cloud_platform", "gcpbigquery"})
-
-
-class SourceExtract(NamedTuple):
-    """One read of the shop: the rows and the shop's clock when the read's snapshot began."""
-
-    frame: pd.DataFrame
-    watermark_utc: dt.datetime
 
 
 def embedded_dir() -> Path:
@@ -154,39 +148,9 @@ class ShopDbHook(_SqlConnectionHook):
         without trusting the workers' clocks; SQLite computes ``'now'`` in the reading process, so
         there it is the worker's clock (readers of one SQLite shop must share one clock).
         """
-        import pandas as pd
-        import sqlalchemy as sa
+        from onceflow.sales.shop_query import read_interval_snapshot
 
-        from onceflow.sales.schema import orders
-
-        def naive_utc(value: dt.datetime) -> dt.datetime:
-            return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
-
-        stmt = (
-            sa.select(orders)
-            .where(orders.c.created_at_utc >= naive_utc(start), orders.c.created_at_utc < naive_utc(end))
-            .order_by(orders.c.row_id)
-        )
-        with self.engine.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                clock = sa.text("SELECT (now() AT TIME ZONE 'UTC')::timestamp")
-            else:
-                clock = sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
-            watermark = conn.execute(clock).scalar_one()
-            rows = conn.execute(stmt).all()
-        if isinstance(watermark, str):
-            watermark = dt.datetime.fromisoformat(watermark)
-        # Text as plain objects: pandas' string dtype cannot hold the surrogate-escaped bytes a
-        # SQLite shop may return (make_source_engine); cleaning rejects those rows.
-        frame = pd.DataFrame(
-            {
-                c.name: pd.Series(
-                    [r[i] for r in rows], dtype=object if isinstance(c.type, sa.String) else None
-                )
-                for i, c in enumerate(orders.columns)
-            }
-        )
-        return SourceExtract(frame, watermark)
+        return read_interval_snapshot(self.engine, start, end)
 
 
 class WarehouseHook(_SqlConnectionHook):

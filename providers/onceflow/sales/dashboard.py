@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from onceflow.files import atomic_write_bytes
 from onceflow.sales.partitions import partition_key, validate_partition
 from onceflow.sales.schema import sales_table, warehouse_tables
+from onceflow.sales.table_names import resolve_table
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -82,7 +83,9 @@ def fetch_dashboard_rows(conn: Connection, *, table: str, window_days: int = WIN
     :param window_days: how many calendar days the window spans.
     """
     md = sa.MetaData()
-    sales = sales_table(table, md)
+    resolved = resolve_table(conn.engine, table)  # the name the loads fenced and audited it under
+    table = resolved.fence_name
+    sales = sales_table(resolved.statement_name, md)
     audit = warehouse_tables(md).audit
     inspector = sa.inspect(conn)
     if not inspector.has_table(audit.name) or not inspector.has_table(sales.name, schema=sales.schema):

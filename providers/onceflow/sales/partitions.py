@@ -11,28 +11,11 @@ import datetime as dt
 import re
 from zoneinfo import ZoneInfo
 
-# One or two dot-separated SQL identifiers (``schema.table``); no quotes, spaces or punctuation.
-_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
-_TABLE_RE = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})?$")
+from onceflow.sales.table_names import InvalidNameError, validate_table_name
+
 _PARTITION_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
-
-class InvalidNameError(ValueError):
-    """A table or partition name is not a plain identifier or date (e.g. SQL-injection-shaped)."""
-
-
-def validate_table_name(name: str) -> str:
-    """Return ``name`` if it is a safe table name (``table`` or ``schema.table``), else raise.
-
-    :param name: the configured table name.
-    :raises InvalidNameError: for anything else, e.g. ``sales; DROP TABLE x``.
-    """
-    if not isinstance(name, str) or not _TABLE_RE.fullmatch(name):
-        raise InvalidNameError(
-            f"refusing table name {name!r}: expected an identifier like 'daily_sales' or "
-            "'analytics.daily_sales' (letters, digits, underscore; at most one dot)"
-        )
-    return name
+__all__ = ["InvalidNameError", "validate_table_name"]  # the one table-name validator lives in table_names
 
 
 def validate_partition(key: str) -> dt.date:

@@ -61,7 +61,7 @@ Backfill: `airflow backfill create --dag-id daily_sales --from-date 2024-01-01 -
     deadline=daily_load_deadline(business_timezone=CONFIG.timezone),
 )
 def daily_sales() -> None:
-    @task
+    @task(execution_timeout=CONFIG.task_timeout)  # statements have their own deadlines too
     def extract(**context: Any) -> dict[str, Any]:
         """Read the orders of the run's data interval [start, end) into the run's staging folder."""
         from onceflow.compat import AirflowFailException
@@ -88,7 +88,7 @@ def daily_sales() -> None:
             "source_rows": len(frame),
         }
 
-    @task
+    @task(execution_timeout=CONFIG.task_timeout)
     def clean(extracted: dict[str, Any]) -> dict[str, Any]:
         """Clean the staged orders; rows and rejects go back to the same staging folder."""
         from onceflow.hooks.storage import StorageHook
@@ -119,6 +119,7 @@ def daily_sales() -> None:
         partition=cleaned["partition"],
         staging_dir=cleaned["staging_dir"],
         max_reject_ratio=CONFIG.max_reject_ratio,
+        execution_timeout=CONFIG.task_timeout,
         outlets=[SALES_ASSET],
     )
 

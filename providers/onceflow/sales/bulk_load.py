@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
+from onceflow.sales.deadlines import translate
 from onceflow.sales.schema import SALES_COLUMNS
 
 if TYPE_CHECKING:
@@ -128,5 +129,10 @@ def _copy(conn: Connection, quoted_table: str, rows: pd.DataFrame) -> None:
             with cursor.copy(sql) as copy:
                 for chunk in iter(lambda: buf.read(1 << 20), ""):
                     copy.write(chunk)
+    except Exception as exc:
+        deadline = translate(conn, exc, sql)  # the raw cursor bypasses the engine's error hook
+        if deadline is not None:
+            raise deadline from exc
+        raise
     finally:
         cursor.close()

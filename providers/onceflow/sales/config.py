@@ -8,6 +8,7 @@
 | ``ONCEFLOW_SALES_MAX_REJECT_RATIO`` | ``0.05`` | the load fails above this share of rejected rows |
 | ``ONCEFLOW_REPORTING_CURRENCY`` | ``EUR`` | currency of the warehouse amounts |
 | ``ONCEFLOW_SALES_RETRIES`` | ``2`` | task retries (tests that expect failure set 0) |
+| ``ONCEFLOW_SALES_TASK_TIMEOUT_MINUTES`` | ``120`` | ``execution_timeout`` of each task (then it fails and retries) |
 | ``ONCEFLOW_SALES_STAGING_DIR`` | ``<onceflow_storage base>/sales-staging`` | files between tasks |
 
 ``ONCEFLOW_SALES_STAGING_DIR`` is the exception: the extract task reads it (not the parse), through
@@ -41,6 +42,7 @@ class SalesConfig:
     max_reject_ratio: float = 0.05
     reporting_currency: str = "EUR"
     retries: int = 2
+    task_timeout_minutes: float = 120
 
     @classmethod
     def from_env(cls) -> SalesConfig:
@@ -54,10 +56,22 @@ class SalesConfig:
             max_reject_ratio=float(env.get("ONCEFLOW_SALES_MAX_REJECT_RATIO", cls.max_reject_ratio)),
             reporting_currency=env.get("ONCEFLOW_REPORTING_CURRENCY", cls.reporting_currency),
             retries=int(env.get("ONCEFLOW_SALES_RETRIES", cls.retries)),
+            task_timeout_minutes=float(
+                env.get("ONCEFLOW_SALES_TASK_TIMEOUT_MINUTES", cls.task_timeout_minutes)
+            ),
         )
+        if config.task_timeout_minutes <= 0:
+            raise ValueError(
+                "ONCEFLOW_SALES_TASK_TIMEOUT_MINUTES must be positive: every task needs a deadline"
+            )
         validate_table_name(config.table)
         ZoneInfo(config.timezone)  # fails loudly on a typo
         return config
+
+    @property
+    def task_timeout(self) -> dt.timedelta:
+        """``execution_timeout`` of each daily_sales task."""
+        return dt.timedelta(minutes=self.task_timeout_minutes)
 
     def asset(self) -> Asset:
         """The Asset of the loaded table: daily_sales' load emits it, sales_dashboard is scheduled on it."""

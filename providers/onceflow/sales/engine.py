@@ -13,21 +13,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from onceflow.ledger.db import create_ledger_engine
+from onceflow.sales.deadlines import Deadlines, install
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, *, deadlines: Deadlines | None = None, **kwargs: Any) -> Engine:
     """Create an engine for ``url`` with the transaction behaviour the partition loads rely on.
 
     :param url: SQLAlchemy URL, e.g. ``sqlite:////tmp/warehouse.db`` or ``postgresql+psycopg2://...``.
+    :param deadlines: per-statement lock and statement timeouts (default: from the environment,
+        :mod:`onceflow.sales.deadlines`).
     :param kwargs: passed to :func:`sqlalchemy.create_engine`.
     """
-    return create_ledger_engine(url, **kwargs)
+    return install(create_ledger_engine(url, **kwargs), "warehouse", deadlines)
 
 
-def make_source_engine(url: str, **kwargs: Any) -> Engine:
+def make_source_engine(url: str, *, deadlines: Deadlines | None = None, **kwargs: Any) -> Engine:
     """A read-only engine for the shop database: one consistent snapshot per transaction, no locks.
 
     SQLite files are opened read-only (``mode=ro``) with a plain deferred ``BEGIN``: no write lock,
@@ -36,6 +39,7 @@ def make_source_engine(url: str, **kwargs: Any) -> Engine:
     snapshot, and a write through this engine is refused by the server.
 
     :param url: SQLAlchemy URL of the shop database.
+    :param deadlines: per-statement lock and statement timeouts (PostgreSQL; default: environment).
     :param kwargs: passed to :func:`sqlalchemy.create_engine`.
     """
     import os
@@ -48,7 +52,7 @@ def make_source_engine(url: str, **kwargs: Any) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         kwargs.setdefault("isolation_level", "REPEATABLE READ")
         options = {"postgresql_readonly": True, **kwargs.pop("execution_options", {})}
-        return sa.create_engine(url, execution_options=options, **kwargs)
+        return install(sa.create_engine(url, execution_options=options, **kwargs), "shop", deadlines)
     database = parsed.database or ""
     if database in ("", ":memory:"):
         raise ValueError(f"the shop database must be a SQLite file, not {url!r}")

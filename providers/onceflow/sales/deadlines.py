@@ -1,0 +1,120 @@
+"""Deadlines on every statement of the shop and the warehouse.
+
+No wait without a deadline: a lock another session never releases, or a statement that never
+returns, must fail the try (which releases its ledger lease, see :mod:`onceflow.sales.ledger_link`)
+rather than keep the partition's lease alive by heartbeats forever. Every PostgreSQL session these
+engines open sets
+
+* ``lock_timeout`` (``$ONCEFLOW_SALES_LOCK_TIMEOUT_SECONDS``, default 120 s): the longest any one
+  statement waits for a lock (the fence row, the sales table held by a long report or a
+  ``LOCK TABLE``);
+* ``statement_timeout`` (``$ONCEFLOW_SALES_STATEMENT_TIMEOUT_SECONDS``, default 3600 s): the longest
+  any one statement runs (the shop's read, a day's ``COPY``).
+
+A statement cancelled by either raises :class:`DeadlineExceeded` naming the setting, its value,
+the statement and what to do; the try fails and Airflow retries it. SQLite has no statement
+timeout; its lock wait is bounded by the busy timeout (60 s). Each task also has an
+``execution_timeout`` (``$ONCEFLOW_SALES_TASK_TIMEOUT_MINUTES``, see :mod:`onceflow.sales.config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+LOCK_TIMEOUT_ENV = "ONCEFLOW_SALES_LOCK_TIMEOUT_SECONDS"
+STATEMENT_TIMEOUT_ENV = "ONCEFLOW_SALES_STATEMENT_TIMEOUT_SECONDS"
+_LOCK_NOT_AVAILABLE = "55P03"
+_QUERY_CANCELED = "57014"
+
+
+class DeadlineExceeded(RuntimeError):
+    """A shop or warehouse statement waited or ran past its deadline; the try fails and is retried."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Deadlines:
+    """Per-statement deadlines of one engine, in seconds."""
+
+    lock_timeout_s: float = 120.0
+    statement_timeout_s: float = 3600.0
+
+    @classmethod
+    def from_env(cls) -> Deadlines:
+        def seconds(name: str, default: float) -> float:
+            raw = os.environ.get(name, "").strip()
+            try:
+                value = float(raw) if raw else default
+            except ValueError:
+                raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+            if value <= 0:
+                raise ValueError(f"{name} must be positive (a wait needs a deadline), got {raw!r}")
+            return value
+
+        return cls(
+            seconds(LOCK_TIMEOUT_ENV, cls.lock_timeout_s),
+            seconds(STATEMENT_TIMEOUT_ENV, cls.statement_timeout_s),
+        )
+
+
+def install(engine: Engine, what: str, deadlines: Deadlines | None = None) -> Engine:
+    """Set the deadlines on each new PostgreSQL session of ``engine``; name them in its errors.
+
+    :param what: ``"warehouse"`` or ``"shop"``: how the error names the database.
+    """
+    if engine.dialect.name != "postgresql":
+        return engine
+    from sqlalchemy import event
+
+    limits = deadlines or Deadlines.from_env()
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True  # session settings, outside any transaction
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"SET lock_timeout = '{int(limits.lock_timeout_s * 1000)}ms'")
+        cursor.execute(f"SET statement_timeout = '{int(limits.statement_timeout_s * 1000)}ms'")
+        cursor.close()
+        dbapi_connection.autocommit = autocommit
+        record.info[_INFO_KEY] = (what, limits)
+
+    @event.listens_for(engine, "handle_error")
+    def _name_the_deadline(context: Any) -> BaseException | None:
+        return describe(context.original_exception, what, limits, context.statement)
+
+    return engine
+
+
+_INFO_KEY = "onceflow.deadlines"
+
+
+def translate(conn: Any, exc: BaseException, statement: str) -> DeadlineExceeded | None:
+    """:func:`describe` for a statement run on the raw DBAPI cursor of ``conn`` (e.g. ``COPY``)."""
+    found = conn.connection.info.get(_INFO_KEY)
+    return None if found is None else describe(exc, found[0], found[1], statement)
+
+
+def describe(
+    exc: BaseException, what: str, limits: Deadlines, statement: str | None
+) -> DeadlineExceeded | None:
+    """The :class:`DeadlineExceeded` for a DBAPI error cancelled by a deadline, else None."""
+    code = getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
+    text = " ".join((statement or "").split())[:120]
+    if code == _LOCK_NOT_AVAILABLE:
+        return DeadlineExceeded(
+            f"the {what} statement waited more than lock_timeout={limits.lock_timeout_s:g}s for a lock "
+            f"another session holds ({text!r}); this try fails and its lease is released, the next "
+            f"try loads once the lock is gone. Find the holder in pg_locks/pg_stat_activity; "
+            f"{LOCK_TIMEOUT_ENV} sets the wait."
+        )
+    if code == _QUERY_CANCELED and "statement timeout" in str(exc):
+        return DeadlineExceeded(
+            f"the {what} statement ran longer than statement_timeout={limits.statement_timeout_s:g}s "
+            f"({text!r}); this try fails and is retried. {STATEMENT_TIMEOUT_ENV} sets the limit."
+        )
+    return None

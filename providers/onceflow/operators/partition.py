@@ -8,6 +8,7 @@ its ``load_audit`` row. See :mod:`onceflow.sales.partition_store` for the protoc
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -89,22 +90,33 @@ class PartitionOverwriteOperator(BaseOperator):
         from onceflow.compat import AirflowFailException
         from onceflow.hooks.storage import StorageHook
         from onceflow.hooks.warehouse import WarehouseHook
-        from onceflow.sales.fencing import OlderExtractError
         from onceflow.sales.partitions import validate_partition, validate_table_name
-        from onceflow.sales.staging import StagingMismatchError, read_clean
+        from onceflow.sales.staging import StagingMismatchError, open_clean, read_clean
 
         day = validate_partition(self.partition)
         validate_table_name(self.table)
-        try:
-            staged = read_clean(StorageHook(self.storage_conn_id).path(self.staging_dir))
-        except StagingMismatchError as exc:
-            raise AirflowFailException(str(exc)) from exc  # the files will not change by waiting
-        if staged.partition != day:
-            raise ValueError(
-                f"staging folder {self.staging_dir} holds partition {staged.partition}, not {day}"
-            )
-
         warehouse = WarehouseHook(self.warehouse_conn_id)
+        with contextlib.ExitStack() as stack:
+            folder = StorageHook(self.storage_conn_id).path(self.staging_dir)
+            try:
+                # SQL warehouses stream the rows from the staged file; BigQuery's load job takes a frame.
+                staged = (
+                    read_clean(folder) if warehouse.is_bigquery else stack.enter_context(open_clean(folder))
+                )
+            except StagingMismatchError as exc:
+                raise AirflowFailException(str(exc)) from exc  # the files will not change by waiting
+            if staged.partition != day:
+                raise ValueError(
+                    f"staging folder {self.staging_dir} holds partition {staged.partition}, not {day}"
+                )
+            return self._execute(context, warehouse, staged, day)
+
+    def _execute(self, context: Context, warehouse: Any, staged: Any, day: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onceflow.hooks.warehouse import WarehouseHook
+        from onceflow.sales.fencing import OlderExtractError
+
         bigquery = warehouse.is_bigquery
         audit_hook = WarehouseHook(self.audit_conn_id) if bigquery and self.audit_conn_id else warehouse
         if bigquery and not self.audit_conn_id:
@@ -233,7 +245,7 @@ class PartitionOverwriteOperator(BaseOperator):
         else:
             audit = store.overwrite(
                 lease,
-                staged.rows,
+                staged.row_batches(),
                 staged.rejects,
                 processing_version=staged.processing_version,
                 method=self.load_method,

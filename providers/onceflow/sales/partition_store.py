@@ -19,14 +19,14 @@ even if it already wrote its rows inside its own transaction: they are rolled ba
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from onceflow.sales.audit import AuditRecord, describe_watermark, read_audit, replace_audit
 from onceflow.sales.bulk_load import LoadMethod, frame_records, insert_rows
-from onceflow.sales.checksum import frame_checksum, rows_checksum
+from onceflow.sales.checksum import RowDigests, frame_checksum, rows_checksum
 from onceflow.sales.fencing import (
     Lease,
     OlderExtractError,
@@ -186,7 +186,7 @@ class PartitionStore:
     def overwrite(
         self,
         lease: Lease,
-        rows: pd.DataFrame,
+        rows: pd.DataFrame | Iterable[pd.DataFrame],
         rejects: pd.DataFrame | None = None,
         *,
         processing_version: str,
@@ -198,7 +198,10 @@ class PartitionStore:
         """Replace the partition with ``rows`` (and its rejects) in one fenced transaction.
 
         :param lease: the attempt's lease (:meth:`acquire_lease` or :meth:`register_ledger_token`).
-        :param rows: sales rows (columns :data:`SALES_COLUMNS`), all in ``lease.partition``.
+        :param rows: sales rows (columns :data:`SALES_COLUMNS`), all in ``lease.partition``: one
+            frame, or frames streamed batch by batch (e.g. :meth:`StreamedClean.row_batches
+            <onceflow.sales.staging.StreamedClean.row_batches>`), each inserted and added to the
+            checksum as it arrives, so memory holds one batch and 32 bytes a row.
         :param rejects: reject rows (columns :data:`REJECT_COLUMNS`) for the partition, or None.
         :param processing_version: version of the code and reference data that produced ``rows``.
         :param method: how rows are inserted; ``auto`` is COPY on PostgreSQL, INSERT elsewhere.
@@ -209,26 +212,37 @@ class PartitionStore:
         :raises StaleAttemptError: a newer attempt holds the partition; nothing is written.
         :raises OlderExtractError: the committed load read the shop later; nothing is written.
         """
-        key = partition_key(lease.partition)
-        wrong = {d for d in rows["partition_date"].unique() if d != lease.partition}
-        if wrong:
-            raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")
+        import pandas as pd
+
+        batches = [rows] if isinstance(rows, pd.DataFrame) else rows
+        if isinstance(rows, pd.DataFrame):
+            self._check_partition(lease, rows)  # before any transaction, for one frame
         reject_records = frame_records(rejects, REJECT_COLUMNS) if rejects is not None else []
-        checksum = frame_checksum(rows, SALES_COLUMNS)
+        digests = RowDigests(SALES_COLUMNS)
         notify = checkpoint or (lambda _stage: None)
         with self.engine.begin() as conn:
             self._check(conn, lease, source_watermark_utc)
             conn.execute(self.table.delete().where(self.table.c.partition_date == lease.partition))
             notify("deleted")
-            insert_rows(conn, self.table, rows, method)
+            for batch in batches:
+                self._check_partition(lease, batch)  # a wrong row rolls the whole load back
+                insert_rows(conn, self.table, batch, method)
+                digests.add(batch)
             notify("rows_written")
             audit = self._commit_audit(
-                conn, lease, row_count=len(rows), checksum=checksum, reject_records=reject_records,
+                conn, lease, row_count=digests.rows, checksum=digests.hexdigest(), reject_records=reject_records,
                 processing_version=processing_version, source_watermark_utc=source_watermark_utc,
                 duplicate_count=duplicate_count,
             )  # fmt: skip
         notify("committed")
         return audit
+
+    @staticmethod
+    def _check_partition(lease: Lease, rows: pd.DataFrame) -> None:
+        wrong = {d for d in rows["partition_date"].unique() if d != lease.partition}
+        if wrong:
+            key = partition_key(lease.partition)
+            raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")
 
     def record_rejects(
         self, lease: Lease, rejects: pd.DataFrame, *, source_watermark_utc: dt.datetime | None = None

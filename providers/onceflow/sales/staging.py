@@ -27,12 +27,15 @@ load does not read values from it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +44,7 @@ import pandas as pd
 
 from onceflow.objects import (
     StorageUriError,
+    is_local,
     parse_storage_uri,
     read_object,
     storage_path,
@@ -52,7 +56,7 @@ from onceflow.sales.partitions import partition_key, validate_partition
 from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from airflow.sdk import ObjectStoragePath
 
@@ -66,6 +70,8 @@ STAGING_ENV = "ONCEFLOW_SALES_STAGING_DIR"
 STORAGE_SUBFOLDER = "sales-staging"
 #: parquet key-value metadata key holding the staged file's JSON facts.
 METADATA_KEY = b"onceflow.staging"
+#: rows per batch when staged rows stream (parquet row groups, COPY chunks).
+BATCH_ROWS = 100_000
 _TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
 
 
@@ -119,7 +125,8 @@ def _write_parquet(df: pd.DataFrame, path: ObjectStoragePath, facts: dict[str, A
     table = pa.Table.from_pandas(df, preserve_index=False)
     metadata = {**(table.schema.metadata or {}), METADATA_KEY: json.dumps(facts, sort_keys=True).encode()}
     sink = pa.BufferOutputStream()
-    pq.write_table(table.replace_schema_metadata(metadata), sink)
+    # Row groups of BATCH_ROWS: a streaming reader holds one group, not the day.
+    pq.write_table(table.replace_schema_metadata(metadata), sink, row_group_size=BATCH_ROWS)
     write_object(path, sink.getvalue().to_pybytes())
 
 
@@ -206,6 +213,10 @@ class StagedClean:
     #: exact repeats cleaning dropped; None for files staged before it was recorded.
     duplicates_dropped: int | None = None
 
+    def row_batches(self) -> Iterator[pd.DataFrame]:
+        """The rows as one batch (:meth:`StreamedClean.row_batches` streams them)."""
+        yield self.rows
+
     @property
     def reject_ratio(self) -> float:
         return len(self.rejects) / self.source_rows if self.source_rows else 0.0
@@ -253,6 +264,14 @@ def read_clean(folder: Folder) -> StagedClean:
     folder = storage_path(folder)
     manifest = json.loads(read_object(folder / "manifest.json"))  # absent: clean never finished
     rows, facts = _read_parquet(folder / "rows.parquet")
+    rows = normalise_sales_frame(rows) if len(rows) else empty_sales_frame()
+    return StagedClean(rows=rows, **_clean_facts(folder, manifest, facts))
+
+
+def _clean_facts(
+    folder: ObjectStoragePath, manifest: dict[str, Any], facts: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The rejects and the facts of a staged clean, checked against the rows file's ``facts``."""
     rejects, reject_facts = _read_parquet(folder / "rejects.parquet")
     if facts != reject_facts:
         raise StagingMismatchError(
@@ -261,15 +280,70 @@ def read_clean(folder: Folder) -> StagedClean:
         )
     if facts is None:  # staged before the facts moved into the files: no watermark known
         facts = {**manifest, "source_watermark_utc": None}
-    rows = normalise_sales_frame(rows) if len(rows) else empty_sales_frame()
     rejects = rejects.loc[:, list(REJECT_COLUMNS)]
     rejects["order_id"] = rejects["order_id"].astype(object).where(rejects["order_id"].notna(), None)
-    return StagedClean(
-        partition=validate_partition(facts["partition"]),
-        rows=rows,
-        rejects=rejects,
-        source_rows=int(facts["source_rows"]),
-        processing_version=str(facts["processing_version"]),
-        source_watermark_utc=_parse(facts.get("source_watermark_utc")),
-        duplicates_dropped=facts.get("duplicates_dropped"),
-    )
+    return {
+        "partition": validate_partition(facts["partition"]),
+        "rejects": rejects,
+        "source_rows": int(facts["source_rows"]),
+        "processing_version": str(facts["processing_version"]),
+        "source_watermark_utc": _parse(facts.get("source_watermark_utc")),
+        "duplicates_dropped": facts.get("duplicates_dropped"),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamedClean:
+    """A staged clean whose rows are read batch by batch (:func:`open_clean`); else as :class:`StagedClean`."""
+
+    partition: dt.date
+    rejects: pd.DataFrame
+    source_rows: int
+    processing_version: str
+    source_watermark_utc: dt.datetime | None
+    duplicates_dropped: int | None
+    #: the open ``rows.parquet`` (one file: the rows of the same try as the facts above).
+    rows_file: Any
+
+    @property
+    def reject_ratio(self) -> float:
+        return len(self.rejects) / self.source_rows if self.source_rows else 0.0
+
+    @property
+    def row_count(self) -> int:
+        return int(self.rows_file.metadata.num_rows)
+
+    def row_batches(self, batch_rows: int = BATCH_ROWS) -> Iterator[pd.DataFrame]:
+        """The rows, ``batch_rows`` at a time, each a normalised sales frame."""
+        for batch in self.rows_file.iter_batches(batch_size=batch_rows):
+            yield normalise_sales_frame(batch.to_pandas())
+
+
+@contextlib.contextmanager
+def open_clean(folder: Folder) -> Iterator[StreamedClean]:
+    """:func:`read_clean` without holding the rows in memory: they stream from ``rows.parquet``.
+
+    The file is held open (locally, the open file keeps the inode a later try may rename over;
+    from ``gs://``, one download into a temporary file), so the batches and the facts come from
+    one try's file, as :func:`read_clean`'s one read does.
+
+    :raises StagingMismatchError: rows and rejects were cleaned from different extracts.
+    """
+    import pyarrow.parquet as pq
+
+    folder = storage_path(folder)
+    manifest = json.loads(read_object(folder / "manifest.json"))  # absent: clean never finished
+    path = folder / "rows.parquet"
+    with contextlib.ExitStack() as stack:
+        handle: Any
+        if is_local(path):
+            handle = stack.enter_context(open(path.path, "rb"))
+        else:
+            handle = stack.enter_context(tempfile.TemporaryFile())
+            with path.open("rb") as source:
+                shutil.copyfileobj(source, handle, 1 << 20)
+            handle.seek(0)
+        rows_file = pq.ParquetFile(handle)
+        raw = (rows_file.schema_arrow.metadata or {}).get(METADATA_KEY)
+        facts = None if raw is None else json.loads(raw)
+        yield StreamedClean(rows_file=rows_file, **_clean_facts(folder, manifest, facts))

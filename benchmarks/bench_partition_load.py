@@ -1,182 +1,280 @@
-"""Loading one partition of 1,000,000 rows into PostgreSQL, by load method: insert phase and whole overwrite.
+"""daily_sales at real sizes: each step's time and peak RSS, against a bare COPY and ``to_sql``.
 
-Runs the real :meth:`PartitionStore.overwrite` (fence check, delete, insert, rejects, audit,
-commit) per method into its own table, ``--repeat`` times each, and reports the median of
+For each size (default 100,000, 1,000,000 and 5,000,000 source rows of one day) the script fills a
+throwaway PostgreSQL shop with that day's ``orders`` (in SQL: sales, 5 % refunds, 2 % exact
+repeats; the shop's own ``orders`` definition), then runs the DAG's own step functions, **each in
+its own process** so its peak RSS is its own:
 
-* **insert s**: the insert phase (between the ``deleted`` and ``rows_written`` checkpoints,
-  inside the overwrite's transaction) and its rows per second;
-* **overwrite s**: the whole ``overwrite()`` call end to end (CSV or parameter building, the
-  checksum, the fence check, delete, insert, audit row, commit).
+* **extract**: :func:`onceflow.sales.shop_query.read_interval_snapshot` and
+  :func:`onceflow.sales.staging.write_extract`;
+* **clean**: ``read_extract``, :func:`onceflow.sales.clean.clean_orders`, ``write_clean``;
+* **load**: ``open_clean`` and :meth:`PartitionStore.overwrite` of the streamed batches (fence,
+  delete, COPY per batch, rejects, audit, checksum, commit; a warehouse lease, as
+  ``ledger_conn_id=None``), as ``PartitionOverwriteOperator`` does;
+* **bare COPY**: the same cleaned rows, already in COPY text in a file, ``COPY ... FROM STDIN``
+  into an empty table with nothing else (only the COPY is timed);
+* **to_sql**: ``DataFrame.to_sql`` of the same rows (skipped above ``--to-sql-max`` rows: it is
+  ~65 s per million).
 
-Methods:
+Each step prints wall seconds, CPU seconds and peak RSS (``ru_maxrss``; "imports" is the RSS
+of a process that imported the same modules and did nothing, about what every step starts from).
+The staging folder's size is printed after clean. The load average is printed before and after
+each size: the machine may be shared, so read wall-clock ratios with it.
 
-* ``copy``: ``COPY ... FROM STDIN`` (psycopg2 ``copy_expert``), the default on PostgreSQL;
-* ``to_sql``: ``pandas.DataFrame.to_sql`` on the same SQLAlchemy connection;
-* ``insert``: SQLAlchemy Core ``insert()`` with a list of rows (batched "insertmanyvalues");
-* ``execute_values``: ``psycopg2.extras.execute_values`` (multi-row ``VALUES`` pages of 1,000),
-  the fast way to send an executemany from Python; the plain DBAPI ``cursor.executemany``
-  sends one statement per row and is slower still.
+Standalone: creates throwaway databases on the server and drops them afterwards::
 
-The rows are deterministic and include NULL and empty-string ``customer_id`` values (the two must
-stay different); after each load the partition is read back and its checksum compared with the
-frame's, so a method that loses the difference fails the benchmark.
-
-Standalone: creates a throwaway database on the server and drops it afterwards::
-
-    .venv/bin/python benchmarks/bench_partition_load.py [--rows 1000000] [--repeat 3] [--server-url URL]
+    .venv/bin/python benchmarks/bench_partition_load.py [--sizes 100000,1000000,5000000] [--server-url URL]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
-import statistics
+import resource
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-import sqlalchemy as sa
-from sqlalchemy.engine import make_url
-
-from onceflow.sales import partition_store
-from onceflow.sales.bulk_load import frame_records, insert_rows
-from onceflow.sales.checksum import frame_checksum
-from onceflow.sales.clean import normalise_sales_frame
-from onceflow.sales.engine import make_engine
-from onceflow.sales.partition_store import PartitionStore
-from onceflow.sales.schema import SALES_COLUMNS
-
 DAY = dt.date(2024, 10, 27)
-METHODS = ("copy", "to_sql", "insert", "execute_values")
+TZ = "Europe/Amsterdam"
+SIZES = (100_000, 1_000_000, 5_000_000)
+
+# One day of orders in SQL: row i is a sale, every 20th a refund of the sale before it; 2 % of
+# the sales are repeated exactly (ingested 30 s later). Event times spread over the 25-hour day.
+FILL_SQL = """
+INSERT INTO orders (order_id, event_type, refund_id, customer_id, created_at_utc, ingested_at_utc, amount, currency)
+SELECT CASE WHEN i % 20 = 19 THEN 'O' || (i - 1) ELSE 'O' || i END,
+       CASE WHEN i % 20 = 19 THEN 'refund' ELSE 'sale' END,
+       CASE WHEN i % 20 = 19 THEN 'R' || i END,
+       'C' || (i % 50000),
+       t, t + interval '5 seconds',
+       (((i * 7919) % 90000 + 100)::numeric / 100)::numeric(12, 2)::text,
+       (ARRAY['EUR', 'USD', 'GBP', 'SEK'])[1 + i % 4]
+FROM (SELECT i, TIMESTAMP '2024-10-26 22:00:00' + (i::float8 / :n) * interval '25 hours' AS t
+      FROM generate_series(0, :n - 1) AS i) s;
+INSERT INTO orders (order_id, event_type, refund_id, customer_id, created_at_utc, ingested_at_utc, amount, currency)
+SELECT order_id, event_type, refund_id, customer_id, created_at_utc, ingested_at_utc + interval '30 seconds',
+       amount, currency
+FROM orders WHERE event_type = 'sale' AND row_id % 50 = 7;
+"""
 
 
-def build_rows(n: int) -> pd.DataFrame:
-    """``n`` deterministic sales rows of one partition (seeded, no clock), some with NULL or "" customers."""
-    rng = np.random.default_rng(20241027)
-    gross = rng.integers(100, 90_000, n)
-    refund = np.where(rng.random(n) < 0.05, gross // 2, 0)
-    start = np.datetime64("2024-10-26T22:00:00", "us")
-    customers: list[str | None] = [f"C{c:05d}" for c in rng.integers(1, 50_000, n)]
-    for i in range(0, n, 20):
-        customers[i] = None  # 5 % unknown customers
-    for i in range(10, n, 20):
-        customers[i] = ""  # 5 % given as an empty string: must not become NULL
-    frame = pd.DataFrame(
-        {
-            "partition_date": [DAY] * n,
-            "order_id": [f"O20241027-{i:07d}" for i in range(n)],
-            "customer_id": customers,
-            "source_currency": rng.choice(["EUR", "USD", "GBP", "SEK"], n),
-            "gross_cents": gross,
-            "refund_cents": refund,
-            "net_cents": gross - refund,
-            "event_count": np.where(refund > 0, 2, 1),
-            "first_event_utc": start + rng.integers(0, 25 * 3600 * 10**6, n).astype("timedelta64[us]"),
-        }
-    )
-    return normalise_sales_frame(frame)
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _insert_with_execute_values(conn: Any, table: sa.Table, rows: pd.DataFrame, method: str) -> None:
-    """``insert_rows`` plus the ``execute_values`` baseline, inside the same overwrite transaction."""
-    if method != "execute_values":
-        insert_rows(conn, table, rows, method)  # type: ignore[arg-type]
-        return
-    from psycopg2.extras import execute_values
-
-    quoted = conn.dialect.identifier_preparer.format_table(table)
-    sql = f"INSERT INTO {quoted} ({', '.join(SALES_COLUMNS)}) VALUES %s"
-    cursor = conn.connection.dbapi_connection.cursor()
-    try:
-        execute_values(cursor, sql, frame_records(rows, SALES_COLUMNS), page_size=1000)
-    finally:
-        cursor.close()
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
-def load_once(url: str, method: str, frame: pd.DataFrame, expected: str, attempt: int) -> tuple[float, float]:
-    """One real overwrite of the partition; returns (insert phase s, whole overwrite s)."""
-    engine = make_engine(url)
-    try:
-        store = PartitionStore(engine, f"bench_{method}")
-        store.create_schema()
-        marks: dict[str, float] = {}
-        lease = store.acquire_lease(DAY, run_id="bench", try_number=attempt)
-        t0 = time.perf_counter()
-        store.overwrite(
-            lease,
-            frame,
-            None,
-            processing_version="bench",
-            method=method,  # type: ignore[arg-type]
-            checkpoint=lambda stage: marks.__setitem__(stage, time.perf_counter()),
-        )
-        total = time.perf_counter() - t0
-        stored = store.partition_checksum(DAY)
-        if stored != expected:
-            raise SystemExit(f"{method}: the rows read back differ from the frame (checksum {stored})")
-        return marks["rows_written"] - marks["deleted"], total
-    finally:
+def _interval() -> tuple[dt.datetime, dt.datetime]:
+    from onceflow.sales.partitions import day_bounds_utc
+
+    return day_bounds_utc(DAY, TZ)
+
+
+def step(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one step in this process; returns its measurements."""
+    import pandas as pd  # noqa: F401  (every step imports it; "imports" measures the same)
+
+    from onceflow.sales import staging
+    from onceflow.sales.clean import PROCESSING_VERSION, clean_orders
+    from onceflow.sales.engine import make_engine, make_source_engine
+    from onceflow.sales.partition_store import PartitionStore
+    from onceflow.sales.shop_query import read_interval_snapshot
+
+    folder = Path(args.folder)
+    out: dict[str, Any] = {}
+    cpu0, t0 = _cpu(), time.perf_counter()
+    if name == "imports":
+        pass
+    elif name == "extract":
+        engine = make_source_engine(args.shop)
+        extract = read_interval_snapshot(engine, *_interval())
+        staging.write_extract(folder, extract.frame, source_watermark_utc=extract.watermark_utc)
+        out["rows"] = len(extract.frame)
         engine.dispose()
+    elif name == "clean":
+        source = staging.read_extract(folder)
+        result = clean_orders(source.frame, partition=DAY)
+        staging.write_clean(
+            folder, result, partition=DAY, processing_version=PROCESSING_VERSION, source=source
+        )
+        out["rows"] = len(result.rows)
+        out["staging_mb"] = sum(p.stat().st_size for p in folder.iterdir()) / 2**20
+    elif name == "load":
+        engine = make_engine(args.warehouse)
+        store = PartitionStore(engine, "daily_sales")
+        store.create_schema()
+        lease = store.acquire_lease(DAY, run_id=f"bench-{uuid.uuid4().hex[:6]}", try_number=1)
+        with staging.open_clean(folder) as staged:  # as PartitionOverwriteOperator: rows stream
+            audit = store.overwrite(
+                lease, staged.row_batches(), staged.rejects, processing_version=staged.processing_version,
+                source_watermark_utc=staged.source_watermark_utc, duplicate_count=staged.duplicates_dropped,
+            )  # fmt: skip
+        out["rows"] = audit.row_count
+        engine.dispose()
+    elif name in ("bare_copy", "to_sql"):
+        out.update(_baseline(name, args, folder))
+        return out
+    else:
+        raise SystemExit(f"unknown step {name!r}")
+    out["wall_s"], out["cpu_s"], out["peak_mb"] = time.perf_counter() - t0, _cpu() - cpu0, _peak_mb()
+    return out
 
 
-def run(server_url: str, rows: int, methods: tuple[str, ...], repeat: int) -> None:
-    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    name = f"onceflow_bench_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    # The overwrite calls insert_rows by the name partition_store imported; add the baseline there.
-    partition_store.insert_rows = _insert_with_execute_values  # type: ignore[assignment]
+def _baseline(name: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """A bare COPY of the cleaned rows (text prepared untimed) or ``to_sql`` of them, into a new table."""
+    import sqlalchemy as sa
+
+    from onceflow.sales.bulk_load import copy_statement, copy_text
+    from onceflow.sales.schema import SALES_COLUMNS, sales_table
+    from onceflow.sales.staging import read_clean
+
+    rows = read_clean(folder).rows
+    engine = sa.create_engine(args.warehouse)
+    table = sales_table(f"bench_{name}_{uuid.uuid4().hex[:6]}", sa.MetaData())
+    table.create(engine)
     try:
-        frame = build_rows(rows)
-        expected = frame_checksum(frame, SALES_COLUMNS)
-        load_before = os.getloadavg()
-        print(f"PostgreSQL partition load, {rows:,} rows (5 % NULL, 5 % empty customer ids), database {name}")
-        print(f"median of {repeat} runs per method; load average before: {_load(load_before)}")
-        print(f"{'method':<15} {'insert s':>9} {'rows/s':>11} {'overwrite s':>12} {'COPY faster by':>15}")
-        results: dict[str, tuple[float, float]] = {}
-        for method in methods:
-            samples = [load_once(url, method, frame, expected, attempt + 1) for attempt in range(repeat)]
-            insert = statistics.median(s[0] for s in samples)
-            total = statistics.median(s[1] for s in samples)
-            results[method] = (insert, total)
-            base = results.get("copy", (insert, total))
-            print(
-                f"{method:<15} {insert:>9.2f} {rows / insert:>11,.0f} {total:>12.2f} "
-                f"{insert / base[0]:>6.1f}x / {total / base[1]:.1f}x",
-                flush=True,
-            )
-        print(f"load average after: {_load(os.getloadavg())}  (1, 5, 15 minutes)")
-        print("'COPY faster by': insert phase / whole overwrite, each against COPY's")
+        if name == "bare_copy":
+            text_file = folder / "bare_copy.txt"
+            text_file.write_text(copy_text(rows).getvalue())
+            del rows
+            raw = engine.raw_connection()
+            try:
+                cpu0, t0 = _cpu(), time.perf_counter()
+                with text_file.open() as fh, raw.cursor() as cur:
+                    cur.copy_expert(copy_statement(table.name), fh)
+                raw.commit()
+                wall, cpu = time.perf_counter() - t0, _cpu() - cpu0
+            finally:
+                raw.close()
+                text_file.unlink()
+        else:
+            cpu0, t0 = _cpu(), time.perf_counter()
+            with engine.begin() as conn:
+                rows.loc[:, list(SALES_COLUMNS)].to_sql(
+                    table.name, conn, if_exists="append", index=False, chunksize=10_000
+                )
+            wall, cpu = time.perf_counter() - t0, _cpu() - cpu0
     finally:
+        table.drop(engine)
+        engine.dispose()
+    return {"wall_s": wall, "cpu_s": cpu, "peak_mb": _peak_mb()}
+
+
+def _in_child(name: str, shop: str, warehouse: str, folder: Path) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--step",
+        name,
+        "--shop",
+        shop,
+        "--warehouse",
+        warehouse,
+        "--folder",
+        str(folder),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"step {name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _load() -> str:
+    return ", ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+def run_size(server_url: str, rows: int, to_sql_max: int) -> None:
+    import sqlalchemy as sa
+    from sqlalchemy.engine import make_url
+
+    from onceflow.sales.schema import shop_metadata
+
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    names = {k: f"onceflow_bench_{k}_{uuid.uuid4().hex[:8]}" for k in ("shop", "warehouse")}
+    with admin.connect() as conn:
+        for name in names.values():
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    urls = {
+        k: make_url(server_url).set(database=v).render_as_string(hide_password=False)
+        for k, v in names.items()
+    }
+    folder = Path(tempfile.mkdtemp(prefix="onceflow-bench-"))
+    try:
+        shop = sa.create_engine(urls["shop"])
+        shop_metadata.create_all(shop)
+        with shop.begin() as conn:
+            for statement in FILL_SQL.split(";"):
+                if statement.strip():
+                    conn.execute(sa.text(statement), {"n": rows})
+            conn.exec_driver_sql("ANALYZE orders")
+            source = conn.exec_driver_sql("SELECT count(*) FROM orders").scalar_one()
+        shop.dispose()
+        print(f"\n== {rows:,} generated rows ({source:,} source rows with repeats); load average {_load()}")
+        print(f"{'step':<10} {'wall s':>8} {'cpu s':>8} {'peak MB':>8}  note", flush=True)
+        results: dict[str, dict[str, Any]] = {}
+        steps = ["imports", "extract", "clean", "load", "bare_copy"]
+        steps += ["to_sql"] if rows <= to_sql_max else []
+        for name in steps:
+            results[name] = r = _in_child(name, urls["shop"], urls["warehouse"], folder)
+            note = f"{r['rows']:,} rows" if "rows" in r else ""
+            if "staging_mb" in r:
+                note += f", staging folder {r['staging_mb']:.1f} MB"
+            print(
+                f"{name:<10} {r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} {r['peak_mb']:>8.0f}  {note}", flush=True
+            )
+        copy = results["bare_copy"]["wall_s"]
+        ratio = results["load"]["wall_s"] / copy
+        over = [n for n in ("extract", "clean", "load") if results[n]["peak_mb"] >= 600]
+        print(
+            f"load / bare COPY: {ratio:.1f}x wall ({results['load']['cpu_s']:.1f} s CPU of the load process)"
+        )
+        if "to_sql" in results:
+            print(f"to_sql / bare COPY: {results['to_sql']['wall_s'] / copy:.1f}x wall")
+        print(f"steps at or over 600 MB peak RSS: {', '.join(over) or 'none'}; load average after {_load()}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            for name in names.values():
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
-
-
-def _load(avg: tuple[float, float, float]) -> str:
-    return ", ".join(f"{v:.1f}" for v in avg)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=3, help="runs per method; the median is reported")
-    parser.add_argument("--quick", action="store_true", help="100,000 rows, 2 runs per method")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma-separated row counts")
+    parser.add_argument("--rows", type=int, help="one size only (as make bench runs it)")
+    parser.add_argument("--quick", action="store_true", help="100,000 rows only")
+    parser.add_argument("--to-sql-max", type=int, default=1_000_000, help="skip to_sql above this many rows")
     parser.add_argument("--server-url", default="postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument(
-        "--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS)
-    )
+    parser.add_argument("--step", help=argparse.SUPPRESS)
+    parser.add_argument("--shop", help=argparse.SUPPRESS)
+    parser.add_argument("--warehouse", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    rows, repeat = (100_000, 2) if args.quick else (args.rows, args.repeat)
-    unknown = set(args.methods.split(",")) - set(METHODS) - {""}
-    if unknown:
-        sys.exit(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
-    run(args.server_url, rows, tuple(m for m in args.methods.split(",") if m), repeat)
+    if args.step:
+        print(json.dumps(step(args.step, args)))
+        return
+    sizes = (
+        [100_000]
+        if args.quick
+        else [args.rows]
+        if args.rows
+        else [int(s) for s in args.sizes.split(",") if s]
+    )
+    print("daily_sales steps on PostgreSQL, each step in its own process (peak RSS = ru_maxrss)")
+    for rows in sizes:
+        run_size(args.server_url, rows, args.to_sql_max)
 
 
 if __name__ == "__main__":

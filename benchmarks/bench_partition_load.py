@@ -55,7 +55,7 @@ SELECT CASE WHEN i % 20 = 19 THEN 'O' || (i - 1) ELSE 'O' || i END,
        CASE WHEN i % 20 = 19 THEN 'R' || i END,
        'C' || (i % 50000),
        t, t + interval '5 seconds',
-       (((i * 7919) % 90000 + 100)::numeric / 100)::numeric(12, 2)::text,
+       (((i::bigint * 7919) % 90000 + 100)::numeric / 100)::numeric(12, 2)::text,
        (ARRAY['EUR', 'USD', 'GBP', 'SEK'])[1 + i % 4]
 FROM (SELECT i, TIMESTAMP '2024-10-26 22:00:00' + (i::float8 / :n) * interval '25 hours' AS t
       FROM generate_series(0, :n - 1) AS i) s;

@@ -82,3 +82,49 @@ def test_a_row_of_another_day_mid_stream_rolls_the_whole_load_back(sales_db_url:
             processing_version="v",
         )
     assert store.audit(DAY) == first and len(store.partition_rows(DAY)) == 10  # the old partition, whole
+
+
+@pytest.mark.postgres
+def test_the_backend_terminated_between_two_streamed_copies_leaves_the_old_partition(
+    postgres_url: str,
+) -> None:
+    """pg_terminate_backend after the first batch's COPY: the old rows and audit stay, the retry loads."""
+    import sqlalchemy as sa
+
+    engine = make_engine(postgres_url)
+    store = PartitionStore(engine, "daily_sales")
+    store.create_schema()
+    old = store.overwrite(
+        store.acquire_lease(DAY, run_id="r", try_number=1), day_rows(10), processing_version="v"
+    )
+    new = day_rows(2_500)
+    admin = sa.create_engine(postgres_url)
+
+    def batches_then_terminate() -> object:
+        yield new.iloc[:1_000]
+        with admin.connect() as conn:  # the loader is idle in its transaction, its first COPY sent
+            killed = conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND state = 'idle in transaction'"
+                )
+            ).all()
+        assert killed == [(True,)]
+        yield new.iloc[1_000:]
+
+    import psycopg2
+
+    # the raw COPY cursor sees the closed connection (psycopg2's error, or SQLAlchemy's on rollback)
+    with pytest.raises((sa.exc.DBAPIError, psycopg2.Error), match="closed"):
+        store.overwrite(
+            store.acquire_lease(DAY, run_id="r", try_number=2),
+            batches_then_terminate(),
+            processing_version="v",
+        )
+    engine.dispose()  # the pool's dead connection
+    assert store.audit(DAY) == old and len(store.partition_rows(DAY)) == 10
+    retried = store.overwrite(
+        store.acquire_lease(DAY, run_id="r", try_number=3), iter([new]), processing_version="v"
+    )
+    assert retried.row_count == 2_500 and store.partition_checksum(DAY) == retried.checksum
+    admin.dispose()

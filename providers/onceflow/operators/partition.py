@@ -112,8 +112,7 @@ class PartitionOverwriteOperator(BaseOperator):
             return self._execute(context, warehouse, staged, day)
 
     def _execute(self, context: Context, warehouse: Any, staged: Any, day: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
+        from onceflow.compat import AirflowFailException
         from onceflow.hooks.warehouse import WarehouseHook
         from onceflow.sales.fencing import OlderExtractError
 

@@ -33,19 +33,26 @@ DEMO_SPREADSHEET_ID = "onceflow-demo"
 #: each a path on it. With the demo's threshold (:data:`DEMO_SCORE_THRESHOLD`) three publish at
 #: once, one (score 0.90) waits for a reviewer; the Catalan page fails with the reason that no
 #: Apertium pair for it is installed, the PDF with "not HTML"; one cell that is not a URL is
-#: INVALID at the claim.
+#: INVALID at the claim. Those three say so in their ``comment`` cell (:data:`DEMO_COMMENTS`).
 DEMO_ARTICLE_PATHS = (
     "/articles/biblioteca-movil.html",
     "/articles/con-script.html",
     "/articles/titulo-formula.html",
     "/articles/huertos-urbanos.html",
     "/articles/festa-major.html",
-    "/files/notes.pdf",
+    "/notes.pdf",
 )
 #: The demo's publication threshold (the Variable ``onceflow_score_threshold``; 0.7 by default):
 #: high enough that one demo article (0.90) goes to a human review.
 DEMO_SCORE_THRESHOLD = "0.92"
 DEMO_NOT_A_URL = "not a url"
+#: The demo sheet's extra ``comment`` column (the queue ignores columns it does not know): the rows
+#: that end red on purpose, and why, where a demo user looks first.
+DEMO_COMMENTS = {
+    "/articles/festa-major.html": "fails on purpose: a Catalan page, and no Apertium pair for Catalan is installed",
+    "/notes.pdf": "fails on purpose: a PDF, not an HTML page",
+    DEMO_NOT_A_URL: "fails on purpose: not a URL, so the claim marks it INVALID",
+}
 #: Preferred ports of the demo article site and the watchdog's alert receiver.
 SITE_PORT = 8765
 RECEIVER_PORT = 8766
@@ -151,6 +158,10 @@ def environment(
             "spreadsheet_id": DEMO_SPREADSHEET_ID,
         },
     }
+    from onceflow.local_api_guard import ALLOWED_HOSTS_ENV, UI_TIMEZONE_ENV, loopback_hosts
+    from onceflow.sales.config import SalesConfig
+
+    business_tz = SalesConfig.from_env().timezone
     return {
         **os.environ,
         # `airflow standalone` starts its components as `airflow ...` from PATH.
@@ -171,6 +182,13 @@ def environment(
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(api_port),
         "AIRFLOW__API__BASE_URL": f"http://localhost:{api_port}",
+        # all-admins with no login: only this machine's own names may drive the API (DNS
+        # rebinding), and no other site's page may post to it (onceflow.local_api_guard)
+        ALLOWED_HOSTS_ENV: ",".join(loopback_hosts(api_port)),
+        # daily_sales's days start at business midnight: the UI's pickers and run times start in
+        # that zone, and the CLI reads a date without an offset in it (backfill without off-by-one)
+        UI_TIMEZONE_ENV: business_tz,
+        "AIRFLOW__CORE__DEFAULT_TIMEZONE": business_tz,
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
         "AIRFLOW_CONN_ONCEFLOW_SHEETS": json.dumps(sheets_conn),
         "AIRFLOW_CONN_ONCEFLOW_SHOP_DB": _sqlite_conn(cfg.data / "shop.db"),
@@ -190,6 +208,8 @@ def environment(
             }
         ),
         "AIRFLOW_VAR_ONCEFLOW_SCORE_THRESHOLD": DEMO_SCORE_THRESHOLD,
+        # sales_dashboard draws here; the demo site serves it under /dashboard/
+        "ONCEFLOW_DASHBOARD_DIR": str(cfg.data / "dashboard"),
         "AIRFLOW_CONN_ONCEFLOW_FETCH": json.dumps(
             {"conn_type": "generic", "extra": {"allow": [f"127.0.0.1:{site_port}"]}}
         ),
@@ -200,15 +220,26 @@ def _airflow(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, "-m", "airflow", *args], env=env, check=True, stdout=subprocess.DEVNULL)
 
 
+def _write_local_settings(cfg: LocalRunConfig) -> None:
+    """``airflow_local_settings.py`` of this home: the log servers listen on 127.0.0.1 only."""
+    from onceflow.loopback_logs import LOCAL_SETTINGS
+
+    config = cfg.airflow_home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
+
+
 def _demo_sheet(path: Path, site_port: int) -> Path:
     from onceflow.sheets.model import REQUIRED_COLUMNS
     from onceflow.sheets.protocol import AUDIT_HEADER
 
-    rows = [list(REQUIRED_COLUMNS)]
-    rows += [
-        [url if c == "url" else "NEW" if c == "status" else "" for c in REQUIRED_COLUMNS]
-        for url in demo_urls(site_port)
-    ]
+    header = [*REQUIRED_COLUMNS, "comment"]
+    paths = [*DEMO_ARTICLE_PATHS, DEMO_NOT_A_URL]
+    cells = {"status": "NEW"}
+    rows = [header]
+    for url, demo_path in zip(demo_urls(site_port), paths, strict=True):
+        row = {**cells, "url": url, "comment": DEMO_COMMENTS.get(demo_path, "")}
+        rows.append([row.get(c, "") for c in header])
     path.write_text(
         json.dumps(
             {
@@ -351,6 +382,7 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
     env[RUN_MARKER] = marker
 
     print(f"onceflow: preparing {cfg.home} (metadata DB, pools, demo data)", flush=True)
+    _write_local_settings(cfg)
     _airflow(env, "db", "migrate")
     pools_file = cfg.airflow_home / "onceflow_pools.json"
     pools_file.write_text(pools_import_json())
@@ -404,6 +436,7 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
                 )
             )
         (cfg.data / "published").mkdir(exist_ok=True)
+        (cfg.data / "dashboard").mkdir(exist_ok=True)
         with (logs / "article-site.log").open("ab") as log:
             children.append(
                 subprocess.Popen(
@@ -415,6 +448,8 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
                         str(site_port),
                         "--published-dir",
                         str(cfg.data / "published"),
+                        "--dashboard-dir",
+                        str(cfg.data / "dashboard"),
                     ],
                     env={**os.environ, RUN_MARKER: marker},
                     stdout=log,
@@ -522,61 +557,74 @@ def _stop(children: list[subprocess.Popen[bytes]], marker: str) -> None:
 
 def _topology(cfg: LocalRunConfig) -> str:
     if cfg.executor == "celery":
-        from sqlalchemy.engine import make_url
+        from onceflow.redact import redact_url
 
-        # the password stays out of the banner (it lands in terminals and CI logs)
-        db = make_url(cfg.database_url or "").render_as_string(hide_password=True)
+        # passwords stay out of the banner (it lands in terminals and CI logs): the user-info's
+        # and a ?password=... in the query
+        db = redact_url(cfg.database_url or "")
         return f"PostgreSQL metadata DB {db}; CeleryExecutor: 2 schedulers, 2 workers on Redis"
     return "SQLite metadata DB, LocalExecutor"
 
 
 def _banner(cfg: LocalRunConfig, ui: str, emulator_port: int, site_port: int) -> str:
+    from onceflow.sales.config import SalesConfig
+
     airflow_home = cfg.airflow_home
-    last = dt.date.today() - dt.timedelta(days=1)
-    first = last - dt.timedelta(days=cfg.demo_days - 1)
+    tz = SalesConfig.from_env().timezone
+    # yesterday is loaded by the scheduled run: a backfill over it would make one run fewer
+    last = dt.date.today() - dt.timedelta(days=2)
+    first = dt.date.today() - dt.timedelta(days=cfg.demo_days)
+    sheet = f"http://127.0.0.1:{emulator_port}/view/{DEMO_SPREADSHEET_ID}"
+    site = f"http://127.0.0.1:{site_port}"
     return f"""
 onceflow is running on embedded defaults.
 
-  Airflow UI        {ui}   (no login: every user is admin locally)
+  Airflow UI        {ui}   (no login: every user is admin, so only this machine's own names are
+                    answered and other sites' pages cannot post to it; times in {tz})
   Operations view   {ui.rstrip("/")}/onceflow-ops/   (in the UI: Browse -> onceflow operations)
+  The demo sheet    {sheet}   (read-only view, refreshes itself)
+  Published pages   {site}/published/
+  Sales dashboard   {site}/dashboard/   (drawn after each daily_sales load)
   DAGs folder       {cfg.dags_folder}
   AIRFLOW_HOME      {cfg.airflow_home}   ({_topology(cfg)})
-  Sheets emulator   http://127.0.0.1:{emulator_port}/  spreadsheet {DEMO_SPREADSHEET_ID!r}, state {cfg.data / "sheets-state.json"}
   Shop / warehouse  {cfg.data / "shop.db"} / {cfg.data / "warehouse.db"}  ({cfg.demo_days} days of demo orders)
   Logs              {cfg.home / "logs"}
 
 What runs now, with no step of yours: every DAG starts unpaused in a fresh home. sheet_claim's
 first run starts as soon as the DAGs are parsed (a minute or two): it claims the demo sheet's
-article rows (the "not a url" row becomes INVALID with its reason) and starts one article_pipeline
-run per row: fetch from the demo site, extract, translate with Apertium (Spanish to English),
-score, polish with the sheet's glossary tab, publish, write DONE, the score and the link back to
-the row. One article scores 0.90, under the demo's threshold {DEMO_SCORE_THRESHOLD} (Variable
-onceflow_score_threshold), and waits for a reviewer (row NEEDS_REVIEW): approve or reject it in
-the UI (the run's `review` task, or Browse -> Required Actions). The Catalan page ends FAILED
-(no Apertium pair for Catalan is installed) and the PDF row FAILED (not HTML), each with its
-reason on the row. daily_sales loads the latest day of orders; sales_dashboard redraws after
-each load; sheet_reconcile repairs orphaned claims; heartbeat beats every minute.
+article rows and starts one article_pipeline run per row (the run's note names the row's URL):
+fetch from the demo site, extract, translate with Apertium (Spanish to English), score, polish
+with the sheet's glossary tab, publish, write DONE, the score and the link back to the row. One
+article scores 0.90, under the demo's threshold {DEMO_SCORE_THRESHOLD} (Variable onceflow_score_threshold),
+and waits for a reviewer (row NEEDS_REVIEW): Browse -> Required Actions, or the run's `review`
+task; Approve needs no note, a rejection's note goes on the row.
 
-  Article site      http://127.0.0.1:{site_port}/   (the demo pages; published pages under /published/)
-  Published pages   {cfg.data / "published"}
+Red on purpose (each says so in the sheet's comment column): the article_pipeline runs of
+festa-major.html (Catalan: no Apertium pair for it is installed) and notes.pdf (a PDF, not HTML)
+fail with their reason on the row, and the "not a url" row becomes INVALID at the claim.
+daily_sales loads the latest day of orders; sales_dashboard redraws after each load;
+sheet_reconcile repairs orphaned claims; heartbeat beats every minute.
+
+  Article site      {site}/   (the demo pages)
   Watchdog          log {cfg.home / "onceflow" / "watchdog.log"}, config {cfg.home / "onceflow" / "watchdog.toml"}
   Watchdog alerts   {cfg.home / "onceflow" / "alerts.jsonl"}   (what its webhook receiver got)
 
-See the sheet:
-  curl -s http://127.0.0.1:{emulator_port}/v4/spreadsheets/{DEMO_SPREADSHEET_ID}/values/queue
 Add a row (any page of the demo site, or your own allowed URL) and sheet_claim takes it within
 a minute:
   curl -s -X POST -H 'Content-Type: application/json' \\
       'http://127.0.0.1:{emulator_port}/v4/spreadsheets/{DEMO_SPREADSHEET_ID}/values/queue!A1:append?valueInputOption=RAW' \\
-      -d '{{"values": [["http://127.0.0.1:{site_port}/articles/biblioteca-movil.html", "NEW"]]}}'
+      -d '{{"values": [["{site}/articles/biblioteca-movil.html", "NEW"]]}}'
 
 A DAG shown as paused (you paused it, or this home was made before DAGs started unpaused) stays
 paused across restarts; unpause it with, e.g.:
   AIRFLOW_HOME={airflow_home} .venv/bin/airflow dags unpause sheet_claim
 
-Load the demo days into the warehouse (the offset keeps the first Amsterdam day):
+Load the earlier demo days (the scheduled run loads yesterday): in the UI, daily_sales ->
+Trigger -> Backfill, from {first} 00:00 to {last} 00:00 (the UI is in {tz}, as the sales days
+are; both days included: one run per day), or:
   AIRFLOW_HOME={airflow_home} .venv/bin/airflow backfill create --dag-id daily_sales \\
-      --from-date {first}T00:00:00+01:00 --to-date {last}T00:00:00+01:00
+      --from-date {first} --to-date {last}
+Backfilled days record no missed deadline: their 07:00 passed before they ran.
 
 Ctrl-C stops everything.
 """

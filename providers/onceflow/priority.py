@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.plugins_manager import AirflowPlugin
 from airflow.task.priority_strategy import PriorityWeightStrategy
 
+from onceflow.local_api_guard import LocalRunGuard
 from onceflow.notifications.deadline_reference import BusinessTimeDeadline
 
 if TYPE_CHECKING:
@@ -164,9 +165,12 @@ class OnceflowPriorityPlugin(AirflowPlugin):
 
     :class:`RecentFirstWeightStrategy` (and its former name) as ``weight_rule`` values, and
     :class:`~onceflow.notifications.deadline_reference.BusinessTimeDeadline` as a deadline
-    reference (the scheduler refuses to evaluate an unregistered one).
+    reference (the scheduler refuses to evaluate an unregistered one), and
+    :class:`~onceflow.local_api_guard.LocalRunGuard` in front of the api-server (inert unless
+    ``onceflow up`` configured it).
     """
 
     name = "onceflow_priority"
     priority_weight_strategies = [RecentFirstWeightStrategy, NightlyFirstWeightStrategy]
     deadline_references = [BusinessTimeDeadline]
+    fastapi_root_middlewares = [{"name": "onceflow_local_run_guard", "middleware": LocalRunGuard}]

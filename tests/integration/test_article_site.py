@@ -209,3 +209,37 @@ def test_the_fetch_hook_names_bad_extras(monkeypatch: pytest.MonkeyPatch) -> Non
     message = str(caught.value)
     assert message.startswith("connection 'fetch_bad_t': bad onceflow_fetch extras:")
     assert "unknown key 'timeout'" in message and "bad port 'notaport'" in message
+
+
+def test_the_published_root_lists_pages_by_title_newest_first(tmp_path: Path) -> None:
+    import os
+
+    published = tmp_path / "published"
+    (published / "es" / "a").mkdir(parents=True)
+    (published / "es" / "b").mkdir(parents=True)
+    (published / "es" / "a" / "index.html").write_text(
+        "<title>Biblioteca m&oacute;vil</title>", encoding="utf-8"
+    )
+    (published / "es" / "b" / "index.html").write_text(
+        "<title><script>x</script>Huertos</title>", encoding="utf-8"
+    )
+    os.utime(published / "es" / "a" / "index.html", (1, 1))
+    with serve(published_dir=published) as site:
+        status, kind, body = _get(site, "/published/")
+    page = body.decode()
+    assert status == 200 and kind.startswith("text/html")
+    assert page.index("Huertos") < page.index("Biblioteca móvil")  # newest first
+    assert '<a href="/published/es/a/index.html">Biblioteca móvil</a>' in page
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_the_dashboard_folder_is_served_under_dashboard(tmp_path: Path) -> None:
+    dashboard = tmp_path / "dashboard"
+    dashboard.mkdir()
+    (dashboard / "index.html").write_text("<h1>Sales</h1>", encoding="utf-8")
+    (tmp_path / "secret.txt").write_text("no")
+    with serve(dashboard_dir=dashboard) as site:
+        assert _get(site, "/dashboard/")[2] == b"<h1>Sales</h1>"
+        assert _get(site, "/dashboard/../secret.txt")[0] == 404
+    with serve() as site:
+        assert _get(site, "/dashboard/")[0] == 404  # no folder given: nothing served

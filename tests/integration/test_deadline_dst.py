@@ -129,3 +129,72 @@ def test_a_manual_run_asked_for_after_its_days_due_time_gets_no_deadline(airflow
 
     assert loaded == dt.date(2024, 3, 29)
     assert deadline is None
+
+
+def _scheduled_or_backfill_deadline(
+    dag_id: str, day: dt.date, run_type: str, deployed_at: dt.datetime | None
+) -> Any:
+    """A run of ``day`` as the scheduler or a backfill creates it, in a DAG first parsed at
+    ``deployed_at`` (its first DAG version); its deadline evaluated as the scheduler does."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dag_version import DagVersion
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.models.dagrun import DagRun
+    from airflow.serialization.decoders import decode_deadline_reference
+    from airflow.serialization.encoders import encode_deadline_reference
+    from airflow.utils.session import create_session
+    from airflow.utils.types import DagRunType
+
+    from onceflow.notifications.deadline import daily_load_deadline
+
+    alert = daily_load_deadline(business_timezone=TZ)
+    start, end = local_midnight(day), local_midnight(day + dt.timedelta(days=1))
+    run_id = f"{run_type}__{start.isoformat()}"
+    with create_session() as session:
+        if deployed_at is not None:
+            session.merge(DagBundleModel(name="deadline-probes"))
+            session.flush()
+            session.add(DagModel(dag_id=dag_id, bundle_name="deadline-probes"))
+            session.flush()
+            session.add(DagVersion(dag_id=dag_id, version_number=1, created_at=deployed_at))
+        session.add(
+            DagRun(
+                dag_id=dag_id,
+                run_id=run_id,
+                logical_date=start,
+                data_interval=(start, end),
+                run_after=end,
+                run_type=DagRunType(run_type),
+            )
+        )
+        session.flush()
+        reference = decode_deadline_reference(encode_deadline_reference(alert.reference))
+        deadline = reference.evaluate_with(
+            session=session, interval=alert.interval, dag_id=dag_id, run_id=run_id
+        )
+        session.rollback()
+    return deadline
+
+
+def test_a_backfill_run_gets_no_deadline(airflow_db: object) -> None:
+    """Each backfilled day's 07:00 passed before it ran: a "Missed" row per day would be noise."""
+    assert (
+        _scheduled_or_backfill_deadline("deadline_backfill_probe", dt.date(2024, 3, 29), "backfill", None)
+        is None
+    )
+
+
+def test_a_day_due_before_the_dag_was_first_deployed_gets_no_deadline(airflow_db: object) -> None:
+    """A fresh deployment at 09:00 on 2 April: its first scheduled run loads 1 April, due 07:00
+    that morning, before the DAG existed. The next day's run keeps its deadline."""
+    deployed = dt.datetime(2024, 4, 2, 9, tzinfo=ZoneInfo(TZ)).astimezone(dt.timezone.utc)
+    before = _scheduled_or_backfill_deadline(
+        "deadline_deploy_probe", dt.date(2024, 4, 1), "scheduled", deployed
+    )
+    after = _scheduled_or_backfill_deadline(
+        "deadline_deploy_probe", dt.date(2024, 4, 2), "scheduled", deployed
+    )
+
+    assert before is None
+    assert after is not None
+    assert after.astimezone(ZoneInfo(TZ)) == dt.datetime(2024, 4, 3, 7, tzinfo=ZoneInfo(TZ))

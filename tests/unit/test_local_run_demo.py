@@ -86,3 +86,67 @@ def test_the_celery_banner_names_the_metadata_database_without_its_password(tmp_
     assert "postgresql+psycopg2://airflow:***@db.example:5432/airflow" in banner
     assert "s3cret" not in banner
     assert "SQLite" not in banner
+
+
+def test_the_banner_hides_a_password_in_the_database_url_query(tmp_path: Path) -> None:
+    cfg = LocalRunConfig(
+        home=tmp_path,
+        dags_folder=tmp_path / "dags",
+        plugins_folder=tmp_path / "plugins",
+        port=8080,
+        demo_days=3,
+        executor="celery",
+        database_url="postgresql+psycopg2://airflow@db.example/airflow?password=QUERY-S3CRET&sslmode=require",
+    )
+    banner = local_run._banner(cfg, "http://127.0.0.1:8080", 8081, 8765)
+    assert "QUERY-S3CRET" not in banner
+    assert "db.example" in banner and "sslmode=require" in banner
+
+
+def test_every_demo_row_names_a_page_the_demo_site_serves() -> None:
+    from onceflow.testing.article_site.catalog import ARTICLES, FILES
+
+    for path in local_run.DEMO_ARTICLE_PATHS:
+        assert path in ARTICLES or path in FILES, f"the demo site does not serve {path}"
+
+
+def _seeded_rows(tmp_path: Path) -> list[dict[str, str]]:
+    import json
+
+    seed = json.loads(local_run._demo_sheet(tmp_path / "sheet.json", 8765).read_text())
+    header, *rows = seed["sheets"]["queue"]
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+def test_the_rows_that_fail_on_purpose_say_so_in_the_sheet_and_the_banner(tmp_path: Path) -> None:
+    rows = _seeded_rows(tmp_path)
+    on_purpose = {r["url"].rsplit("/", 1)[-1]: r["comment"] for r in rows if r["comment"]}
+    assert set(on_purpose) == {"festa-major.html", "notes.pdf", "not a url"}
+    assert all(c.startswith("fails on purpose") for c in on_purpose.values())
+    assert "Catalan" in on_purpose["festa-major.html"] and "PDF" in on_purpose["notes.pdf"]
+    banner = local_run._banner(_config(tmp_path), "http://localhost:8080", 8081, 8765)
+    assert "red on purpose" in banner.lower() and "festa-major" in banner and "notes.pdf" in banner
+
+
+def test_the_deployed_demo_sheet_asks_for_the_same_paths() -> None:
+    import json
+    from pathlib import Path as _Path
+
+    deployed = json.loads((_Path(__file__).parents[2] / "deploy" / "demo-sheet.json").read_text())
+    header, *rows = deployed["sheets"]["queue"]
+    urls = [dict(zip(header, r, strict=True))["url"] for r in rows]
+    assert [u.split(":8765", 1)[-1] for u in urls if "://" in u] == list(local_run.DEMO_ARTICLE_PATHS)
+
+
+def test_the_local_run_environment_guards_the_api_and_uses_the_business_timezone(tmp_path: Path) -> None:
+    env = local_run.environment(_config(tmp_path), api_port=8080, emulator_port=8090)
+    assert env["ONCEFLOW_API_ALLOWED_HOSTS"].split(",") == ["localhost:8080", "127.0.0.1:8080", "[::1]:8080"]
+    assert env["ONCEFLOW_UI_DEFAULT_TIMEZONE"] == env["AIRFLOW__CORE__DEFAULT_TIMEZONE"] == "Europe/Amsterdam"
+    assert env["AIRFLOW__API__HOST"] == "127.0.0.1"
+
+
+def test_the_local_settings_bind_the_log_servers_to_loopback(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    local_run._write_local_settings(cfg)
+    text = (cfg.airflow_home / "config" / "airflow_local_settings.py").read_text()
+    assert "bind_log_servers_to_loopback()" in text

@@ -220,6 +220,7 @@ def polish(run: StepRun, store: Any, glossary: Any) -> dict[str, Any]:
     return {
         **store_json(store, run, POLISH, out),
         "value": float(again.value),
+        "parts": dict(again.parts),
         "reasons": list(again.reasons),
     }
 
@@ -244,13 +245,9 @@ def publish(run: StepRun, store: Any, publisher: Any) -> dict[str, Any]:
     """Render the page and publish it create-only at the article's deterministic path."""
     from onceflow.articles.page import render_page, sanitize
     from onceflow.articles.publish import publish_path
-    from onceflow.articles.translate.apertium import strip_markers
 
     doc, value, _ = final_translation(run, store)
-    # the unknown-word markers were signals for the score and the reviewer, not for readers
-    text = strip_markers(doc["text"]) if doc.get("backend") == "apertium" else doc["text"]
-    title = doc.get("title") or ""
-    title = strip_markers(title) if doc.get("backend") == "apertium" else title
+    text, title = reader_text(doc)
     fetched = run.result(FETCH)
     source_url = fetched.get("final_url") or fetched["url"]
     attribution = (
@@ -279,8 +276,12 @@ def publish(run: StepRun, store: Any, publisher: Any) -> dict[str, Any]:
     }
 
 
-def write_back(run: StepRun, queue: Any) -> dict[str, Any]:
-    """DONE, score and link on the row found by its claim token, in one request."""
+def write_back(run: StepRun, queue: Any, approved_by: str | None = None) -> dict[str, Any]:
+    """DONE, score and link on the row found by its claim token, in one request.
+
+    :param approved_by: the reviewer who approved it, when it went through review: the row's
+        reason then says so (instead of still reading why it needed review).
+    """
     from onceflow.articles.writeback import write_done
 
     published = run.result(PUBLISH)
@@ -292,6 +293,7 @@ def write_back(run: StepRun, queue: Any) -> dict[str, Any]:
         published_url=published["url"],
         run_id=run.run_id,
         row_key=run.row_key,
+        reason=f"approved in review by {approved_by}" if approved_by else None,
     )
     if not written:
         # the final write removes the row's anchor, so a repeat after a crash before the ledger
@@ -321,26 +323,66 @@ def markdown_text(text: str) -> str:
     return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", text)
 
 
+def reader_text(doc: dict[str, Any]) -> tuple[str, str]:
+    """``(text, title)`` as a reader sees them: Apertium's unknown-word markers were signals for
+    the score and the reviewer, not for readers (the published page and the review show this)."""
+    from onceflow.articles.translate.apertium import strip_markers
+
+    text, title = doc["text"], doc.get("title") or ""
+    if doc.get("backend") == "apertium":
+        return strip_markers(text), strip_markers(title)
+    return text, title
+
+
+#: How the review names the score's parts (:data:`onceflow.articles.score.WEIGHTS`).
+PART_NAMES = {
+    "known_words": "words the translator knew",
+    "target_language": "confidence the text is in the target language",
+    "length": "length against the source",
+    "translated_sentences": "sentences translated (not left in the source language)",
+}
+
+
+def why_below(reasons: list[str], parts: dict[str, float] | None) -> list[str]:
+    """Why a score is under the publication threshold, one line each: the scorer's reasons, then
+    each imperfect part with its value, weakest first (a part under 1.00 is what pulled the score
+    down, even when none is under the scorer's own 0.75 and so has a reason of its own)."""
+    lines = list(reasons)
+    for name, value in sorted((parts or {}).items(), key=lambda kv: (kv[1], kv[0])):
+        if value < 1.0:
+            lines.append(f"{PART_NAMES.get(name, name)}: {value:.2f} of 1.00")
+    return lines or ["every part of the score is at 1.00"]
+
+
 def review_markdown(
-    doc: dict[str, Any], value: float, reasons: list[str], source_url: str, threshold: float
+    doc: dict[str, Any],
+    value: float,
+    reasons: list[str],
+    source_url: str,
+    threshold: float,
+    parts: dict[str, float] | None = None,
 ) -> str:
-    """What the reviewer sees (Markdown): score and why, the source link, the translated text.
+    """What the reviewer sees (Markdown): score and why, the source link, the text as readers will
+    see it (Apertium's ``*unknown`` markers removed; the unknown words are named in the reasons).
 
     Everything from the fetched page (title, text, the reasons quoting it) is escaped with
     :func:`markdown_text`; only the layout here is Markdown.
     """
-    text = doc["text"]
+    text, title = reader_text(doc)
     shown = text if len(text) <= REVIEW_TEXT_CHARS else text[:REVIEW_TEXT_CHARS]
     more = "\n\n*[... truncated]*" if len(text) > REVIEW_TEXT_CHARS else ""
-    why = "\n".join(f"- {markdown_text(r)}" for r in reasons) or "- (no reasons given)"
+    why = "\n".join(f"- {markdown_text(r)}" for r in why_below(reasons, parts))
     # an autolink keeps the source clickable; the fetch only follows http(s), and a URL with
     # spaces or angle brackets (which could close the autolink) is shown as text instead
     source = f"<{source_url}>" if _AUTOLINK.fullmatch(source_url) else markdown_text(source_url)
     return (
-        f"**Score {value:.2f}** (threshold {threshold:.2f}) after the glossary pass.\n\n{why}\n\n"
+        f"**Score {value:.2f}** (threshold {threshold:.2f}) after the glossary pass. "
+        f"Why it is below:\n\n{why}\n\n"
         f"**Source:** {source}\n\n"
-        f"**Title:** {markdown_text(doc.get('title') or '')}\n\n---\n\n{markdown_text(shown)}{more}\n\n---\n\n"
-        "Approve to publish this translation; Reject (with a note) marks the row REJECTED."
+        f"**Title:** {markdown_text(title)}\n\n**The text as readers will see it:**\n\n---\n\n"
+        f"{markdown_text(shown)}{more}\n\n---\n\n"
+        "Approve to publish this translation (no note needed); Reject marks the row REJECTED with "
+        "your note as its reason."
     )
 
 
@@ -348,4 +390,14 @@ def review_body(run: StepRun, store: Any, threshold: float) -> str:
     """:func:`review_markdown` of this run's final translation and fetched page."""
     doc, value, reasons = final_translation(run, store)
     fetched = run.result(FETCH)
-    return review_markdown(doc, value, reasons, fetched.get("final_url") or fetched["url"], threshold)
+    return review_markdown(
+        doc, value, reasons, fetched.get("final_url") or fetched["url"], threshold, final_parts(run)
+    )
+
+
+def final_parts(run: StepRun) -> dict[str, float]:
+    """The parts of the final score (polish's when it ran in this run, else score's)."""
+    polished = run.result(POLISH, required=False)
+    if polished:
+        return dict(polished.get("parts") or {})
+    return dict(run.result(SCORE).get("parts") or {})

@@ -64,8 +64,11 @@ def write_done(
     published_url: str,
     run_id: str,
     row_key: str | None = None,
+    reason: str | None = None,
 ) -> bool:
     """The row of ``token``: score, link and run id, then DONE with its anchor removed.
+
+    :param reason: replaces the row's reason (after a review: who approved it).
 
     From PROCESSING, or from NEEDS_REVIEW after a reviewer approved: both fenced moves ride in the
     one ``batchUpdate``, and the row carries one status, so at most one applies.
@@ -79,6 +82,8 @@ def write_done(
     from onceflow.sheets.validation import judge_url
 
     fields = {"score": format_score(score), "published_url": published_url, "run_id": run_id}
+    if reason:
+        fields["reason"] = _reason(reason, "reason")
     same = None if row_key is None else (lambda row: judge_url(row).key == row_key)
     return queue.finish(token, Status.DONE, fields, old=(Status.PROCESSING, Status.NEEDS_REVIEW), same=same)
 

@@ -5,8 +5,10 @@ Airflow's built-in references add a fixed ``timedelta`` in UTC to an instant, so
 autumn one. :class:`BusinessTimeDeadline` computes the local due time itself, when the scheduler
 creates the run: the data day D is the business-local date of the start of the run's data
 interval (the day it loads; for a scheduled run also its logical date), the deadline is ``due``
-on D+``days_after`` in that zone. A manual run asked for after that time gets none
-(:meth:`BusinessTimeDeadline.due_for_run`).
+on D+``days_after`` in that zone. A manual run asked for after that time gets none, and so do a
+backfill's runs and the days whose due time passed before the DAG was first deployed
+(:meth:`BusinessTimeDeadline.due_for_run`): none of them could have been on time, and a
+"Missed" row for each in the UI's Deadlines view would bury the real ones.
 Use it with ``interval=timedelta(0)``.
 
 Airflow 3.3 evaluates a custom reference only when a plugin lists it in ``deadline_references``
@@ -98,6 +100,7 @@ class BusinessTimeDeadline(BaseDeadlineReference):
         data_interval_start: dt.datetime | None = None,
         run_type: str | None = None,
         run_after: dt.datetime | None = None,
+        deployed_at: dt.datetime | None = None,
     ) -> dt.datetime | None:
         """The deadline of one run, or None for no deadline.
 
@@ -108,17 +111,24 @@ class BusinessTimeDeadline(BaseDeadlineReference):
         that day's due time gets no deadline: it re-loads a day whose deadline is over, and an
         alert at creation would only be noise (the scheduled run of that day had its own). A
         scheduled run created late keeps its deadline: the day really is late.
+
+        A **backfill** run gets none: it re-loads a day whose 07:00 has passed, by design. Nor does
+        a day whose due time is before ``deployed_at`` (when the DAG was first parsed, its first
+        DAG version): the first scheduled run of a fresh deployment after 07:00 loads yesterday,
+        which no version of this DAG was there to load on time. After deployment a late scheduled
+        run keeps its deadline (a scheduler that was down all night is the case it exists for).
         """
         start = data_interval_start or logical_date
         if start is None:
             return None
         due = self.due_for(start)
         kind = str(getattr(run_type, "value", run_type)) if run_type is not None else None
-        if kind == "manual" and run_after is not None:
-            if run_after.tzinfo is None:
-                run_after = run_after.replace(tzinfo=dt.timezone.utc)  # the metadata DB is UTC
-            if run_after >= due:
-                return None
+        if kind == "backfill":
+            return None
+        if deployed_at is not None and due <= _utc(deployed_at):
+            return None
+        if kind == "manual" and run_after is not None and _utc(run_after) >= due:
+            return None
         return due
 
     def _evaluate_with(self, *, session: Session, **kwargs: Any) -> dt.datetime | None:
@@ -140,4 +150,17 @@ class BusinessTimeDeadline(BaseDeadlineReference):
             data_interval_start=getattr(run, "data_interval_start", None),
             run_type=getattr(run, "run_type", None),
             run_after=getattr(run, "run_after", None),
+            deployed_at=first_deployed(session, str(kwargs.get("dag_id") or getattr(run, "dag_id", ""))),
         )
+
+
+def first_deployed(session: Session, dag_id: str) -> dt.datetime | None:
+    """When ``dag_id`` was first parsed into this metadata DB (its oldest DAG version), or None."""
+    from airflow.models.dag_version import DagVersion
+    from sqlalchemy import func, select
+
+    return session.scalar(select(func.min(DagVersion.created_at)).where(DagVersion.dag_id == dag_id))
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)  # DB is UTC

@@ -151,7 +151,18 @@ class WriteBackOperator(ArticleStepOperator):
     def work(self, run: StepRun, context: Context) -> dict[str, Any]:
         from onceflow.articles import chain
 
-        return chain.write_back(run, claimed_queue(run.conf))
+        # the review's answer (None when the score passed and nobody was asked)
+        review = context["ti"].xcom_pull(task_ids="review")
+        return chain.write_back(run, claimed_queue(run.conf), approved_by=responder_name(review))
+
+
+def responder_name(answer: Any) -> str | None:
+    """Who answered a HITL request, from its payload (``responded_by_user``), or None."""
+    if not isinstance(answer, dict):
+        return None
+    user = answer.get("responded_by_user")
+    name = user.get("name") if isinstance(user, dict) else getattr(user, "name", None)
+    return str(name).strip() or None if name else None
 
 
 def _run_view(op: BaseOperator, context: Context, ledger_conn_id: str, lane: str) -> StepRun:
@@ -222,8 +233,10 @@ class MarkNeedsReviewOperator(BaseOperator):
         from onceflow.articles.writeback import write_needs_review
 
         run = _run_view(self, context, self.ledger_conn_id, self.lane)
+        from onceflow.articles.chain import final_parts, why_below
+
         polished = run.result("polish")
-        reasons = "; ".join(polished.get("reasons") or []) or "no reasons given"
+        reasons = "; ".join(why_below(list(polished.get("reasons") or []), final_parts(run)))
         reason = (
             f"score {float(polished['value']):.2f} below {float(self.threshold):.2f} after polish: {reasons}"
         )
@@ -256,8 +269,17 @@ class ArticleReviewOperator(ApprovalOperator):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("subject", "Review a machine translation before it is published")
+        # optional: Approve needs no note. Airflow's form requires every param whose type does not
+        # allow null (it greyed out both buttons until something was typed).
         kwargs.setdefault(
-            "params", {"note": Param("", type="string", description="why (shown on the row when rejected)")}
+            "params",
+            {
+                "note": Param(
+                    None,
+                    type=["null", "string"],
+                    description="Only for Reject: why (it becomes the row's reason). Approve needs none.",
+                )
+            },
         )
         kwargs.setdefault("ignore_downstream_trigger_rules", True)
         super().__init__(**kwargs)
@@ -283,8 +305,7 @@ class ArticleReviewOperator(ApprovalOperator):
                 str((event.get("params_input") or {}).get("note") or "").strip() or "rejected by the reviewer"
             )
             value = float(run.result("polish")["value"])
-            user = event.get("responded_by_user")
-            who = str(user.get("name", "") if isinstance(user, dict) else getattr(user, "name", "") or "")
+            who = responder_name(event) or ""
             write_rejected(
                 claimed_queue(run.conf),
                 str(run.conf["claim_token"]),

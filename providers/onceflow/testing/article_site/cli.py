@@ -1,4 +1,4 @@
-"""Command line: ``python -m onceflow.testing.article_site --port 8765 [--published-dir DIR]``."""
+"""Command line: ``python -m onceflow.testing.article_site --port 8765 [--published-dir DIR] [--dashboard-dir DIR]``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"TCP port, 0 for any free port (default {DEFAULT_PORT})",
     )
     parser.add_argument("--published-dir", default=None, help="directory served under /published/")
+    parser.add_argument("--dashboard-dir", default=None, help="directory served under /dashboard/")
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return parser
 
@@ -34,7 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     :return: process exit code.
     """
     args = build_parser().parse_args(argv)
-    site = ArticleSite(args.host, args.port, published_dir=args.published_dir, verbose=args.verbose)
+    site = ArticleSite(
+        args.host,
+        args.port,
+        published_dir=args.published_dir,
+        dashboard_dir=args.dashboard_dir,
+        verbose=args.verbose,
+    )
     print(f"article site: {site.base_url}/", flush=True)
     serve_until_signalled(site.serve_forever, site.stop)
     return 0

@@ -14,7 +14,9 @@ Routes (GET and HEAD):
 - ``/huge``: 50 MB of HTML generated while it is sent (``?bytes=N``; ``?declare=1`` sends a
   ``Content-Length``); ``/slow``: HTML headers, then one byte per second forever
   (``?interval=s``); ``/slow-headers``: the same inside a header line that never ends.
-- ``/published/<path>``: files under ``published_dir`` and nothing outside it.
+- ``/published/<path>``: files under ``published_dir`` and nothing outside it; ``/published/``
+  itself lists the published pages by title (:mod:`.published_index`).
+- ``/dashboard/<path>``: files under ``dashboard_dir`` (``make run`` serves the sales dashboard).
 
 Every accepted TCP connection is counted and every request is logged (:attr:`ArticleSite.log`):
 tests use them to prove that a refused fetch never reached the server.
@@ -37,6 +39,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from onceflow.testing.article_site.catalog import ARTICLES, FILES, Entry
+from onceflow.testing.article_site.published_index import published_index
 
 HUGE_BYTES = 50 * 1024 * 1024
 PRIVATE_REDIRECT = "http://10.0.0.1/"
@@ -77,6 +80,7 @@ class ArticleSite:
     """The demo article site on ``host:port`` (port 0 picks a free one). Start it with :func:`serve`.
 
     :param published_dir: directory whose files are served under ``/published/``.
+    :param dashboard_dir: directory whose files are served under ``/dashboard/``.
     :param verbose: log requests to stderr.
     :param tls: a server-side TLS context: serve ``https`` (tests of SNI and certificate checks).
     """
@@ -88,8 +92,10 @@ class ArticleSite:
         published_dir: str | Path | None = None,
         verbose: bool = False,
         tls: ssl.SSLContext | None = None,
+        dashboard_dir: str | Path | None = None,
     ) -> None:
         self.published_dir = Path(published_dir).resolve() if published_dir is not None else None
+        self.dashboard_dir = Path(dashboard_dir).resolve() if dashboard_dir is not None else None
         self.verbose = verbose
         self.log: list[Access] = []
         self.connections = 0
@@ -194,9 +200,13 @@ def serve(
     published_dir: str | Path | None = None,
     verbose: bool = False,
     tls: ssl.SSLContext | None = None,
+    dashboard_dir: str | Path | None = None,
 ) -> ArticleSite:
     """Start the demo site in a background thread; use it as a context manager to stop it."""
-    return ArticleSite(host, port, published_dir=published_dir, verbose=verbose, tls=tls).start()
+    site = ArticleSite(
+        host, port, published_dir=published_dir, verbose=verbose, tls=tls, dashboard_dir=dashboard_dir
+    )
+    return site.start()
 
 
 def page_bytes(entry: Entry) -> bytes:
@@ -254,7 +264,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/slow-headers":
             self._slow_headers(float(query.get("interval", "1")), site)
         elif path == "/published" or path.startswith("/published/"):
-            self._published(path, site)
+            self._files("/published", site.published_dir, path)
+        elif path == "/dashboard" or path.startswith("/dashboard/"):
+            self._files("/dashboard", site.dashboard_dir, path)
         else:
             self._error(404)
 
@@ -358,12 +370,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"a")
             self.wfile.flush()
 
-    def _published(self, path: str, site: ArticleSite) -> None:
-        root = site.published_dir
+    def _files(self, prefix: str, root: Path | None, path: str) -> None:
         if root is None:
             self._error(404)
             return
-        relative = unquote(path.removeprefix("/published").lstrip("/"))
+        relative = unquote(path.removeprefix(prefix).lstrip("/"))
         target = (root / relative).resolve()
         if not target.is_relative_to(root):  # "..", symlinks out, absolute paths: all refused
             self._error(404)
@@ -372,8 +383,12 @@ class _Handler(BaseHTTPRequestHandler):
             index = target / "index.html"
             if index.is_file():
                 target = index
+            elif prefix == "/published" and target == root:
+                page = published_index(root)
+                self._send(200, page.encode("utf-8"), "text/html; charset=utf-8")
+                return
             else:
-                self._send(200, _listing(root, target).encode("utf-8"), "text/html; charset=utf-8")
+                self._send(200, _listing(root, target, prefix).encode("utf-8"), "text/html; charset=utf-8")
                 return
         if not target.is_file():
             self._error(404)
@@ -396,11 +411,11 @@ def _index() -> str:
     )
 
 
-def _listing(root: Path, directory: Path) -> str:
+def _listing(root: Path, directory: Path, prefix: str) -> str:
     links = []
     for child in sorted(directory.iterdir()):
         if child.is_file() or child.is_dir():
-            href = "/published/" + child.relative_to(root).as_posix() + ("/" if child.is_dir() else "")
+            href = f"{prefix}/" + child.relative_to(root).as_posix() + ("/" if child.is_dir() else "")
             links.append(f'<li><a href="{html.escape(href)}">{html.escape(child.name)}</a></li>')
     title = "/" + directory.relative_to(root).as_posix()
     return (

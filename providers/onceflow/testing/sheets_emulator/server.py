@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from onceflow.testing.sheets_emulator import batch, byfilter, handlers, metadata
+from onceflow.testing.sheets_emulator import batch, byfilter, handlers, htmlview, metadata, request_guard
 from onceflow.testing.sheets_emulator.cells import Skip, parse_input, render
 from onceflow.testing.sheets_emulator.errors import ApiError, invalid_argument, not_found
 from onceflow.testing.sheets_emulator.faults import Fault, FaultInjector
@@ -387,6 +387,17 @@ def _make_handler(emulator: SheetsEmulatorServer) -> type[BaseHTTPRequestHandler
         def _dispatch(self, http_method: str) -> None:
             split = urlsplit(self.path)
             query = parse_qs(split.query, keep_blank_values=True)
+            has_body = int(self.headers.get("Content-Length") or 0) > 0
+            refused = request_guard.refusal(
+                http_method, self.headers, bound_host=emulator.host, has_body=has_body
+            )
+            if refused is not None:
+                self.close_connection = True  # the body, if any, stays unread
+                self._send(refused[0], {"error": {"code": refused[0], "message": refused[1]}})
+                return
+            if http_method == "GET" and htmlview.is_view_path(split.path):
+                self._send_html(*htmlview.render_path(emulator.store, split.path))
+                return
             try:
                 body = self._body()
                 if split.path.startswith("/_emulator/"):
@@ -420,6 +431,15 @@ def _make_handler(emulator: SheetsEmulatorServer) -> type[BaseHTTPRequestHandler
                 return json.loads(raw)
             except ValueError:
                 raise invalid_argument("Invalid JSON payload received.") from None
+
+        def _send_html(self, status: int, page: str) -> None:
+            data = page.encode("utf-8")
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+            self.end_headers()
+            self.wfile.write(data)
 
         def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
             data = json.dumps(payload).encode("utf-8")

@@ -1,0 +1,63 @@
+"""``make run``: the scheduler's and triggerer's log servers listen on 127.0.0.1, not every interface.
+
+Airflow 3.3's ``serve_logs`` binds ``host=""`` (all interfaces) with no setting to change it, and
+``airflow standalone`` offers no ``--skip-serve-logs``. On one machine nothing needs them from
+outside: the api-server reads the task logs from the local files. ``onceflow up`` writes an
+``airflow_local_settings.py`` into its AIRFLOW_HOME (Airflow imports it in every process before a
+component starts) that calls :func:`bind_log_servers_to_loopback`, which replaces the function the
+scheduler and triggerer commands import (``airflow.utils.serve_logs.serve_logs``) with one that
+serves the same app on 127.0.0.1. Nothing changes outside ``onceflow up``: a deployment whose
+api-server fetches logs from worker hosts keeps Airflow's own.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+#: What ``onceflow up`` writes to ``$AIRFLOW_HOME/config/airflow_local_settings.py``.
+LOCAL_SETTINGS = (
+    '"""Written by `onceflow up` (onceflow.loopback_logs): log servers on 127.0.0.1 only."""\n'
+    "from onceflow.loopback_logs import bind_log_servers_to_loopback\n\n"
+    "bind_log_servers_to_loopback()\n"
+)
+HOST = "127.0.0.1"
+
+
+#: The commands that start a log server (``airflow scheduler``, ``airflow triggerer``).
+SERVING_COMMANDS = frozenset({"scheduler", "triggerer"})
+
+
+def bind_log_servers_to_loopback(argv: list[str] | None = None) -> None:
+    """Make ``airflow.utils.serve_logs.serve_logs`` serve on :data:`HOST` in a serving command.
+
+    Other processes (every task is one) skip the import of the log server's web stack.
+    """
+    argv = sys.argv if argv is None else argv
+    if len(argv) < 2 or argv[1] not in SERVING_COMMANDS:
+        return
+    try:
+        import airflow.utils.serve_logs as package
+    except ImportError:  # a process without Airflow's core (nothing serves logs there)
+        return
+    package.serve_logs = serve_logs_on_loopback
+
+
+def serve_logs_on_loopback(port: int | None = None) -> None:
+    """Airflow's ``serve_logs`` (same app, port and logging settings) bound to :data:`HOST`."""
+    import structlog
+    import uvicorn
+    from airflow.configuration import conf
+
+    if sys.platform != "darwin":
+        from setproctitle import setproctitle
+
+        setproctitle("airflow serve-logs")
+    port = port or conf.getint("logging", "WORKER_LOG_SERVER_PORT")
+    structlog.get_logger(__name__).info("Starting log server on http://%s:%s", HOST, port)
+    options: dict[str, Any] = {
+        "log_level": conf.get("logging", "uvicorn_logging_level", fallback="info").lower(),
+        "log_config": None,
+        "access_log": False,
+    }
+    uvicorn.run("airflow.utils.serve_logs.log_server:get_app", host=HOST, port=port, **options)

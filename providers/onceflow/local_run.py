@@ -146,10 +146,34 @@ def _sticky_port(cfg: LocalRunConfig, name: str, preferred: int) -> int:
     return port
 
 
+def login(cfg: LocalRunConfig) -> tuple[str, str]:
+    """The UI's user (this machine's login name, an admin) and its password, made once per home.
+
+    The simple auth manager reads passwords from ``$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated``
+    and generates only those missing, so writing it first gives a password the banner can print.
+    A named user is also who the review's answer names ("Anonymous" in all-admins mode).
+    """
+    import getpass
+    import secrets
+
+    user = getpass.getuser() or "onceflow"
+    path = cfg.airflow_home / "simple_auth_manager_passwords.json.generated"
+    passwords: dict[str, str] = {}
+    if path.exists():
+        with contextlib.suppress(ValueError):
+            passwords = dict(json.loads(path.read_text() or "{}"))
+    if not passwords.get(user):
+        passwords[user] = secrets.token_urlsafe(12)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600, exist_ok=True)
+        path.write_text(json.dumps(passwords))
+    return user, passwords[user]
+
+
 def environment(
-    cfg: LocalRunConfig, api_port: int, emulator_port: int, site_port: int = SITE_PORT
+    cfg: LocalRunConfig, api_port: int, emulator_port: int, site_port: int = SITE_PORT, user: str = "onceflow"
 ) -> dict[str, str]:
-    """The environment every Airflow process of the local run shares."""
+    """The environment every Airflow process of the local run shares (``user``: the UI's admin)."""
     sheets_conn = {
         "conn_type": "google_cloud_platform",
         "extra": {
@@ -177,7 +201,10 @@ def environment(
         # 8 LocalExecutor workers, not 32: plenty for the demo, and a laptop (or a 2-core CI box)
         # keeps its memory and stops them quickly on Ctrl-C.
         "AIRFLOW__CORE__PARALLELISM": "8",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        # a login (password in the banner), not all-admins: a named reviewer, and a page that
+        # reaches the API still needs the password
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{user}:admin",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{cfg.airflow_home / 'airflow.db'}",
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(api_port),
@@ -373,7 +400,8 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
     emulator_port = _pick_port(8090)
     site_port = _sticky_port(cfg, "article-site", SITE_PORT)
     receiver_port = _pick_port(RECEIVER_PORT)
-    env = environment(cfg, api_port, emulator_port, site_port)
+    user, password = login(cfg)
+    env = environment(cfg, api_port, emulator_port, site_port, user=user)
     if cfg.executor == "celery" and cfg.database_url:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = cfg.database_url
     # Every process started from here inherits this marker, which is how _stop finds them all
@@ -476,7 +504,7 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
                 return 0
             print(f"onceflow: Airflow did not answer on {ui}; see {logs}", file=sys.stderr)
             return 1
-        print(_banner(cfg, ui, emulator_port, site_port), flush=True)
+        print(_banner(cfg, ui, emulator_port, site_port, (user, password)), flush=True)
         if cfg.exit_when_ready:
             return 0
         while not stop.requested and _all_running(children) and _cluster_running(cluster):
@@ -566,7 +594,9 @@ def _topology(cfg: LocalRunConfig) -> str:
     return "SQLite metadata DB, LocalExecutor"
 
 
-def _banner(cfg: LocalRunConfig, ui: str, emulator_port: int, site_port: int) -> str:
+def _banner(
+    cfg: LocalRunConfig, ui: str, emulator_port: int, site_port: int, credentials: tuple[str, str] = ("", "")
+) -> str:
     from onceflow.sales.config import SalesConfig
 
     airflow_home = cfg.airflow_home
@@ -579,8 +609,9 @@ def _banner(cfg: LocalRunConfig, ui: str, emulator_port: int, site_port: int) ->
     return f"""
 onceflow is running on embedded defaults.
 
-  Airflow UI        {ui}   (no login: every user is admin, so only this machine's own names are
-                    answered and other sites' pages cannot post to it; times in {tz})
+  Airflow UI        {ui}   user {credentials[0]!r}, password {credentials[1]!r} (kept in
+                    {cfg.airflow_home / "simple_auth_manager_passwords.json.generated"}); it answers only this
+                    machine's own names and refuses other sites' writes; times in {tz}
   Operations view   {ui.rstrip("/")}/onceflow-ops/   (in the UI: Browse -> onceflow operations)
   The demo sheet    {sheet}   (read-only view, refreshes itself)
   Published pages   {site}/published/

@@ -119,7 +119,7 @@ def _assert_the_queue_works(tmp_path: Path, db: Path, proc: subprocess.Popen[str
     carry them through the chain: a demo article row ends DONE with a score and a link that the
     demo site serves, written by a run that succeeded."""
     banner = (tmp_path / "up.log").read_text()
-    port = re.search(r"Sheets emulator\s+http://127\.0\.0\.1:(\d+)/", banner)
+    port = re.search(r"The demo sheet\s+http://127\.0\.0\.1:(\d+)/", banner)
     site = re.search(r"Article site\s+http://127\.0\.0\.1:(\d+)/", banner)
     assert port and site, "the banner names no emulator or article site endpoint"
     urls = demo_urls(int(site.group(1)))
@@ -160,13 +160,85 @@ def _assert_the_queue_works(tmp_path: Path, db: Path, proc: subprocess.Popen[str
     assert "<html" in page.lower() and "<script" not in page.lower()
 
 
+def _run_pids(tmp_path: Path, sessions: dict[int, int]) -> set[int]:
+    """Every process of the run: in one of its sessions, or naming its home on the command line."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        with contextlib.suppress(OSError):
+            if os.getsid(pid) in sessions or str(tmp_path / "home") in (
+                entry / "cmdline"
+            ).read_bytes().decode(errors="replace"):
+                found.add(pid)
+    return found
+
+
+def _assert_every_listener_is_on_loopback(tmp_path: Path, sessions: dict[int, int]) -> None:
+    """Issue 26 item 9: the log servers listened on 0.0.0.0 while the api-server was on 127.0.0.1."""
+    pids = _run_pids(tmp_path, sessions)
+    listing = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    ours = [line for line in listing.splitlines() if any(f"pid={p}," in line for p in pids)]
+    local = [line.split()[3] for line in ours]
+    assert len(local) >= 6, ours  # api-server, 2 log servers, emulator, article site, receiver
+    wide = [line for line, addr in zip(ours, local, strict=True) if not addr.startswith(("127.", "[::1]"))]
+    assert wide == [], wide
+
+
+def _assert_a_web_page_cannot_drive_it(tmp_path: Path, port: int) -> None:
+    """Issue 30 item 5: a DNS-rebinding name or another site's page is refused by the api-server
+    and the emulator; the sheet opens as HTML at the emulator's /; the published index has titles."""
+    import http.client
+
+    def send(p: int, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", p, timeout=30)
+        try:
+            conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+            for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                conn.putheader(name, value)
+            conn.endheaders(body)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    variable = b'{"key": "rebound", "value": "x"}'
+    json_ct = {"Content-Type": "application/json"}
+    assert (
+        send(port, "POST", "/api/v2/variables", {"Host": "rebind.evil.example", **json_ct}, variable) == 421
+    )
+    evil = {"Host": f"localhost:{port}", "Origin": "http://evil.example", **json_ct}
+    assert send(port, "POST", "/api/v2/variables", evil, variable) == 403
+    banner = (tmp_path / "up.log").read_text()
+    sheet = re.search(r"The demo sheet\s+(http://127\.0\.0\.1:(\d+)/view/\S+)", banner)
+    published = re.search(r"Published pages\s+(http://127\.0\.0\.1:\d+/published/)", banner)
+    assert sheet and published, banner
+    emulator = int(sheet.group(2))
+    append = f"/v4/spreadsheets/{DEMO_SPREADSHEET_ID}/values/queue!A1:append?valueInputOption=RAW"
+    row = b'{"values": [["http://evil.example/", "NEW"]]}'
+    csrf = {"Host": f"127.0.0.1:{emulator}", "Content-Type": "text/plain", "Origin": "http://evil.example"}
+    assert send(emulator, "POST", append, csrf, row) == 403
+    assert (
+        send(emulator, "POST", append, {"Host": f"127.0.0.1:{emulator}", "Content-Type": "text/plain"}, row)
+        == 415
+    )
+    with urllib.request.urlopen(sheet.group(1), timeout=10) as resp:
+        view = resp.read().decode()
+    assert "DONE #" in view and "<table>" in view and "evil.example" not in view
+    assert "fails on purpose" in view
+    with urllib.request.urlopen(published.group(1), timeout=10) as resp:
+        index = resp.read().decode()
+    assert "Published articles" in index and "<li><a href=" in index
+
+
 def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
     port = free_port()
     sessions: dict[int, int] = {}
     proc = _start_make_run(tmp_path, port)
     try:
         _wait_for_banner(tmp_path, proc)
-        with urllib.request.urlopen(f"http://localhost:{port}/", timeout=10) as resp:
+        # generous: the first page of a freshly started api-server under a loaded machine
+        with urllib.request.urlopen(f"http://localhost:{port}/", timeout=60) as resp:
             assert resp.status == 200
             assert "<html" in resp.read().decode().lower()
         db = tmp_path / "home" / "airflow" / "airflow.db"
@@ -185,6 +257,8 @@ def test_make_run_serves_the_ui_with_the_repo_dags(tmp_path: Path) -> None:
         _assert_the_queue_works(tmp_path, db, proc)
         assert (tmp_path / "home" / "data" / "shop.db").exists()
         sessions = _running_sessions(tmp_path)
+        _assert_every_listener_is_on_loopback(tmp_path, sessions)
+        _assert_a_web_page_cannot_drive_it(tmp_path, port)
         # A second copy on the same home would put a second scheduler on the same SQLite DB.
         second = subprocess.run(
             [str(REPO / ".venv" / "bin" / "onceflow"), "up", "--home", str(tmp_path / "home")],

@@ -14,6 +14,7 @@ the item and reports that outcome itself, as such a step would.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -96,6 +97,19 @@ def history(ledger: Ledger, key: str) -> list[tuple[str, str]]:
     return [(h.event, h.actor) for h in ledger.history(key)]
 
 
+def created_run_notes(run_ids: list[str]) -> dict[str, str | None]:
+    """run id -> the note of that article_pipeline run, as the UI shows it."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        runs = session.scalars(
+            select(DagRun).where(DagRun.dag_id == "article_pipeline", DagRun.run_id.in_(run_ids))
+        ).all()
+        return {r.run_id: r.note for r in runs}
+
+
 def test_sheet_claim_registers_each_claimed_row_as_a_pending_article_item(
     run_dag: Any, sheet: Any, article_ledger: Ledger, sheets_emulator: SheetsEmulator
 ) -> None:
@@ -106,6 +120,12 @@ def test_sheet_claim_registers_each_claimed_row_as_a_pending_article_item(
     out = first.xcom("claim_rows")
     assert sorted(out["ledger_items_created"]) == sorted(key_of(u) for u in batch)
     tokens = {c["url"]: c["claim_token"] for c in out["claims"]}
+    # each run's note names its row's URL: the runs list tells them apart (run ids are opaque keys)
+    notes = created_run_notes([c["run_id"] for c in out["claims"]])
+    assert len(notes) == 3
+    for c in out["claims"]:
+        url, where = str(notes[c["run_id"]]).split("\n\n")
+        assert url == c["url"] and re.fullmatch(r"Claimed from row [2-4] of the article queue sheet\.", where)
     for url in batch:
         item = article_ledger.item(key_of(url))
         assert (item.kind, item.state, item.fencing_token) == ("article", "pending", 0)

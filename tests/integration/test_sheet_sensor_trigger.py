@@ -125,3 +125,41 @@ def test_sheet_claim_fails_loudly_on_a_sheet_missing_a_column_despite_soft_fail(
     assert result.ti_states["wait_for_new_rows"] == "failed"
     assert result.ti_states["claim_rows"] == "upstream_failed"
     assert sheets_emulator.values(sid, "queue")[1] == ["https://a.example/1", "NEW"], "nothing was touched"
+
+
+def test_an_idle_wait_ends_at_its_timeout_with_an_event_and_no_error_line(
+    sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 26 item 7: left to Airflow's deferral timeout, the triggerer cancelled the trigger and
+    logged ``ERROR - Trigger cancelled due to timeout`` on every quiet check."""
+    import datetime as dt
+    import logging
+
+    sid = sheets_emulator.create_spreadsheet(
+        "articles", sheets={"queue": [HEADER, ["https://a.example/1", "DONE #t"]]}
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid))
+    soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.5)).isoformat()
+    trigger = NewRowsTrigger(min_rows=1, poll_interval=60, timeout_at=soon)  # the poll would be later
+    caplog.set_level(logging.INFO)
+
+    payload = _first_event(trigger, timeout=30)
+
+    assert payload == {"status": "timeout", "timeout_at": soon}
+    assert sheets_emulator.request_log["values.batchGet"] == 2  # it looked, then once more at the end
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert NewRowsTrigger(**trigger.serialize()[1]).timeout_at == soon
+
+
+def test_the_sensor_skips_on_the_triggers_timeout_with_soft_fail() -> None:
+    from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException
+
+    from onceflow.sensors.sheets import NewRowsSensor
+
+    event = {"status": "timeout", "timeout_at": "2026-12-02T10:00:00+00:00"}
+    strict = NewRowsSensor(task_id="wait", timeout=300)
+    with pytest.raises(AirflowSensorTimeout, match="no 1 NEW rows before 2026-12-02T10:00"):
+        strict.resume_execution("execute_complete", {"event": event}, {})  # type: ignore[arg-type]
+    lenient = NewRowsSensor(task_id="wait", timeout=300, soft_fail=True)
+    with pytest.raises(AirflowSkipException):
+        lenient.resume_execution("execute_complete", {"event": event}, {})  # type: ignore[arg-type]

@@ -150,3 +150,20 @@ def test_the_local_settings_bind_the_log_servers_to_loopback(tmp_path: Path) -> 
     local_run._write_local_settings(cfg)
     text = (cfg.airflow_home / "config" / "airflow_local_settings.py").read_text()
     assert "bind_log_servers_to_loopback()" in text
+
+
+def test_the_ui_login_is_this_users_with_a_password_made_once_per_home(tmp_path: Path) -> None:
+    import getpass
+    import stat
+
+    cfg = _config(tmp_path)
+    user, password = local_run.login(cfg)
+    assert user == getpass.getuser() and len(password) >= 16
+    path = cfg.airflow_home / "simple_auth_manager_passwords.json.generated"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert local_run.login(cfg) == (user, password)  # the same on the next start
+    env = local_run.environment(cfg, api_port=8080, emulator_port=8090, user=user)
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == f"{user}:admin"
+    banner = local_run._banner(cfg, "http://localhost:8080", 8090, 8765, (user, password))
+    assert password in banner and f"user {user!r}" in banner

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 ARTICLE_PIPELINE = "article_pipeline"
 
 
-def create_dag_run(dag_id: str, run_id: str, conf: dict[str, Any], *, reset: bool = False) -> str:
+def create_dag_run(
+    dag_id: str, run_id: str, conf: dict[str, Any], *, reset: bool = False, note: str | None = None
+) -> str:
     """Create a DAG run from inside a running task; return ``"created"`` or ``"exists"``.
 
     This is what ``TriggerDagRunOperator`` does in Airflow 3 (it raises ``DagRunTriggerException``
@@ -42,13 +44,16 @@ def create_dag_run(dag_id: str, run_id: str, conf: dict[str, Any], *, reset: boo
     :param run_id: the deterministic run id.
     :param conf: the run's conf.
     :param reset: clear the existing run instead (re-drive a finished run under the same id).
+    :param note: the run's note (Markdown), shown on the run's page and in the runs list.
     """
     from airflow.sdk.exceptions import ErrorType
     from airflow.sdk.execution_time import task_runner
     from airflow.sdk.execution_time.comms import ErrorResponse, TriggerDagRun
 
     response = task_runner.SUPERVISOR_COMMS.send(
-        TriggerDagRun(dag_id=dag_id, run_id=run_id, conf=conf, logical_date=None, reset_dag_run=reset)
+        TriggerDagRun(
+            dag_id=dag_id, run_id=run_id, conf=conf, logical_date=None, reset_dag_run=reset, note=note
+        )
     )
     if isinstance(response, ErrorResponse):
         if response.error == ErrorType.DAGRUN_ALREADY_EXISTS:
@@ -57,6 +62,12 @@ def create_dag_run(dag_id: str, run_id: str, conf: dict[str, Any], *, reset: boo
             f"could not create run {run_id!r} of {dag_id!r}: {response.error} {response.detail}"
         )
     return "created"
+
+
+def claim_note(url: str, row_number: int) -> str:
+    """The run note of a claimed row: its URL first (the runs list shows a run by it; the run id is
+    an opaque key), then where it was claimed (rows may move later; the run finds its row by token)."""
+    return f"{url}\n\nClaimed from row {row_number} of the article queue sheet."
 
 
 def run_claim_token(dag_id: str, run_id: str) -> str | None:
@@ -153,7 +164,9 @@ class SheetClaimOperator(BaseOperator):
         for claim in result.claims:
             conf = confs[claim.token]
             try:
-                runs[claim.run_id] = create_dag_run(self.trigger_dag_id, claim.run_id, conf)
+                runs[claim.run_id] = create_dag_run(
+                    self.trigger_dag_id, claim.run_id, conf, note=claim_note(claim.url, claim.row_number)
+                )
                 owner = None
                 if runs[claim.run_id] == "exists":
                     owner = run_claim_token(self.trigger_dag_id, claim.run_id)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from airflow.sdk import Context
+
+
+#: Seconds after the trigger's own timeout at which Airflow's deferral timeout cancels it.
+BACKSTOP_SECONDS = 120
 
 
 class QueueUnreadable(Exception):
@@ -65,6 +69,12 @@ class NewRowsSensor(BaseSensorOperator):
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
+        # The trigger ends the wait itself at the timeout (a quiet queue is no error); Airflow's
+        # deferral timeout stays as a backstop a little later, for a triggerer that never ran it.
+        timeout = float(self.timeout) if self.timeout else None
+        timeout_at = (
+            (datetime.now(timezone.utc) + timedelta(seconds=timeout)).isoformat() if timeout else None
+        )
         self.defer(
             trigger=NewRowsTrigger(
                 gcp_conn_id=self.gcp_conn_id,
@@ -72,16 +82,22 @@ class NewRowsSensor(BaseSensorOperator):
                 sheet=self.sheet,
                 min_rows=int(self.min_rows),
                 poll_interval=float(self.poke_interval),
+                timeout_at=timeout_at,
             ),
             method_name="execute_complete",
-            timeout=timedelta(seconds=float(self.timeout)) if self.timeout else None,
+            timeout=timedelta(seconds=timeout + BACKSTOP_SECONDS) if timeout else None,
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> int:
         """Resume after the trigger fired; the XCom is the number of NEW rows seen.
 
         :raises QueueUnreadable: the trigger stopped because waiting could not help.
+        :raises AirflowSensorTimeout: nothing new before the timeout (a skip with ``soft_fail``).
         """
+        if event.get("status") == "timeout":
+            from airflow.sdk.exceptions import AirflowSensorTimeout
+
+            raise AirflowSensorTimeout(f"no {self.min_rows} NEW rows before {event.get('timeout_at')}")
         if event.get("status") == "error":
             raise QueueUnreadable(f"the queue sheet cannot be waited on: {event.get('message')}")
         self.log.info("trigger saw %s NEW rows", event.get("new_rows"))

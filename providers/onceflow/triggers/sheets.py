@@ -3,11 +3,16 @@
 Runs in the triggerer's event loop, so a waiting sensor holds no worker slot and no pool slot.
 Each poll is one ``values.batchGet`` of the queue tab, made in a thread (the Google client is
 synchronous) so the event loop keeps serving other triggers.
+
+The trigger ends its own wait at ``timeout_at`` with a ``timeout`` event. Left to Airflow's
+deferral timeout, the triggerer cancels it and logs ``ERROR - Trigger cancelled due to timeout``
+on every idle check, an error line for what is the normal outcome of a quiet queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -47,6 +52,8 @@ class NewRowsTrigger(BaseTrigger):
     :param sheet: the queue tab (default: the connection's extra, else ``queue``).
     :param min_rows: fire when at least this many rows are NEW.
     :param poll_interval: seconds between reads (each read is one request of the read quota).
+    :param timeout_at: ISO-8601 instant at which to stop waiting with a ``timeout`` event
+        (``None``: wait until the rows come).
     """
 
     def __init__(
@@ -57,8 +64,10 @@ class NewRowsTrigger(BaseTrigger):
         sheet: str | None = None,
         min_rows: int = 1,
         poll_interval: float = 60.0,
+        timeout_at: str | None = None,
     ) -> None:
         super().__init__()
+        self.timeout_at = timeout_at
         self.gcp_conn_id = gcp_conn_id
         self.spreadsheet_id = spreadsheet_id
         self.sheet = sheet
@@ -74,10 +83,12 @@ class NewRowsTrigger(BaseTrigger):
                 "sheet": self.sheet,
                 "min_rows": self.min_rows,
                 "poll_interval": self.poll_interval,
+                "timeout_at": self.timeout_at,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        end = dt.datetime.fromisoformat(self.timeout_at) if self.timeout_at else None
         while True:
             try:
                 found = await asyncio.to_thread(
@@ -95,4 +106,12 @@ class NewRowsTrigger(BaseTrigger):
                 if found >= self.min_rows:
                     yield TriggerEvent({"status": "found", "new_rows": found})
                     return
-            await asyncio.sleep(self.poll_interval)
+            delay = self.poll_interval
+            if end is not None:
+                left = (end - dt.datetime.now(dt.timezone.utc)).total_seconds()
+                if left <= 0:
+                    self.log.info("no %d NEW rows by %s: the wait ends", self.min_rows, self.timeout_at)
+                    yield TriggerEvent({"status": "timeout", "timeout_at": self.timeout_at})
+                    return
+                delay = min(delay, left)
+            await asyncio.sleep(delay)

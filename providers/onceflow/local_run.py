@@ -402,6 +402,10 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
     receiver_port = _pick_port(RECEIVER_PORT)
     user, password = login(cfg)
     env = environment(cfg, api_port, emulator_port, site_port, user=user)
+    # the log servers' default ports are fixed (8793, 8794): a second copy, or any other Airflow
+    # on this machine, would leave this run without them
+    env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(_pick_port(8793))
+    env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] = str(_pick_port(8794))
     if cfg.executor == "celery" and cfg.database_url:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = cfg.database_url
     # Every process started from here inherits this marker, which is how _stop finds them all

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -30,9 +31,13 @@ REPO = Path(__file__).resolve().parents[2]
 GIVE_UP_S = 420.0
 
 
+TOKEN: dict[str, str] = {}  # make run asks for a login: the banner's user and password
+
+
 def _get(url: str) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {TOKEN['value']}"} if TOKEN else {}
     try:
-        with urllib.request.urlopen(url, timeout=30) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
@@ -86,6 +91,14 @@ def test_make_run_shows_the_six_answers_moving(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "no banner in 600 s"
             time.sleep(1)
         banner = (tmp_path / "up.log").read_text()
+        user, password = re.search(r"user '([^']+)', password '([^']+)'", banner).groups()  # type: ignore[union-attr]
+        login = urllib.request.Request(
+            f"{base}/auth/token",
+            data=json.dumps({"username": user, "password": password}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(login, timeout=60) as resp:
+            TOKEN["value"] = json.load(resp)["access_token"]
         assert f"{base}/onceflow-ops/" in banner or f"localhost:{port}/onceflow-ops/" in banner
         status, raw = _get(f"{base}/api/v2/plugins")
         assert status == 200, raw[:500]

@@ -154,11 +154,14 @@ class BusinessTimeDeadline(BaseDeadlineReference):
         )
 
 
-def first_deployed(session: Session, dag_id: str) -> dt.datetime | None:
-    """When ``dag_id`` was first parsed into this metadata DB (its oldest DAG version), or None."""
+def first_deployed(session: Session | None, dag_id: str) -> dt.datetime | None:
+    """When ``dag_id`` was first parsed into this metadata DB (its oldest DAG version), or None
+    (also without a session: a caller evaluating a run it holds, outside the scheduler)."""
     from airflow.models.dag_version import DagVersion
     from sqlalchemy import func, select
 
+    if session is None or not dag_id:
+        return None
     return session.scalar(select(func.min(DagVersion.created_at)).where(DagVersion.dag_id == dag_id))
 
 

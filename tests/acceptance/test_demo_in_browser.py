@@ -58,6 +58,7 @@ def _cells(page: Any, url: str) -> list[list[str]]:
     ]
 
 
+@pytest.mark.timeout(3600)  # the walk is ~15 minutes under load, then the 10-minute watch
 def test_the_readme_demo_through_the_ui(tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 

@@ -159,7 +159,7 @@ def test_the_sensor_skips_on_the_triggers_timeout_with_soft_fail() -> None:
     event = {"status": "timeout", "timeout_at": "2026-12-02T10:00:00+00:00"}
     strict = NewRowsSensor(task_id="wait", timeout=300)
     with pytest.raises(AirflowSensorTimeout, match="no 1 NEW rows before 2026-12-02T10:00"):
-        strict.resume_execution("execute_complete", {"event": event}, {})  # type: ignore[arg-type]
+        strict.resume_execution("execute_complete", {"event": event}, {})
     lenient = NewRowsSensor(task_id="wait", timeout=300, soft_fail=True)
     with pytest.raises(AirflowSkipException):
-        lenient.resume_execution("execute_complete", {"event": event}, {})  # type: ignore[arg-type]
+        lenient.resume_execution("execute_complete", {"event": event}, {})

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ GROUP_TITLES = {
     "ledger": "Work ledger",
     "sales": "Daily sales (domain)",
     "watchdog": "Watchdog",
+    "opsview": "Operations view",
 }
 TABLE_PAGES = {
     "Connections": "reference/connections.md",
@@ -91,6 +93,7 @@ def _api_page(group: str, modules: list[public_api.PublicModule]) -> str:
 
 
 def _cell(text: str) -> str:
+    text = re.sub(r":(?:class|meth|func|attr|mod|data|exc):`~?([^`]+)`", r"`\1`", text)
     return text.replace("|", "\\|").replace("``", "`").strip()
 
 
@@ -151,8 +154,8 @@ def _overview(repo_root: Path) -> str:
     out = [
         "# Reference\n\n",
         "Generated from the code at every build: the docstrings are the source "
-        "(`tests/docs/test_reference.py` fails when a public class or function has none, or when a "
-        "public name is missing here).\n\n",
+        "(`tests/docs/test_docstrings.py` fails when a public class or function has none, "
+        "`tests/docs/test_reference.py` when a public name is missing here).\n\n",
         "| page | what it lists |\n|---|---|\n",
         "| [Connections](connections.md) | every connection a hook reads, with its type and fields |\n",
         "| [Settings and environment variables](settings.md) | the `[onceflow]` Airflow options, "

@@ -215,11 +215,28 @@ class Setting:
     files: set[str] = field(default_factory=set)
     description: str = ""
     description_from: str = ""
+    attached: str = ""  # the comment on or above a line that names it
+    attached_from: str = ""
 
     @property
     def tests_only(self) -> bool:
         """Read only by ``onceflow.testing`` (the pytest plugin and the local run's helpers) or CI."""
         return all("/testing/" in f or f.startswith(".ci") for f in self.files)
+
+
+def _attached_comment(lines: list[str], index: int) -> str:
+    """The ``#`` comment on a line or the comment block right above it (``#:`` as Sphinx reads it)."""
+    line = lines[index]
+    if "#" in line and not line.lstrip().startswith("#"):
+        inline = line.split("#", 1)[1].lstrip(": ").strip()
+        if len(inline.split()) >= 3:
+            return inline
+    block: list[str] = []
+    i = index - 1
+    while i >= 0 and lines[i].lstrip().startswith("#"):
+        block.insert(0, lines[i].strip().lstrip("#").lstrip(": ").strip())
+        i -= 1
+    return " ".join(block)
 
 
 def _describe(found: dict[str, Setting], texts: dict[str, list[str]]) -> None:
@@ -234,6 +251,8 @@ def _describe(found: dict[str, Setting], texts: dict[str, list[str]]) -> None:
                 setting.description = _table_row(candidates[0])
                 setting.description_from = rel
                 break
+        if not setting.description and setting.attached:
+            setting.description, setting.description_from = setting.attached, setting.attached_from
 
 
 def _table_row(sentence: str) -> str:
@@ -260,9 +279,14 @@ def environment(repo_root: Path) -> tuple[list[Setting], list[Setting]]:
             name = (m.group(1) or m.group(2)).lower()
             variables.setdefault(name, Setting(name)).files.add(rel)
         cleaned = re.sub(r"AIRFLOW_(?:CONN|VAR)_ONCEFLOW_\w+|ONCEFLOW__\w+", "", source)
+        lines = cleaned.splitlines()
         for m in ENV_VAR.finditer(cleaned):
             if m.group(0).lower() not in conn_ids:  # a connection id spelled for AIRFLOW_CONN_<ID>
-                env.setdefault(m.group(0), Setting(m.group(0))).files.add(rel)
+                setting = env.setdefault(m.group(0), Setting(m.group(0)))
+                setting.files.add(rel)
+                comment = _attached_comment(lines, cleaned.count("\n", 0, m.start()))
+                if comment and not setting.attached:
+                    setting.attached, setting.attached_from = comment, rel
         texts[rel] = _texts(path, source)
     _describe(env, texts)
     _describe(variables, texts)

@@ -54,6 +54,7 @@ def _ledger_url(conn_id: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``onceflow`` argument parser with every subcommand (the reference's command-line page shows its help)."""
     parser = argparse.ArgumentParser(prog="onceflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``onceflow`` console script; returns the exit code."""
     argv = list(argv) if argv is not None else sys.argv[1:]
     if argv[:1] == ["sheets-emulator"]:
         # Every option after the name is the emulator's: argparse's REMAINDER would refuse one

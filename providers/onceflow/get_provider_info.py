@@ -15,6 +15,7 @@ from onceflow.versions import CONFIG_KEY, CONFIG_SECTION, PROCESSING_VERSION
 
 
 def get_provider_info() -> dict[str, Any]:
+    """The provider's metadata for Airflow's ProvidersManager: hooks, operators, sensors, triggers, connection types, plugin, notifier and the ``[onceflow]`` options."""
     return {
         "package-name": "airflow-provider-onceflow",
         "name": "onceflow",

@@ -51,6 +51,7 @@ class Lane:
     priority_weight: int | None = None
 
     def dag_id(self, chain_dag_id: str) -> str:
+        """The id of this lane's copy of the chain DAG ``chain_dag_id``."""
         return f"{chain_dag_id}{self.dag_suffix}"
 
     def task_args(self) -> dict[str, Any]:

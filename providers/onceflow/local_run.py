@@ -65,6 +65,8 @@ def demo_urls(site_port: int) -> list[str]:
 
 @dataclass(frozen=True)
 class LocalRunConfig:
+    """What ``onceflow up`` (``make run``) starts and where: home, DAG and plugin folders, port, demo days, executor."""
+
     home: Path
     dags_folder: Path
     plugins_folder: Path
@@ -89,6 +91,7 @@ class LocalRunConfig:
         executor: str = "local",
         database_url: str | None = None,
     ) -> LocalRunConfig:
+        """Build from the command line's values (paths made absolute)."""
         return cls(
             home=Path(home).resolve(),
             dags_folder=Path(dags_folder).resolve(),
@@ -102,10 +105,12 @@ class LocalRunConfig:
 
     @property
     def airflow_home(self) -> Path:
+        """``<home>/airflow``: AIRFLOW_HOME of the run."""
         return self.home / "airflow"
 
     @property
     def data(self) -> Path:
+        """``<home>/data``: the demo databases, the emulator's state and the published pages."""
         return self.home / "data"
 
 

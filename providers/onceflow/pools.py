@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 
 class PoolSpec(NamedTuple):
+    """One pool: its name, recommended slots and description."""
+
     name: str
     slots: int
     description: str

@@ -40,6 +40,7 @@ class GracefulShutdown:
 
     @property
     def requested(self) -> bool:
+        """Whether SIGTERM or SIGINT arrived."""
         return self._requested
 
     def request(self, *_: Any) -> None:

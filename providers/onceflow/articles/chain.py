@@ -99,6 +99,7 @@ class StepRun:
 
 
 def sha256(data: bytes) -> str:
+    """Hex SHA-256 of ``data`` (how a step's output is checked by the next step)."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -119,10 +120,12 @@ def load_output(store: Any, payload: dict[str, Any]) -> bytes:
 
 
 def store_json(store: Any, run: StepRun, step: str, obj: Any) -> dict[str, Any]:
+    """Store ``obj`` as the step's ``<step>.json`` output; returns the payload to commit (uri, sha256)."""
     return store_output(store, run, step, f"{step}.json", json.dumps(obj, ensure_ascii=False).encode())
 
 
 def load_json(store: Any, payload: dict[str, Any]) -> Any:
+    """Read back a JSON output named by a committed payload (its sha256 checked)."""
     return json.loads(load_output(store, payload))
 
 

@@ -79,6 +79,7 @@ class LedgerHook(BaseHook):
 
     @cached_property
     def engine(self) -> Engine:
+        """A SQLAlchemy engine on the ledger database (connections checked before use)."""
         from onceflow.ledger import create_ledger_engine
 
         return create_ledger_engine(self.get_url(), pool_pre_ping=True)
@@ -110,12 +111,14 @@ class LedgerHook(BaseHook):
 
     @classmethod
     def get_connection_form_widgets(cls) -> dict[str, Any]:
+        """The connection form's extra fields for this connection type (``onceflow.connection_types``)."""
         from onceflow.connection_types import form_widgets
 
         return form_widgets(cls.conn_type)
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """Which standard connection fields the form hides or relabels for this type."""
         from onceflow.connection_types import field_behaviour
 
         return field_behaviour(cls.conn_type)
@@ -153,6 +156,7 @@ class TaskSdkSink:
         self.outlet_events = outlet_events
 
     def trigger_dag_run(self, dag_id: str, run_id: str, conf: dict[str, Any]) -> bool:
+        """Create the run through the Task SDK's ``TriggerDagRun``; ``True`` when it exists afterwards (created now or before)."""
         from airflow.sdk.exceptions import ErrorType
         from airflow.sdk.execution_time.comms import ErrorResponse, TriggerDagRun
         from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
@@ -204,6 +208,7 @@ class MetadataDbSink:
     """Relay by writing Airflow's metadata database directly (processes allowed to use the ORM)."""
 
     def trigger_dag_run(self, dag_id: str, run_id: str, conf: dict[str, Any]) -> bool:
+        """Create the run in Airflow's metadata database; ``True`` when it exists afterwards (created now or before)."""
         from airflow.api.common.trigger_dag import trigger_dag
         from airflow.exceptions import DagRunAlreadyExists
         from airflow.models.dagrun import DagRun

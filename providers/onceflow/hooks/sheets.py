@@ -76,6 +76,7 @@ class SheetQueueHook(GSheetsHook):
 
     @property
     def spreadsheet_id(self) -> str:
+        """The spreadsheet: the argument, else the connection's ``spreadsheet_id`` extra; a clear error when neither is set."""
         value = self._spreadsheet_id or self._extra("spreadsheet_id")
         if not value:
             raise ValueError(
@@ -86,6 +87,7 @@ class SheetQueueHook(GSheetsHook):
 
     @property
     def sheet(self) -> str:
+        """The queue's tab: the argument, else the ``sheet`` extra, else ``queue``."""
         return str(self._sheet or self._extra("sheet") or "queue")
 
     def transport(self) -> GoogleSheetsTransport:

@@ -149,6 +149,7 @@ class StorageHook(BaseHook):
 
     @cached_property
     def config(self) -> StorageConfig:
+        """The storage settings read from the connection's extras (local files under the default base without one)."""
         from onceflow.connection_types import filled
 
         extras = filled(self.connection.extra_dejson) if self.connection is not None else {}
@@ -169,12 +170,14 @@ class StorageHook(BaseHook):
 
     @classmethod
     def get_connection_form_widgets(cls) -> dict[str, Any]:
+        """The connection form's extra fields for this connection type (``onceflow.connection_types``)."""
         from onceflow.connection_types import form_widgets
 
         return form_widgets(cls.conn_type)
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """Which standard connection fields the form hides or relabels for this type."""
         from onceflow.connection_types import field_behaviour
 
         return field_behaviour(cls.conn_type)

@@ -88,18 +88,21 @@ class TranslateHook(BaseHook):
 
     @classmethod
     def get_connection_form_widgets(cls) -> dict[str, Any]:
+        """The connection form's extra fields for this connection type (``onceflow.connection_types``)."""
         from onceflow.connection_types import form_widgets
 
         return form_widgets(cls.conn_type)
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """Which standard connection fields the form hides or relabels for this type."""
         from onceflow.connection_types import field_behaviour
 
         return field_behaviour(cls.conn_type)
 
     @property
     def backend(self) -> str:
+        """The configured backend: ``apertium`` or ``google``."""
         return str(self.extras["backend"])
 
     @property

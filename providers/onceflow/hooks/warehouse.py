@@ -170,6 +170,7 @@ class WarehouseHook(_SqlConnectionHook):
 
     @property
     def is_bigquery(self) -> bool:
+        """Whether the warehouse connection is a BigQuery one (``daily_sales`` then loads through staging and a swap)."""
         conn = self.connection
         return conn is not None and (conn.conn_type or "").lower().replace("-", "_") in BIGQUERY_CONN_TYPES
 

@@ -34,7 +34,8 @@ SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 class Clock(Protocol):
     """Anything with ``now() -> float`` (seconds since the epoch)."""
 
-    def now(self) -> float: ...
+    def now(self) -> float:
+        """Seconds since the epoch, as the ledger's decisions see them."""
 
 
 class SystemClock:
@@ -42,6 +43,7 @@ class SystemClock:
     a skewed clock decides leases wrongly (the default :class:`DatabaseClock` does not)."""
 
     def now(self) -> float:
+        """This host's clock."""
         return time.time()
 
 
@@ -65,6 +67,7 @@ class DatabaseClock:
             self._sqlite = sqlite3.connect(":memory:", check_same_thread=False)
 
     def now(self) -> float:
+        """The database server's clock, so every worker judges leases on one time line."""
         if self._sqlite is not None:
             with self._lock:
                 return float(self._sqlite.execute(f"SELECT {SQLITE_NOW}").fetchone()[0])

@@ -275,6 +275,7 @@ class Ledger:
 
     # -- reading -----------------------------------------------------------------------------
     def item(self, work_key: str) -> WorkItem:
+        """The work item ``work_key``; raises ``UnknownWorkItem`` when there is none."""
         with self.engine.connect() as conn:
             row = conn.execute(
                 sa.select(schema.work_items).where(schema.work_items.c.work_key == work_key)
@@ -291,6 +292,7 @@ class Ledger:
             return [TransitionRecord(**{k: v for k, v in r.items() if k != "id"}) for r in rows]
 
     def results(self, work_key: str) -> list[ResultRecord]:
+        """Every committed result of ``work_key``, oldest first."""
         r = schema.results
         with self.engine.connect() as conn:
             rows = (

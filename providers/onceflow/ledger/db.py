@@ -43,6 +43,7 @@ def create_ledger_engine(url: str, **kwargs: Any) -> Engine:
 
 
 def is_sqlite(engine_or_conn: Engine | Connection) -> bool:
+    """Whether the engine or connection talks to SQLite."""
     return engine_or_conn.dialect.name == "sqlite"
 
 

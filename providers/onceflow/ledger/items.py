@@ -44,6 +44,7 @@ def record(
     token: int | None = None,
     reason: str | None = None,
 ) -> None:
+    """Append one transition to the audit trail (``transitions``), in the caller's transaction."""
     conn.execute(
         query("insert_transition"),
         {

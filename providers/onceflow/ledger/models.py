@@ -64,6 +64,8 @@ class Lease:
 
 @dataclass(frozen=True)
 class WorkItem:
+    """A row of ``work_items``: the item's state, lease, fencing token, attempts and payload."""
+
     work_key: str
     kind: str
     state: str
@@ -86,6 +88,7 @@ class WorkItem:
 
     @classmethod
     def from_row(cls, row: Any) -> WorkItem:
+        """Build from a ``work_items`` row (the payload decoded from JSON)."""
         m = dict(row._mapping)
         m.pop("id", None)
         m["payload"] = json.loads(m["payload"]) if m.get("payload") else None
@@ -94,6 +97,8 @@ class WorkItem:
 
 @dataclass(frozen=True)
 class TransitionRecord:
+    """A row of ``transitions``: one state change of an item, who made it and why."""
+
     work_key: str
     event: str
     from_state: str | None
@@ -107,6 +112,8 @@ class TransitionRecord:
 
 @dataclass(frozen=True)
 class ResultRecord:
+    """A row of ``results``: a step's committed payload, its processing version and fencing token."""
+
     work_key: str
     step: str
     processing_version: str

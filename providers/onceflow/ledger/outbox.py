@@ -76,6 +76,8 @@ class RelayReport:
 
 @dataclass
 class OutboxRow:
+    """A row of the outbox: one promised follow-up (a DAG run or an Asset event) and its delivery state."""
+
     id: int
     dedup_key: str
     work_key: str

@@ -39,4 +39,5 @@ def query(name: str) -> TextClause:
 
 
 def query_names() -> list[str]:
+    """The names of every named query in the ledger's ``.sql`` files."""
     return sorted(_all_queries())

@@ -61,6 +61,7 @@ class RecheckRequest:
     requested_by: str | None = None
 
     def validate(self) -> None:
+        """Refuse an unknown scope, an empty reason or a non-positive limit, with a message naming it."""
         if self.scope not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}, not {self.scope!r}")
         if not self.reason.strip():
@@ -75,11 +76,14 @@ class RecheckRequest:
 
 @dataclass(frozen=True)
 class RecheckResult:
+    """What a recheck re-opened: its id and the work keys."""
+
     recheck_id: int
     work_keys: list[str]
 
 
 def select_candidates(ledger: Ledger, request: RecheckRequest) -> list[str]:
+    """The work keys a recheck request selects (by scope, kind and limit), oldest first."""
     w, r = schema.work_items, schema.results
     now = ledger.clock.now()
     stmt = sa.select(w.c.work_key).where(w.c.kind == request.kind)

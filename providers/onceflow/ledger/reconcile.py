@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Finding:
+    """One broken invariant found by reconciliation, and whether it was repaired."""
+
     check: str
     work_key: str | None
     detail: str
@@ -48,17 +50,21 @@ class Finding:
 
 @dataclass
 class ReconcileReport:
+    """Everything one reconciliation pass found and did."""
+
     findings: list[Finding] = field(default_factory=list)
     relay_stalled: bool = False
     oldest_pending_outbox_age: float | None = None
     awaiting: list[int] = field(default_factory=list)  # outbox rows to confirm when the task succeeds
 
     def count(self, check: str, *, repaired: bool | None = None) -> int:
+        """How many findings of ``check`` (only repaired or unrepaired ones when ``repaired`` is given)."""
         return sum(
             1 for f in self.findings if f.check == check and (repaired is None or f.repaired == repaired)
         )
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as plain data (the task's XCom)."""
         return {
             "relay_stalled": self.relay_stalled,
             "oldest_pending_outbox_age": self.oldest_pending_outbox_age,

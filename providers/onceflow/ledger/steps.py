@@ -78,6 +78,7 @@ class HandBack:
     error: BaseException | None = None
 
     def release(self, ledger: Ledger, reason: str) -> None:
+        """Hand the lease back now (on SIGTERM or failure); an error is kept and logged, and the lease then expires as usual."""
         try:
             self.released = ledger.release(self.lease, reason)
         except Exception as exc:  # the lease then expires as usual; say why it did not go back

@@ -45,6 +45,8 @@ Handler = Callable[["Lease"], "Outcome | Any"]
 
 @dataclass
 class WorkerReport:
+    """What a worker loop did with each item it leased."""
+
     completed: list[str] = field(default_factory=list)
     retried: list[str] = field(default_factory=list)
     invalid: list[str] = field(default_factory=list)
@@ -53,6 +55,7 @@ class WorkerReport:
     stopped_by_shutdown: bool = False
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as plain data (the task's XCom)."""
         return {k: v for k, v in self.__dict__.items()}
 
 
@@ -76,6 +79,7 @@ class LedgerWorker:
     shutdown: GracefulShutdown = field(default_factory=GracefulShutdown)
 
     def run(self, max_items: int | None = None) -> WorkerReport:
+        """Lease and handle items until none is left, ``max_items`` were handled or a shutdown is requested."""
         report = WorkerReport()
         handled = 0
         while max_items is None or handled < max_items:

@@ -296,6 +296,7 @@ class ArticleReviewOperator(ApprovalOperator):
         return super().execute(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        """Resume after the reviewer answered: a rejection writes REJECTED with the note; an approval lets the chain publish."""
         from onceflow.articles.writeback import write_rejected
 
         chosen = (event.get("chosen_options") or [None])[0] if "error" not in event else None

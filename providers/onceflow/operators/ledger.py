@@ -321,6 +321,7 @@ def run_exists_in(context: Context) -> Any:
 
 
 def make_sink(kind: str, context: Context) -> Any:
+    """The sink the outbox relay delivers through: the Task SDK (in a task) or the metadata database."""
     from onceflow.hooks.ledger import MetadataDbSink, TaskSdkSink
 
     if kind == "metadata_db":

@@ -131,6 +131,7 @@ async def metrics_access(
 
 @app.get("/metrics", dependencies=[Depends(metrics_access)])
 def metrics_text() -> PlainTextResponse:
+    """The operations view's figures in the OpenMetrics text format (for Prometheus)."""
     try:
         doc = documents.questions_doc(sources.ledger_engine(), time.time())
     except Exception as exc:

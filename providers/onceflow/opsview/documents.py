@@ -20,11 +20,13 @@ if TYPE_CHECKING:
 
 
 def questions_doc(ledger: Engine, now: float) -> dict[str, Any]:
+    """The answers to the operations view's questions, read from the ledger."""
     with ledger.connect() as conn:
         return questions.all_questions(conn, now)
 
 
 def partitions_doc(warehouse: Engine, now: float, settings: Settings) -> dict[str, Any]:
+    """The warehouse's partitions per table: loaded, missing and late days."""
     from onceflow.sales.config import SalesConfig
 
     config = SalesConfig.from_env()
@@ -51,16 +53,19 @@ def partitions_doc(warehouse: Engine, now: float, settings: Settings) -> dict[st
 def queue_doc(
     ledger: Engine, now: float, read: Callable[[], list[list[Any]]] = queue.read_sheet
 ) -> dict[str, Any]:
+    """The Sheet queue as the ledger and the sheet show it."""
     with ledger.connect() as conn:
         return {"now": now, **queue.load_sheet_queue(conn, now, read)}
 
 
 def articles_doc(ledger: Engine, now: float) -> dict[str, Any]:
+    """The published articles and their links."""
     with ledger.connect() as conn:
         return {"now": now, **queue.published_articles(conn, now)}
 
 
 def watchdog_doc(ledger: Engine, now: float, settings: Settings) -> dict[str, Any]:
+    """The watchdog's incidents and alerts."""
     with ledger.connect() as conn:
         return {"now": now, **watchdog.watchdog_state(conn, now, settings.watchdog_status_url)}
 
@@ -76,6 +81,7 @@ def dashboard_dir() -> Path:
 
 
 def dashboard_doc(now: float, directory: Path | None = None) -> dict[str, Any]:
+    """Whether the finance dashboard exists and when it was drawn."""
     directory = directory or dashboard_dir()
     page = directory / "index.html"
     if not page.is_file():

@@ -22,6 +22,8 @@ def _q(part: str) -> str:
 
 @dataclass(frozen=True)
 class TaskRef:
+    """A task try of a DAG run, and its links into Airflow's UI."""
+
     dag_id: str
     run_id: str
     try_number: int | None = None
@@ -29,6 +31,7 @@ class TaskRef:
 
     @cached_property
     def run_url(self) -> str:
+        """The UI's path of the run."""
         return f"/dags/{_q(self.dag_id)}/runs/{_q(self.run_id)}"
 
     @cached_property
@@ -44,6 +47,7 @@ class TaskRef:
         return f"{self.run_url}/tasks/{_q(task_id)}/required_actions"
 
     def as_dict(self) -> dict[str, str | int | None]:
+        """The reference and its links as plain data."""
         return {
             "dag_id": self.dag_id,
             "run_id": self.run_id,

@@ -29,6 +29,8 @@ STATS_INTERVAL_S = 60.0
 
 @dataclass(frozen=True)
 class Sample:
+    """One metric sample: name, help text, labels and value."""
+
     name: str
     help: str
     labels: tuple[tuple[str, str], ...]
@@ -145,10 +147,12 @@ class StatsEmitter:
         self._thread = threading.Thread(target=self._run, name="onceflow-ops-stats", daemon=True)
 
     def start(self) -> StatsEmitter:
+        """Start sending the figures to Airflow's metrics backend in a background thread."""
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop the background thread."""
         self._stop.set()
         self._thread.join(timeout=5)
 
@@ -163,6 +167,7 @@ class StatsEmitter:
 
 
 def metrics_backend_on() -> bool:
+    """Whether Airflow sends metrics (StatsD or OpenTelemetry)."""
     from airflow.configuration import conf
 
     return conf.getboolean("metrics", "statsd_on", fallback=False) or conf.getboolean(

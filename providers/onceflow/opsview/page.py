@@ -53,6 +53,7 @@ def duration(seconds: float | None) -> str:
 
 
 def timestamp(value: float | str | None) -> str:
+    """A time as ``YYYY-MM-DD HH:MM:SS UTC`` (``-`` for none)."""
     if value is None:
         return "-"
     if isinstance(value, str):
@@ -61,6 +62,7 @@ def timestamp(value: float | str | None) -> str:
 
 
 def hour_labels(now: float, hours: int) -> list[str]:
+    """Labels of the ``hours`` hours before ``now``, oldest first."""
     start = now - hours * 3600
     return [
         dt.datetime.fromtimestamp(start + i * 3600, dt.timezone.utc).strftime("%d %H:00")

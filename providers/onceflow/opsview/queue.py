@@ -54,6 +54,7 @@ def read_sheet(now: float | None = None) -> list[list[Any]]:
 
 
 def clear_cache() -> None:
+    """Forget the cached sheet reads."""
     with _cache_lock:
         _cache.clear()
 

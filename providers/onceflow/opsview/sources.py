@@ -46,6 +46,7 @@ class Settings:
 
     @classmethod
     def from_airflow(cls) -> Settings:
+        """Read the settings from Airflow's configuration."""
         from airflow.configuration import conf
 
         def get(key: str, default: str) -> str:
@@ -84,12 +85,14 @@ def _create(url: str) -> Engine:
 
 
 def ledger_engine() -> Engine:
+    """A read-only engine on the ledger (``onceflow_ledger``)."""
     from onceflow.hooks.ledger import LedgerHook
 
     return read_engine(LedgerHook().get_url())
 
 
 def warehouse_engine() -> Engine:
+    """A read-only engine on the warehouse (``onceflow_warehouse``)."""
     from onceflow.hooks.warehouse import WarehouseHook
 
     return read_engine(WarehouseHook().get_url())

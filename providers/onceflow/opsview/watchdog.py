@@ -133,6 +133,7 @@ def from_status_api(url: str, now: float) -> dict[str, Any]:
 
 
 def watchdog_state(conn: Connection, now: float, status_url: str = "") -> dict[str, Any]:
+    """The watchdog's state: from its status API when ``status_url`` is set, else from its tables."""
     if status_url:
         try:
             return from_status_api(status_url, now)

@@ -40,11 +40,13 @@ class AuditRecord:
 
     @classmethod
     def from_row(cls, row: Any) -> AuditRecord:
+        """Build from a ``load_audit`` row."""
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in row._asdict().items() if k in fields})
 
 
 def describe_watermark(value: dt.datetime | None) -> str:
+    """A watermark for a message (``an unknown time`` when there is none)."""
     return "an unknown time" if value is None else f"{value.isoformat(sep=' ')} UTC"
 
 
@@ -58,6 +60,7 @@ def replace_audit(conn: Connection, audit_table: sa.Table, audit: AuditRecord) -
 
 
 def read_audit(conn: Connection, audit_table: sa.Table, table_name: str, key: str) -> AuditRecord | None:
+    """The ``load_audit`` row of one table's partition, or ``None``."""
     at = audit_table
     row = conn.execute(
         sa.select(at).where(at.c.table_name == table_name, at.c.partition_key == key)

@@ -103,6 +103,7 @@ class RowDigests:
         self.rows += len(df)
 
     def hexdigest(self) -> str:
+        """The checksum of every row added so far, independent of their order (as ``rows_checksum``)."""
         import numpy as np
 
         if not self._parts:

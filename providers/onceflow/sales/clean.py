@@ -98,6 +98,7 @@ class CleanResult:
 
     @property
     def reject_ratio(self) -> float:
+        """The share of source rows rejected (0 for an empty day)."""
         return len(self.rejects) / self.source_rows if self.source_rows else 0.0
 
     def reasons(self) -> dict[str, int]:

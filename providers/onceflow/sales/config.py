@@ -36,6 +36,8 @@ from onceflow.sales.partitions import validate_table_name
 
 @dataclasses.dataclass(frozen=True)
 class SalesConfig:
+    """``daily_sales``' settings; ``from_env`` reads the ``ONCEFLOW_*`` variables of the module's table."""
+
     timezone: str = "Europe/Amsterdam"
     table: str = "daily_sales"
     start_date: dt.date = dt.date(2023, 1, 1)
@@ -46,6 +48,7 @@ class SalesConfig:
 
     @classmethod
     def from_env(cls) -> SalesConfig:
+        """Read and validate the settings from the environment (defaults for the unset ones)."""
         env = os.environ
         config = cls(
             timezone=env.get("ONCEFLOW_BUSINESS_TZ", cls.timezone),

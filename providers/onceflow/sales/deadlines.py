@@ -45,6 +45,8 @@ class Deadlines:
 
     @classmethod
     def from_env(cls) -> Deadlines:
+        """Read the time limits from the environment (defaults for the unset ones); a value that is not a number of seconds is refused with its name."""
+
         def seconds(name: str, default: float) -> float:
             raw = os.environ.get(name, "").strip()
             try:

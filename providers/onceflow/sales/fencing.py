@@ -68,6 +68,7 @@ class Lease:
     ledger_token: int | None = None
 
     def describe(self) -> str:
+        """The lease in words, for messages and logs."""
         ledger = f", ledger token {self.ledger_token}" if self.ledger_token is not None else ""
         return f"run {self.run_id!r} try {self.try_number} holds fence token {self.fence_token}{ledger}"
 

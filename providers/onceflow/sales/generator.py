@@ -50,6 +50,7 @@ class OrderRow:
     currency: str | None
 
     def as_dict(self) -> dict[str, object]:
+        """The order as a dict of column values."""
         return dataclasses.asdict(self)
 
 

@@ -94,6 +94,7 @@ class PartitionStore:
 
     @property
     def dialect(self) -> str:
+        """The warehouse's SQL dialect name (``postgresql`` or ``sqlite``)."""
         return self.engine.dialect.name
 
     def create_schema(self) -> None:

@@ -60,6 +60,7 @@ class ShopQuery:
     aware_bounds: bool
 
     def params(self, start: dt.datetime, end: dt.datetime) -> dict[str, object]:
+        """The query's bind parameters for the interval ``[start, end)``, as the shop database's column type wants them."""
         if self.aware_bounds:
             return {"start": start.astimezone(dt.timezone.utc), "end": end.astimezone(dt.timezone.utc)}
         return {"start": _naive_utc(start), "end": _naive_utc(end)}

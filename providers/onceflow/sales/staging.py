@@ -219,6 +219,7 @@ class StagedClean:
 
     @property
     def reject_ratio(self) -> float:
+        """The share of source rows rejected (0 for an empty day)."""
         return len(self.rejects) / self.source_rows if self.source_rows else 0.0
 
 
@@ -307,10 +308,12 @@ class StreamedClean:
 
     @property
     def reject_ratio(self) -> float:
+        """The share of source rows rejected (0 for an empty day)."""
         return len(self.rejects) / self.source_rows if self.source_rows else 0.0
 
     @property
     def row_count(self) -> int:
+        """The number of clean rows in the staged file."""
         return int(self.rows_file.metadata.num_rows)
 
     def row_batches(self, batch_rows: int = BATCH_ROWS) -> Iterator[pd.DataFrame]:

@@ -1,1 +1,1 @@
-
+"""Sensors: ``NewRowsSensor``, deferrable, waits for NEW rows of the Sheet queue."""

@@ -66,6 +66,7 @@ def row_key(normalised_url: str) -> str:
 def check_version(version: str) -> str:
     # fullmatch: "$" alone lets a trailing newline through. No leading dot: the version is a path
     # segment of the article's step outputs and published page, where "." and ".." mean folders.
+    """Return ``version`` when it is a valid processing version, else raise ``ValueError`` naming the rule."""
     if not _VERSION_RE.fullmatch(version) or version.startswith("."):
         raise ValueError(
             f"processing version must match {_VERSION_RE.pattern} and not start with '.', got {version!r}"

@@ -99,6 +99,7 @@ class ColumnMap:
         return self.index[name]
 
     def has(self, name: str) -> bool:
+        """Whether the header has the column."""
         return name in self.index
 
 
@@ -169,17 +170,21 @@ class Row:
 
     @property
     def url(self) -> str:
+        """The row's ``url`` cell."""
         return self.cells.get("url", "")
 
     @property
     def status(self) -> Status | None:
+        """The status in the row's status cell, or ``None``."""
         return self.status_cell.status
 
     @property
     def token(self) -> str | None:
+        """The claim token in the row's status cell, or ``None``."""
         return self.status_cell.token
 
     def get(self, column: str) -> str:
+        """The cell of ``column`` (empty when missing)."""
         return self.cells.get(column, "")
 
 
@@ -214,9 +219,11 @@ class Snapshot:
         return cls(columns, [make_row(columns, offset + 2, raw) for offset, raw in enumerate(values[1:])])
 
     def rows_with_token(self, token: str) -> list[Row]:
+        """The rows that carry claim token ``token``."""
         return [r for r in self.rows if r.token == token]
 
     def by_token(self) -> dict[str, list[Row]]:
+        """Rows grouped by the claim token they carry."""
         found: dict[str, list[Row]] = {}
         for row in self.rows:
             if row.token:

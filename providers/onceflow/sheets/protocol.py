@@ -96,6 +96,8 @@ class Rejection:
 
 @dataclass
 class ClaimResult:
+    """What one claim pass did: the rows claimed, the rows refused with their reason, and the counts."""
+
     claims: list[Claim] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     aimed: int = 0

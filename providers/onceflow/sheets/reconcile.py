@@ -99,6 +99,7 @@ class Action:
     fields: tuple[tuple[str, str], ...] = ()
 
     def audit_entry(self, now: datetime) -> dict[str, str]:
+        """The action as a row of the sheet's ``audit`` tab."""
         return {
             "time": now.isoformat(timespec="seconds"),
             "action": self.kind,
@@ -112,6 +113,8 @@ class Action:
 
 @dataclass
 class Plan:
+    """The actions one reconcile pass decided on, and the anchors it may release."""
+
     actions: list[Action] = field(default_factory=list)
     #: claim tokens of PROCESSING rows whose run succeeded: nothing writes through their row
     #: anchors any more, so the sweep may remove them. Listed on every pass, unlike their flag
@@ -119,6 +122,7 @@ class Plan:
     released: list[str] = field(default_factory=list)
 
     def of(self, kind: str) -> list[Action]:
+        """The planned actions of one kind."""
         return [a for a in self.actions if a.kind == kind]
 
 

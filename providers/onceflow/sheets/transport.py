@@ -102,6 +102,7 @@ class GoogleSheetsTransport:
             raise ServerError(f"{method}: {err!r}") from err
 
     def sheet_ids(self) -> dict[str, int]:
+        """Tab title -> tab id (one ``spreadsheets.get``)."""
         response = self._execute(
             "spreadsheets.get",
             self._sheets.get(spreadsheetId=self.spreadsheet_id, fields="sheets.properties(sheetId,title)"),
@@ -109,6 +110,7 @@ class GoogleSheetsTransport:
         return {s["properties"]["title"]: int(s["properties"]["sheetId"]) for s in response.get("sheets", [])}
 
     def read(self, ranges: list[str]) -> list[list[list[Any]]]:
+        """The values of ``ranges`` (one ``values.batchGet``)."""
         response = self._execute(
             "values.batchGet",
             self._values.batchGet(
@@ -121,6 +123,7 @@ class GoogleSheetsTransport:
         return [vr.get("values", []) for vr in response.get("valueRanges", [])]
 
     def batch_update(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Apply ``requests`` atomically (one ``spreadsheets.batchUpdate``); returns the replies."""
         response = self._execute(
             "spreadsheets.batchUpdate",
             self._sheets.batchUpdate(spreadsheetId=self.spreadsheet_id, body={"requests": requests}),
@@ -129,6 +132,7 @@ class GoogleSheetsTransport:
         return replies
 
     def write_values(self, data: list[tuple[str, list[list[str]]]]) -> None:
+        """Write raw values to A1 ranges (one ``values.batchUpdate``)."""
         self._execute(
             "values.batchUpdate",
             self._values.batchUpdate(
@@ -141,6 +145,7 @@ class GoogleSheetsTransport:
         )
 
     def append_values(self, range_: str, rows: list[list[str]]) -> None:
+        """Append rows after the table of ``range_`` (one ``values.append``)."""
         self._execute(
             "values.append",
             self._values.append(
@@ -153,6 +158,7 @@ class GoogleSheetsTransport:
         )
 
     def read_by_filter(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Read the ranges that data filters (row anchors) point at (one ``values.batchGetByDataFilter``)."""
         response = self._execute(
             "values.batchGetByDataFilter",
             self._values.batchGetByDataFilter(
@@ -166,6 +172,7 @@ class GoogleSheetsTransport:
     def write_by_filter(self, data: list[tuple[dict[str, Any], list[list[Any]]]]) -> dict[str, Any]:
         # null cells are skipped by Google ("Null values will be skipped"), so a row-wide write
         # from column A touches only the cells we name
+        """Write values through data filters (row anchors), wherever the rows are now (one ``values.batchUpdateByDataFilter``)."""
         response: dict[str, Any] = self._execute(
             "values.batchUpdateByDataFilter",
             self._values.batchUpdateByDataFilter(
@@ -181,6 +188,7 @@ class GoogleSheetsTransport:
         return response
 
     def search_metadata(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The developer metadata matching the filters (one ``developerMetadata.search``)."""
         response = self._execute(
             "developerMetadata.search",
             self._sheets.developerMetadata().search(
@@ -190,6 +198,7 @@ class GoogleSheetsTransport:
         return [m["developerMetadata"] for m in response.get("matchedDeveloperMetadata", [])]
 
     def add_sheet(self, title: str) -> None:
+        """Add a tab named ``title``."""
         self.batch_update([{"addSheet": {"properties": {"title": title}}}])
 
 

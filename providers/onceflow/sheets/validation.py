@@ -24,6 +24,7 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
+        """Whether the row may be claimed (no refusal status)."""
         return self.status is None
 
 
@@ -51,6 +52,7 @@ def owners(snapshot: Snapshot, exclude_tokens: frozenset[str] = frozenset()) -> 
 
 
 def duplicate_reason(first: Row) -> str:
+    """The reason written on a DUPLICATE row: which row holds the URL."""
     return f"duplicate of row {first.number} ({first.url.strip()[:200]})"
 
 

@@ -35,6 +35,7 @@ from sqlalchemy import create_engine, text
 from onceflow.testing.ports import free_port
 from onceflow.testing.processes import exit_code_unreaped, harness_pids, start_ticks, terminate_marked
 
+#: Environment variable set in every process a cluster starts, so none is left behind at teardown.
 MARKER = "ONCEFLOW_HARNESS_RUN"
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 # The health endpoint's part and the job type of each component that has them.

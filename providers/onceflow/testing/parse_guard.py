@@ -21,6 +21,7 @@ _NETWORK_EVENTS = {"socket.connect", "socket.getaddrinfo", "socket.gethostbyname
 _PROCESS_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn"}
 
 
+#: Prefix of the line the guarded parse prints its JSON report on (not an environment variable).
 REPORT_PREFIX = "ONCEFLOW_PARSE_REPORT "
 
 

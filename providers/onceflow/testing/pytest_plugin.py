@@ -145,6 +145,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     env = config.stash.get(ENV_KEY, None)
+    # set ONCEFLOW_KEEP_AIRFLOW_HOME to keep the session's Airflow home for a look after the run
     if env is not None and not os.environ.get("ONCEFLOW_KEEP_AIRFLOW_HOME"):
         env.cleanup()
     owned = config.stash.get(GUARD_OWNED_LOG_KEY, None)

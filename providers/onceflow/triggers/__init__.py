@@ -1,1 +1,1 @@
-
+"""Triggers: ``NewRowsTrigger``, which waits for NEW rows on the triggerer."""

@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``onceflow-watchdog``; returns the exit code (see the module's docstring)."""
     args = _parser().parse_args(argv)  # a bad command line exits 2 with argparse's usage line
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

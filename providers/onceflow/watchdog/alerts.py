@@ -80,6 +80,8 @@ _TITLE = {"down": "DOWN", "reminder": "STILL DOWN", "recovery": "RECOVERED", "fl
 
 
 class DeliveryError(RuntimeError):
+    """An alert could not be sent (the receiver refused it or did not answer); it is retried."""
+
     pass
 
 
@@ -179,9 +181,11 @@ class Outbox:
 
     @property
     def channels(self) -> list[str]:
+        """The channels configured: ``webhook`` and/or ``email``."""
         return [c for c, on in ((WEBHOOK, self.config.webhook_url), (EMAIL, self.config.smtp_url)) if on]
 
     def key(self, check_name: str, incident: int, kind: str, channel: str) -> str:
+        """The alert's unique key (also its idempotency key): check, incident, kind, channel."""
         scope = f"{self.key_scope}." if self.key_scope else ""
         return f"{check_name}/{scope}{incident}/{kind}/{channel}"
 

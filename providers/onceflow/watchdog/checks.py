@@ -172,6 +172,7 @@ def deadlines(check: CheckConfig, now: float, count: int = 400) -> Iterator[dt.d
 
 
 def expected_partition(check: CheckConfig, fire: dt.datetime) -> str:
+    """The partition that must be loaded by the deadline ``fire``."""
     return (fire.date() - dt.timedelta(days=check.options["partition_offset_days"])).isoformat()
 
 

@@ -338,6 +338,7 @@ class Window:
     reason: str
 
     def covers(self, when: float) -> bool:
+        """Whether the window covers the time ``when``."""
         return self.start <= when < self.end
 
 
@@ -356,11 +357,14 @@ class CheckConfig:
     flap_window: float = 3600.0
 
     def silenced_at(self, when: float) -> Window | None:
+        """The silence window covering ``when``, or ``None``."""
         return next((w for w in self.silences if w.covers(when)), None)
 
 
 @dataclass(frozen=True)
 class AlertConfig:
+    """Where alerts go (webhook, SMTP), how often reminders repeat, and how sending is retried."""
+
     webhook_url: str | None = None
     smtp_url: str | None = None  # smtp://host:port
     email_from: str = "onceflow-watchdog@localhost"
@@ -376,6 +380,8 @@ class AlertConfig:
 
 @dataclass(frozen=True)
 class WatchdogConfig:
+    """The whole validated configuration of one watchdog."""
+
     ledger_url: str
     state_dir: Path
     loop_seconds: float

@@ -50,6 +50,8 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Incident:
+    """The state of one check's incident (a row of ``watchdog_incidents``)."""
+
     check_name: str
     state: str
     version: int
@@ -64,6 +66,7 @@ class Incident:
 
     @classmethod
     def from_row(cls, row: Any) -> Incident:
+        """Build from a ``watchdog_incidents`` row."""
         m = row._mapping
         return cls(
             m["check_name"],
@@ -81,11 +84,13 @@ class Incident:
 
 
 def read(conn: Connection, check_name: str) -> Incident | None:
+    """The incident row of ``check_name``, or ``None``."""
     row = conn.execute(sa.select(incidents).where(incidents.c.check_name == check_name)).one_or_none()
     return None if row is None else Incident.from_row(row)
 
 
 def read_all(engine: Engine) -> dict[str, Incident]:
+    """Every check's incident, by check name."""
     with engine.connect() as conn:
         return {r.check_name: Incident.from_row(r) for r in conn.execute(sa.select(incidents))}
 

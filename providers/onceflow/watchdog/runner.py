@@ -58,11 +58,14 @@ POLLED_AT_PERIOD = frozenset({"api_health", "sheet_queue"})
 
 @dataclass
 class PassResult:
+    """What one pass found: each check's state and the sources it could not read."""
+
     states: dict[str, str] = field(default_factory=dict)
     blind: dict[str, str] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
+        """The ``--once`` exit code: 3 blind, 1 a check not up, 0 all up."""
         if self.blind:
             return EXIT_BLIND
         return EXIT_FAILING if any(s != UP for s in self.states.values()) else EXIT_OK
@@ -113,6 +116,7 @@ class Watchdog:
 
     @property
     def ledger(self) -> Engine:
+        """The engine on the ledger database, its watchdog tables created on first use."""
         if self._ledger is None:
             self._ledger = self._engine(self.config.ledger_url)
         if not self._schema_ready:
@@ -122,6 +126,7 @@ class Watchdog:
 
     @property
     def warehouse(self) -> Engine:
+        """The engine on the warehouse (for ``business_freshness``)."""
         if self._warehouse is None:
             assert self.config.warehouse_url is not None
             self._warehouse = self._engine(self.config.warehouse_url)
@@ -325,6 +330,7 @@ class PassMonitor(threading.Thread):
         self.reported: float | None = None  # the start of the pass reported stuck
 
     def stop(self) -> None:
+        """Stop watching the passes."""
         self._stop.set()
 
     def run(self) -> None:
@@ -335,6 +341,7 @@ class PassMonitor(threading.Thread):
                 log.exception("watchdog monitor: check failed")
 
     def check(self) -> None:
+        """Report a pass that has run longer than its budget (once per pass)."""
         wd = self.watchdog
         budget = wd.config.pass_budget
         started = wd.pass_started

@@ -155,6 +155,7 @@ class ApertiumTranslator:
         return self._command()
 
     def translate_chunks(self, chunks: list[str], source: str, target: str) -> list[str]:
+        """Translate each chunk with the ``apertium`` command of the installed pair, one process per chunk."""
         command = self._check(source, target)
         args = [command, "-f", "txt", *([] if self.mark_unknown else ["-u"]), self.mode]
         out: list[str] = []

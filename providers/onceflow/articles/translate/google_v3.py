@@ -113,6 +113,7 @@ class GoogleTranslator:
 
     @property
     def parent(self) -> str:
+        """The ``projects/<id>/locations/<location>`` resource the requests go to."""
         return f"projects/{self.project_id}/locations/{self.location}"
 
     def client(self) -> Any:
@@ -175,6 +176,7 @@ class GoogleTranslator:
         return [t.translated_text for t in translations]
 
     def translate_chunks(self, chunks: list[str], source: str, target: str) -> list[str]:
+        """Translate the chunks in as few requests as the API's code-point and segment limits allow."""
         out: list[str] = []
         for batch in batches(chunks, max_codepoints=self.max_codepoints, max_segments=self.max_segments):
             out += self._request(batch, source, target)

@@ -63,11 +63,13 @@ class Upgrade:
 
     @property
     def changed(self) -> bool:
+        """Whether the upgrade created or changed the ledger's tables."""
         return self.created or self.before != self.after
 
 
 @cache
 def script_directory() -> ScriptDirectory:
+    """Alembic's view of the ledger's revisions (``migrations/versions``)."""
     return ScriptDirectory(str(_HERE))
 
 

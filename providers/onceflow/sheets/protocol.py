@@ -277,10 +277,11 @@ class SheetQueue:
         """
         before = Counter(self.transport.calls)
         swept = False
+        squeezed = False  # at the metadata cap: the bad rows to mark share the room with the good
         refusals = 0
         while True:
             try:
-                result = self._claim_once(limit)
+                result = self._claim_once(limit, squeezed=squeezed)
                 result.requests = Counter(self.transport.calls) - before
                 return result
             except Refused as err:
@@ -295,8 +296,9 @@ class SheetQueue:
                 if "developer metadata" in str(err).lower():
                     # no room for one anchor per row asked: take what fits (halving costs 1 read +
                     # 1 write per step; Google's 400 does not say how much room is left)
-                    if limit > 1:
-                        limit //= 2
+                    if limit > 1 or not squeezed:
+                        limit = max(1, limit // 2)  # and from now on the rows to mark count too
+                        squeezed = True
                         log.warning("claim refused at the metadata cap; claiming %d rows instead", limit)
                         continue
                     raise Refused(
@@ -309,12 +311,14 @@ class SheetQueue:
                     raise
                 log.warning("claim batch refused (%s); nothing applied, reading again", err)
 
-    def _claim_once(self, limit: int) -> ClaimResult:
+    def _claim_once(self, limit: int, *, squeezed: bool = False) -> ClaimResult:
         result = ClaimResult()
         snapshot = self.snapshot()
         if snapshot.columns is None or limit <= 0:
             return result
         good, bad = self._pick_targets(snapshot, limit)
+        if squeezed:  # one anchor per target: at most ``limit`` of them in all
+            bad = bad[: max(0, limit - len(good))]
         targets = good + bad
         if not targets:
             return result

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from onceflow.sheets.transport import GoogleSheetsTransport
+from onceflow.testing.sheets_emulator.limits import METADATA_LIMIT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -195,6 +196,10 @@ def run_schedule(
         f"faults-{seed}", sheets={"queue": [HEADER, *([u, "NEW"] for u in urls)]}
     )
     book = emulator.server.store.spreadsheets[sid]
+    # the cap is the store's (it is put on each spreadsheet as a request reads it); schedules run
+    # one at a time, and each ends with Google's figure back in place
+    store = emulator.server.store
+    store.metadata_limit = METADATA_LIMIT
     worker_service, editor = clients or services(emulator)
     transport = _Interposed(worker_service, sid)
     queue = SheetQueue(transport, backoff=Backoff(base=0.001, cap=0.01), rng=random.Random(seed), spread=2)
@@ -297,7 +302,7 @@ def run_schedule(
                 from onceflow.testing.sheets_emulator.limits import usage
 
                 anchor = len("onceflow.claim") + 30 + len(queue.version)
-                book.metadata_limit = max(usage(book).values()) + step.args["room"] * anchor + anchor // 2
+                store.metadata_limit = max(usage(book).values()) + step.args["room"] * anchor + anchor // 2
             elif step.kind == "resend_at_cap":
                 from onceflow.testing.sheets_emulator.limits import usage
 
@@ -309,12 +314,12 @@ def run_schedule(
                 k = len(good) + len(bad)
                 room = k + (step.args["room"] - limit) * k // (limit + 1)
                 anchor = len("onceflow.claim") + 30 + len(queue.version)
-                book.metadata_limit = max(usage(book).values()) + room * anchor + anchor // 2
+                store.metadata_limit = max(usage(book).values()) + room * anchor + anchor // 2
                 emulator.faults.add("apply_then_drop", count=1, methods=["spreadsheets.batchUpdate"])
                 claim(step.args["limit"])
-                book.metadata_limit = None
+                store.metadata_limit = METADATA_LIMIT
             elif step.kind == "uncap":
-                book.metadata_limit = None
+                store.metadata_limit = METADATA_LIMIT
             elif step.kind == "edit":
                 edit(step.args["edit"], step.args["pick"], step.args["n"])
             elif step.kind == "edit_in_flight" and pending:
@@ -339,7 +344,7 @@ def run_schedule(
     # rest: no more faults, no cap; reconcile and work until nothing is in flight or NEW
     emulator.faults.clear()
     transport.armed.clear()
-    book.metadata_limit = None
+    store.metadata_limit = METADATA_LIMIT
     rest = time.time() + 7200  # every lease taken before now has expired
     for _ in range(6):
         claim(rows * 2)

@@ -53,6 +53,23 @@ PENDING = sa.text("work_items.state = 'pending'")
 LIVE = sa.text("work_items.state IN ('pending', 'leased')")
 
 
+# The newest item of each kind by index probes (ix_work_items_kind_created): a loose index scan
+# walks the distinct kinds one probe each, then one probe for each kind's newest; a GROUP BY
+# would read every item (neither PostgreSQL before 18 nor SQLite skip-scans it).
+NEWEST_PER_KIND = sa.text(
+    """
+    WITH RECURSIVE kinds(kind) AS (
+        SELECT MIN(kind) FROM work_items
+        UNION ALL
+        SELECT (SELECT MIN(w2.kind) FROM work_items w2 WHERE w2.kind > kinds.kind)
+        FROM kinds WHERE kinds.kind IS NOT NULL
+    )
+    SELECT kind, (SELECT MAX(w3.created_at) FROM work_items w3 WHERE w3.kind = kinds.kind)
+    FROM kinds WHERE kind IS NOT NULL
+    """
+)
+
+
 def hour_bucket(conn: Connection, column: Any, since: float) -> Any:
     """Whole hours between ``since`` and ``column`` (``column >= since``) as a SQL integer."""
     offset = (column - since) / HOUR
@@ -81,10 +98,7 @@ def discovery(conn: Connection, now: float, hours: int = 48) -> dict[str, Any]:
     )
     for kind, b, n in rows:
         created.setdefault(kind, {})[int(b)] = int(n)
-    last = {
-        kind: at
-        for kind, at in conn.execute(sa.select(w.c.kind, sa.func.max(w.c.created_at)).group_by(w.c.kind))
-    }
+    last = {kind: at for kind, at in conn.execute(NEWEST_PER_KIND)}
     done_bucket = hour_bucket(conn, t.c.at, since)
     completed = {
         int(b): int(n)

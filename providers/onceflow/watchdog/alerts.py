@@ -294,33 +294,28 @@ class Outbox:
             sent += self._send_group(engine, group, token, now_fn)
 
     def _due(self, engine: Engine, now: float) -> list[int]:
-        earlier = alerts.alias("earlier")
-        blocked = (
-            sa.select(earlier.c.id)
-            .where(
-                earlier.c.state == QUEUED,
-                earlier.c.check_name == alerts.c.check_name,
-                earlier.c.channel == alerts.c.channel,
-                earlier.c.id < alerts.c.id,
-            )
-            .exists()
-        )
-        wait = self.config.group_wait_seconds
+        """Queued rows that may be sent now, oldest first: due, not leased, and with no earlier
+        queued row of the same check and channel (that one goes first, whatever its backoff)."""
+        c = alerts.c
         with engine.connect() as conn:
-            return list(
-                conn.execute(
-                    sa.select(alerts.c.id)
-                    .where(
-                        alerts.c.state == QUEUED,
-                        alerts.c.next_attempt_at <= now,
-                        sa.or_(alerts.c.kind != "down", alerts.c.created_at + wait <= now),
-                        sa.or_(alerts.c.lease_until.is_(None), alerts.c.lease_until < now),
-                        ~blocked,
-                    )
-                    .order_by(alerts.c.id)
-                    .limit(200)
-                ).scalars()
-            )
+            rows = conn.execute(
+                sa.select(c.id, c.check_name, c.channel, c.kind, c.created_at, c.next_attempt_at, c.lease_until)
+                .where(c.state == QUEUED)
+                .order_by(c.id)
+            ).all()
+        wait = self.config.group_wait_seconds
+        blocked: set[tuple[str, str]] = set()
+        due = []
+        for r in rows:
+            lane = (r.check_name, r.channel)
+            if lane in blocked:
+                continue
+            blocked.add(lane)
+            leased = r.lease_until is not None and r.lease_until >= now
+            waiting = r.kind == "down" and r.created_at + wait > now
+            if r.next_attempt_at <= now and not leased and not waiting:
+                due.append(r.id)
+        return due
 
     def _group_candidates(self, engine: Engine, first: dict[str, Any], now: float) -> list[int]:
         return [i for i in self._due(engine, now) if i != first["id"] and self._same_group(engine, i, first)]

@@ -47,8 +47,11 @@ def _staged(due: float, grace: float, now: float, ok: str, evidence: dict[str, A
 
 def heartbeat(check: CheckConfig, ledger: Engine, now: float, incident: Incident) -> Verdict:
     """The newest beat must be younger than the period; its start lag below ``max_lag``."""
+    query = sa.select(heartbeats).order_by(heartbeats.c.started_at.desc()).limit(5)
+    if check.options.get("dag_id"):
+        query = query.where(heartbeats.c.dag_id == check.options["dag_id"])
     with ledger.connect() as conn:
-        rows = conn.execute(sa.select(heartbeats).order_by(heartbeats.c.started_at.desc()).limit(5)).all()
+        rows = conn.execute(query).all()
     if not rows:
         # Never beaten: count from when the watchdog first watched this check (stored).
         evidence: dict[str, Any] = {"last_beat": None, "watched_since": _iso(incident.created_at)}

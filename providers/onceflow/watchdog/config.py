@@ -166,6 +166,7 @@ class HeartbeatCheck(_CheckBase):
 
     kind: Literal["heartbeat"] = "heartbeat"
     max_lag_seconds: PositiveSeconds = Field(30.0, description="A beat started later than this: late.")
+    dag_id: str | None = Field(None, description="Only beats of this DAG id; none: any (the `heartbeat` DAG).")
 
 
 class ApiHealthCheck(_CheckBase):
@@ -533,6 +534,7 @@ def _check(name: str, c: Any, runbook_base: str) -> CheckConfig:
     options: dict[str, Any] = {}
     if isinstance(c, HeartbeatCheck):
         options["max_lag"] = c.max_lag_seconds
+        options["dag_id"] = c.dag_id
     elif isinstance(c, ApiHealthCheck):
         options.update(url=c.url, timeout=c.timeout_seconds)
     elif isinstance(c, BusinessFreshnessCheck):

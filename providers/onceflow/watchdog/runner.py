@@ -108,6 +108,12 @@ class Watchdog:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.local, scope = open_state_file(config.state_dir / LOCAL_DB)
         self.local_outbox = Outbox(config.alerts, self.owner, key_scope=scope)
+        #: Sources with an open blindness incident (this process is the only writer of the file).
+        self._blind_open: set[str] | None = {
+            name.removeprefix("watchdog.blind.")
+            for name, i in incidents.read_all(self.local).items()
+            if i.state in (LATE, DOWN)
+        }
 
     # -- engines -----------------------------------------------------------------------------
 
@@ -257,16 +263,22 @@ class Watchdog:
             result.blind[source] = reason
         check = self._blind_check(source)
         verdict = Verdict(DOWN if down else FAILING, reason, {"replica": self.owner, "source": source})
+        if self._blind_open is not None:
+            self._blind_open.add(source)
         with self._local_lock:
             incidents.apply(
                 self.local, check, verdict, self.local_outbox, now=self.local_clock(), actor=self.owner
             )
 
     def _clear_blind(self, source: str, now: float) -> None:
+        if self._blind_open is not None and source not in self._blind_open:
+            return  # nothing open for it: no read of the local file on every pass
         check = self._blind_check(source)
         with self._local_lock:
             with self.local.connect() as conn:
                 current = incidents.read(conn, check.name)
+            if self._blind_open is not None:
+                self._blind_open.discard(source)
             if current is not None and current.state in (LATE, DOWN):
                 verdict = Verdict(UP, f"{source} readable again", {"replica": self.owner, "source": source})
                 incidents.apply(

@@ -1,0 +1,551 @@
+"""A seeded fault-schedule checker for the watchdog: generate a schedule, run it, check the promises.
+
+::
+
+    from onceflow.testing.watchdog_faults import generate, run_schedule, check_promises
+
+    schedule = generate(seed=17)                 # a pure function of the seed
+    outcome = run_schedule(schedule, tmp_path)   # real SQLite ledger, real HTTP receiver, fake clock
+    assert not check_promises(outcome), ...      # or: replay(17, tmp_path) raises with the seed
+
+A schedule is a list of :class:`Event` at fake times: heartbeats of some checks stop and resume
+(several at once), replicas crash (mid-send: after the receiver accepted, before "mark sent"),
+stall and restart, the ledger goes away or turns read-only and comes back, the receiver is slow,
+refuses (503) or is down (connection refused). Replicas are in-process :class:`Watchdog` objects
+sharing one SQLite ledger, each with its own state file, driven pass by pass on one
+:class:`~onceflow.testing.clock.FakeClock`; the receiver records the fake time of each accepted
+message. After the schedule, a settle phase (everything healthy, every replica back) lets the
+outbox drain. :func:`check_promises` then checks, over what the receiver got:
+
+1. **paged in time**: every silence long enough to be an outage was paged (a DOWN, a FLAPPING, a
+   group listing the check, or a blindness alert while the ledger was unreadable) within
+   period + grace + two loops + the time the receiver or every replica was unavailable + the
+   longest backoff + one lease;
+2. **one key per message**: a check's incident never has two keys for one kind and channel;
+3. **no duplicate without a crash**: a key arrives twice only if a replica crashed while sending it;
+4. **the last word is right**: the last message of an incident that was paged is RECOVERED,
+   unless it is the check's current incident and the check is still down;
+5. **in order**: no RECOVERED before its incident's DOWN.
+
+A violation names the seed; :func:`replay` re-runs one seed. What this does not exercise (real
+processes, SIGKILL/SIGSTOP, a hung PostgreSQL) is covered by the real-process tests
+(``tests/integration/test_watchdog_fault_processes.py``, ``test_watchdog_hung_store.py``).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from onceflow.testing.alert_receiver import AlertReceiver, read_records
+from onceflow.testing.clock import FakeClock
+from onceflow.watchdog.config import WatchdogConfig, parse_config
+from onceflow.watchdog.runner import Watchdog
+from onceflow.watchdog.schema import ensure_schema, heartbeats, incidents
+
+T0 = 1_800_000_000.0
+LOOP = 5.0
+PERIOD = 30.0
+GRACE = 30.0
+BEAT_EVERY = 10.0
+SEND_TIMEOUT = 2.0
+BACKOFF_MAX = 20.0
+LEASE = SEND_TIMEOUT + 5.0
+
+EVENT_KINDS = (
+    "silence",  # arg: list of check names whose beats stop
+    "resume",  # arg: list of check names whose beats start again
+    "crash_in_send",  # arg: replica index; dies after its next accepted send, before marking it
+    "crash",  # arg: replica index; dies now
+    "stall",  # arg: replica index; makes no pass until "unstall" (SIGSTOP)
+    "unstall",
+    "restart",  # arg: replica index; a new process on the same state file
+    "ledger_down",  # the ledger unreadable for every replica
+    "ledger_readonly",  # reads work, writes fail
+    "ledger_up",
+    "receiver_slow",  # arg: seconds of fake time per accepted message
+    "receiver_refuse",  # 503
+    "receiver_down",  # connection refused
+    "receiver_up",
+)
+
+
+class _Crash(BaseException):
+    """A replica's death, raised past every ``except Exception`` (as SIGKILL would cut it)."""
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float  # seconds after T0
+    kind: str
+    arg: Any = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    checks: tuple[str, ...]
+    replicas: int
+    duration: float
+    events: tuple[Event, ...]
+    flap_threshold: int = 0
+    group_max: int = 50
+
+
+def generate(seed: int, *, max_checks: int = 4, max_replicas: int = 3, duration: float = 400.0) -> Schedule:
+    """A schedule that is a pure function of ``seed``."""
+    rng = random.Random(seed)
+    checks = tuple(f"c{i}" for i in range(rng.randint(1, max_checks)))
+    replicas = rng.randint(1, max_replicas)
+    events: list[Event] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(1 / 25.0)
+        if t >= duration:
+            break
+        kind = rng.choices(
+            EVENT_KINDS,
+            weights=(6, 5, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 2),
+        )[0]
+        arg: Any = None
+        if kind in ("silence", "resume"):
+            arg = sorted(rng.sample(checks, rng.randint(1, len(checks))))
+        elif kind in ("crash_in_send", "crash", "stall", "unstall", "restart"):
+            arg = rng.randrange(replicas)
+        elif kind == "receiver_slow":
+            arg = rng.choice((0.5, 1.5, 4.0))
+        events.append(Event(round(t, 1), kind, arg))
+        if kind in ("ledger_down", "ledger_readonly"):
+            # A store outage lasts a while, then ends (a schedule may also end during one).
+            events.append(Event(round(t + rng.uniform(10, 120), 1), "ledger_up"))
+    return Schedule(
+        seed=seed,
+        checks=checks,
+        replicas=replicas,
+        duration=duration,
+        events=tuple(sorted(events, key=lambda e: e.at)),
+        flap_threshold=rng.choice((0, 0, 3)),
+        group_max=rng.choice((1, 50)),
+    )
+
+
+@dataclass
+class Outcome:
+    schedule: Schedule
+    messages: list[dict[str, Any]]  # accepted webhooks with "t" (fake seconds after T0)
+    crashed_keys: set[str]
+    final: dict[str, dict[str, Any]]  # check -> its stored incident row
+    silences: list[tuple[str, float, float]]  # check, last beat, silence end (fake seconds)
+    unavailable: list[tuple[float, float]]  # receiver or all replicas unavailable
+    ledger_out: list[tuple[float, float]]
+    log: list[str] = field(default_factory=list)
+
+
+class _Run:
+    def __init__(self, schedule: Schedule, workdir: Path) -> None:
+        self.s = schedule
+        self.dir = workdir
+        self.clock = FakeClock(T0)
+        self.receiver = AlertReceiver(workdir / "received.jsonl").start()
+        self.port = self.receiver.port
+        self.receipts: list[tuple[float, str]] = []
+        self.receipt_lock = threading.Lock()
+        self.slow = 0.0
+        self.receiver.on_accept(self._accepted)
+        self.ledger_url = f"sqlite:///{workdir / 'ledger.db'}"
+        self.world = sa.create_engine(self.ledger_url)
+        ensure_schema(self.world)
+        self.stalled: set[int] = set()
+        self.crash_next: set[int] = set()
+        self.crashed_keys: set[str] = set()
+        self.silent: dict[str, float] = {}  # check -> when its silence began (its last beat)
+        self.silences: list[tuple[str, float, float]] = []
+        self.last_beat: dict[str, float] = {}
+        self.ledger_state = "up"
+        self.ledger_out: list[tuple[float, float]] = []
+        self.ledger_out_since: float | None = None
+        self.unavailable: list[tuple[float, float]] = []
+        self.receiver_state = "up"
+        self.receiver_out_since: float | None = None
+        self.beat_seq = 0
+        self.log: list[str] = []
+        self.replicas: list[Watchdog | None] = [self._start(i) for i in range(schedule.replicas)]
+
+    # -- parts ---------------------------------------------------------------------------
+
+    def _accepted(self, headers: dict[str, str]) -> None:
+        if self.slow:
+            self.clock.advance(self.slow)
+        with self.receipt_lock:
+            self.receipts.append((self.clock.now() - T0, headers.get("Idempotency-Key", "")))
+
+    def config(self, i: int) -> WatchdogConfig:
+        checks = {
+            c: {
+                "kind": "heartbeat",
+                "dag_id": c,
+                "period_seconds": PERIOD,
+                "grace_seconds": GRACE,
+                "max_lag_seconds": 600,
+                "flap_threshold": self.s.flap_threshold,
+                "flap_window_seconds": 600,
+            }
+            for c in self.s.checks
+        }
+        return parse_config(
+            {
+                "ledger_url": self.ledger_url,
+                "state_dir": str(self.dir / f"state-{i}"),
+                "loop_seconds": LOOP,
+                "replica": f"r{i}",
+                "alerts": {
+                    "webhook_url": f"http://127.0.0.1:{self.port}/webhook",
+                    "send_timeout_seconds": SEND_TIMEOUT,
+                    "backoff_seconds": 2,
+                    "backoff_max_seconds": BACKOFF_MAX,
+                    "reminder_seconds": 3600,
+                    "group_max": self.s.group_max,
+                },
+                "checks": checks,
+            }
+        )
+
+    def _start(self, i: int) -> Watchdog:
+        wd = Watchdog(self.config(i), clock=self.clock.now)
+        run = self
+
+        for outbox in (wd.outbox, wd.local_outbox):
+            original = outbox._send
+
+            def send(channel: str, key: str, payload: dict[str, Any], _orig: Any = original) -> None:
+                _orig(channel, key, payload)
+                if i in run.crash_next:
+                    run.crash_next.discard(i)
+                    ids = payload["onceflow"].get("alert_ids") or [key]
+                    run.crashed_keys.update([key, *ids])
+                    raise _Crash(f"r{i} killed after {key} was accepted")
+
+            outbox._send = send  # type: ignore[method-assign]
+        self._apply_ledger(wd)
+        return wd
+
+    def _apply_ledger(self, wd: Watchdog) -> None:
+        if self.ledger_state == "up":
+            wd._ledger = None
+            wd._schema_ready = False
+        elif self.ledger_state == "down":
+            wd._ledger = sa.create_engine(f"sqlite:///{self.dir / 'gone' / 'ledger.db'}")
+            wd._schema_ready = True
+        else:  # read-only: every connection refuses writes
+            engine = sa.create_engine(self.ledger_url)
+
+            @sa.event.listens_for(engine, "connect")
+            def _ro(dbapi_connection: Any, _record: Any) -> None:
+                dbapi_connection.execute("PRAGMA query_only = ON")
+
+            wd._ledger = engine
+            wd._schema_ready = True
+
+    def _beat(self, check: str, now: float) -> None:
+        self.beat_seq += 1
+        with self.world.begin() as conn:
+            conn.execute(
+                heartbeats.insert().values(
+                    run_id=f"{check}-{self.beat_seq}",
+                    dag_id=check,
+                    scheduled_at=now,
+                    started_at=now,
+                    lag_seconds=0.0,
+                    try_number=1,
+                )
+            )
+        self.last_beat[check] = now - T0
+
+    # -- events --------------------------------------------------------------------------
+
+    def apply(self, e: Event) -> None:
+        t = e.at
+        self.log.append(f"t={t:.1f} {e.kind} {e.arg if e.arg is not None else ''}")
+        if e.kind == "silence":
+            for c in e.arg:
+                self.silent.setdefault(c, self.last_beat.get(c, 0.0))
+        elif e.kind == "resume":
+            for c in e.arg:
+                if c in self.silent:
+                    self.silences.append((c, self.silent.pop(c), t))
+        elif e.kind == "crash_in_send":
+            if self.replicas[e.arg] is not None:
+                self.crash_next.add(e.arg)
+        elif e.kind == "crash":
+            self.replicas[e.arg] = None
+        elif e.kind == "stall":
+            self.stalled.add(e.arg)
+        elif e.kind == "unstall":
+            self.stalled.discard(e.arg)
+        elif e.kind == "restart":
+            self.stalled.discard(e.arg)
+            self.replicas[e.arg] = self._start(e.arg)
+        elif e.kind in ("ledger_down", "ledger_readonly", "ledger_up"):
+            new = {"ledger_down": "down", "ledger_readonly": "readonly", "ledger_up": "up"}[e.kind]
+            if new != "up" and self.ledger_out_since is None:
+                self.ledger_out_since = t
+            if new == "up" and self.ledger_out_since is not None:
+                self.ledger_out.append((self.ledger_out_since, t))
+                self.ledger_out_since = None
+            self.ledger_state = new
+            for wd in self.replicas:
+                if wd is not None:
+                    self._apply_ledger(wd)
+        elif e.kind == "receiver_slow":
+            self.slow = e.arg
+        elif e.kind in ("receiver_refuse", "receiver_down", "receiver_up"):
+            self._set_receiver(e.kind.removeprefix("receiver_"), t)
+
+    def _set_receiver(self, state: str, t: float) -> None:
+        if state == self.receiver_state:
+            return
+        if self.receiver_state == "down":
+            self.receiver = AlertReceiver(self.dir / "received.jsonl", port=self.port).start()
+            self.receiver.on_accept(self._accepted)
+        if state == "down":
+            self.receiver.stop()
+        else:
+            self.receiver.set_down(state == "refuse")
+        if state == "up":
+            self.slow = 0.0
+        if state != "up" and self.receiver_out_since is None:
+            self.receiver_out_since = t
+        if state == "up" and self.receiver_out_since is not None:
+            self.unavailable.append((self.receiver_out_since, t))
+            self.receiver_out_since = None
+        self.receiver_state = state
+
+    # -- the run -------------------------------------------------------------------------
+
+    def step(self) -> None:
+        now = self.clock.now()
+        for c in self.s.checks:
+            if c not in self.silent and now - T0 - self.last_beat.get(c, -1e9) >= BEAT_EVERY:
+                self._beat(c, now)
+        live = [i for i, wd in enumerate(self.replicas) if wd is not None and i not in self.stalled]
+        for i in live:
+            wd = self.replicas[i]
+            assert wd is not None
+            try:
+                wd.run_once()
+            except _Crash as crash:
+                self.log.append(f"t={self.clock.now() - T0:.1f} {crash}")
+                self.replicas[i] = None
+
+    def run(self) -> Outcome:
+        import logging
+
+        # Thousands of passes: their log lines (each failed delivery, each transition) cost more
+        # than the passes. The promises are checked on what the receiver got, not on logs.
+        quiet = logging.getLogger("onceflow.watchdog")
+        level, quiet.level = quiet.level, logging.CRITICAL + 1
+        try:
+            return self._run()
+        finally:
+            quiet.setLevel(level)
+
+    def _run(self) -> Outcome:
+        events = list(self.s.events)
+        nobody_since: float | None = None
+        try:
+            while self.clock.now() - T0 < self.s.duration:
+                t = self.clock.now() - T0
+                while events and events[0].at <= t:
+                    self.apply(events.pop(0))
+                alive = any(wd is not None and i not in self.stalled for i, wd in enumerate(self.replicas))
+                if not alive and nobody_since is None:
+                    nobody_since = t
+                if alive and nobody_since is not None:
+                    self.unavailable.append((nobody_since, t))
+                    nobody_since = None
+                self.step()
+                self.clock.set(max(self.clock.now(), T0 + t + LOOP))
+            end = self.clock.now() - T0
+            if nobody_since is not None:
+                self.unavailable.append((nobody_since, end))
+            self.settle(end)
+        finally:
+            self.receiver.stop()
+            self.world.dispose()
+        return self.outcome()
+
+    def settle(self, end: float) -> None:
+        """Everything healthy, every replica back: the outbox drains, the checks end judged."""
+        self.log.append(f"t={end:.1f} settle")
+        if self.ledger_out_since is not None:
+            self.ledger_out.append((self.ledger_out_since, end))
+            self.ledger_out_since = None
+        self.ledger_state = "up"
+        self._set_receiver("up", end)
+        self.crash_next.clear()
+        self.stalled.clear()
+        for i, wd in enumerate(self.replicas):
+            if wd is None:
+                self.replicas[i] = self._start(i)
+            else:
+                self._apply_ledger(wd)
+        for c in list(self.silent):
+            self.silences.append((c, self.silent[c], float("inf")))  # still silent at the end
+        for _ in range(int((BACKOFF_MAX + LEASE + 2 * LOOP) / LOOP) + 4):
+            self.step()
+            self.clock.advance(LOOP)
+
+    def outcome(self) -> Outcome:
+        when: dict[str, list[float]] = {}
+        for t, key in self.receipts:
+            when.setdefault(key, []).append(t)
+        messages = []
+        seen: dict[str, int] = {}
+        for r in read_records(self.dir / "received.jsonl"):
+            if r["kind"] != "webhook" or r.get("refused"):
+                continue
+            key = r["idempotency_key"]
+            n = seen.get(key, 0)
+            seen[key] = n + 1
+            times = when.get(key, [])
+            messages.append(
+                {"key": key, "t": times[n] if n < len(times) else None, **r["message"]["onceflow"]}
+            )
+        engine = sa.create_engine(self.ledger_url)
+        with engine.connect() as conn:
+            final = {r.check_name: dict(r._mapping) for r in conn.execute(sa.select(incidents))}
+        engine.dispose()
+        return Outcome(
+            self.s,
+            messages,
+            self.crashed_keys,
+            final,
+            self.silences,
+            self.unavailable,
+            self.ledger_out,
+            self.log,
+        )
+
+
+def run_schedule(schedule: Schedule, workdir: Path) -> Outcome:
+    """Run ``schedule`` in ``workdir`` (fresh files); return what happened."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return _Run(schedule, workdir).run()
+
+
+def _members(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """A message as the alerts it carries (a group carries several)."""
+    if m.get("kind") == "group":
+        return [{**a, "key": a["alert_id"], "t": m["t"]} for a in m["alerts"]]
+    return [m]
+
+
+def check_promises(o: Outcome) -> list[str]:
+    """The violated promises (empty: all held); see the module docstring."""
+    out: list[str] = []
+    alerts = [a for m in o.messages for a in _members(m)]
+    # 3. duplicates only for keys a crash interrupted
+    counts: dict[str, int] = {}
+    for m in o.messages:
+        counts[m["key"]] = counts.get(m["key"], 0) + 1
+    for key, n in counts.items():
+        if n > 1 and key not in o.crashed_keys:
+            out.append(f"key {key} received {n} times without a crash while sending it")
+    # 2. one key per (check, incident, kind, channel)
+    keys: dict[tuple[str, str, str], set[str]] = {}
+    for a in alerts:
+        if a["kind"] == "reminder":
+            continue
+        # A blindness incident is one replica's (its key carries the state file's id).
+        incident = a["key"].split("/")[1] if a["check"].startswith("watchdog.blind.") else str(a["incident"])
+        keys.setdefault((a["check"], incident, a["kind"]), set()).add(a["key"])
+    for (check, incident, kind), ks in keys.items():
+        if len(ks) > 1:
+            out.append(f"{check} incident {incident}: {len(ks)} keys for one {kind}: {sorted(ks)}")
+    # 4 and 5. order and the last word, per paged incident of a watched check
+    by_incident: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for a in alerts:
+        by_incident.setdefault((a["check"], a["incident"]), []).append(a)
+    for (check, incident), items in by_incident.items():
+        if check.startswith("watchdog.blind."):
+            continue
+        kinds = [a["kind"] for a in items]
+        if "recovery" in kinds and "down" in kinds and kinds.index("recovery") < kinds.index("down"):
+            out.append(f"{check} incident {incident}: RECOVERED before DOWN: {kinds}")
+        final = o.final.get(check)
+        current = final is not None and final["incident"] == incident and final["state"] == "down"
+        paged = any(k in ("down", "reminder") for k in kinds)
+        if paged and not current and kinds[-1] != "recovery":
+            out.append(f"{check} incident {incident} is over but its last message is {kinds[-1]}: {kinds}")
+        if current and kinds[-1] == "recovery":
+            out.append(f"{check} incident {incident} is down but its last message is RECOVERED")
+    # 1. every long enough silence paged in time
+    slack = 2 * LOOP + BACKOFF_MAX + LEASE
+    for check, last, end in o.silences:
+        due = last + PERIOD + GRACE
+        waited = sum(max(0.0, min(b, end) - max(a, last)) for a, b in o.unavailable)
+        deadline = due + slack + waited
+        if end < deadline:
+            continue  # resumed before it had to be paged
+        if _paged(o, alerts, check, last, deadline):
+            continue
+        out.append(
+            f"{check} silent from t={last:.0f} to {end:.0f}: no page by t={deadline:.0f} (due {due:.0f})"
+        )
+    return out
+
+
+def _paged(o: Outcome, alerts: list[dict[str, Any]], check: str, last: float, deadline: float) -> bool:
+    for a in alerts:
+        t = a.get("t")
+        if t is None or t > deadline:
+            continue
+        if a["check"] == check and a["kind"] in ("down", "reminder", "flapping") and t >= last:
+            return True
+        if a["check"] == check and a["kind"] == "flapping" and t >= last - 600:
+            return True  # held as flapping: announced once for the whole window
+    # A check still down (paged) from an earlier silence needs no new page.
+    for a in alerts:
+        if a["check"] == check and a["kind"] == "down" and a.get("t") is not None and a["t"] < last:
+            later = [
+                b
+                for b in alerts
+                if b["check"] == check and b["incident"] == a["incident"] and b["kind"] == "recovery"
+            ]
+            if not later or all((b.get("t") or 0) > last + PERIOD + GRACE for b in later):
+                return True
+    # Blind while the ledger was out: the blindness page stands in for the check's.
+    blind_paged = any(
+        a["check"].startswith("watchdog.blind.") and a["kind"] == "down" and (a.get("t") or 1e18) <= deadline
+        for a in alerts
+    )
+    if blind_paged and any(a0 <= deadline and b0 >= last for a0, b0 in o.ledger_out):
+        return True
+    # A flapping check's incidents are held until the flips age out of the window.
+    return o.schedule.flap_threshold > 0 and any(
+        a["check"] == check and a["kind"] == "flapping" for a in alerts
+    )
+
+
+def replay(seed: int, workdir: Path, **generate_kwargs: Any) -> Outcome:
+    """Generate, run and check one seed; raise ``AssertionError`` naming the seed on a violation."""
+    schedule = generate(seed, **generate_kwargs)
+    outcome = run_schedule(schedule, workdir)
+    problems = check_promises(outcome)
+    if problems:
+        raise AssertionError(
+            f"watchdog fault schedule seed={seed} broke {len(problems)} promise(s) "
+            f"(replay: onceflow.testing.watchdog_faults.replay({seed}, tmp_path)):\n  "
+            + "\n  ".join(problems)
+            + "\nschedule:\n  "
+            + "\n  ".join(outcome.log[-80:])
+        )
+    return outcome
+
+
+__all__ = ["Event", "Outcome", "Schedule", "check_promises", "generate", "replay", "run_schedule"]

@@ -50,8 +50,10 @@ def test_thousands_of_generated_fault_schedules_keep_every_promise(tmp_path: Pat
 
 def test_a_seed_is_a_schedule_and_replays_to_the_same_messages(tmp_path: Path) -> None:
     assert generate(41) == generate(41) and generate(41) != generate(42)
-    first = run_schedule(generate(41), tmp_path / "a")
-    again = run_schedule(generate(41), tmp_path / "b")
+    # Replicas one after another: the messages replay exactly (with threads, the schedule does).
+    seed = next(s for s in range(41, 200) if not generate(s).concurrent and generate(s).replicas > 1)
+    first = run_schedule(generate(seed), tmp_path / "a")
+    again = run_schedule(generate(seed), tmp_path / "b")
     strip = [(m["key"], m["t"]) for m in first.messages]
     assert strip == [(m["key"], m["t"]) for m in again.messages]
     assert any(m["kind"] == "down" for m in first.messages), "a schedule that pages nothing proves little"

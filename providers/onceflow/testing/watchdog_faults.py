@@ -95,6 +95,9 @@ class Schedule:
     events: tuple[Event, ...]
     flap_threshold: int = 0
     group_max: int = 50
+    #: Replicas' passes run in threads at once (races of real replicas; the interleaving then
+    #: varies between replays, the schedule does not), else one after another.
+    concurrent: bool = False
 
 
 def generate(seed: int, *, max_checks: int = 4, max_replicas: int = 3, duration: float = 400.0) -> Schedule:
@@ -118,7 +121,7 @@ def generate(seed: int, *, max_checks: int = 4, max_replicas: int = 3, duration:
         elif kind in ("crash_in_send", "crash", "stall", "unstall", "restart"):
             arg = rng.randrange(replicas)
         elif kind == "receiver_slow":
-            arg = rng.choice((0.5, 1.5, 4.0))
+            arg = rng.choice((0.5, 1.5, 4.0))  # fake seconds per message: 4 x 3 checks > a lease
         events.append(Event(round(t, 1), kind, arg))
         if kind in ("ledger_down", "ledger_readonly"):
             # A store outage lasts a while, then ends (a schedule may also end during one).
@@ -131,6 +134,7 @@ def generate(seed: int, *, max_checks: int = 4, max_replicas: int = 3, duration:
         events=tuple(sorted(events, key=lambda e: e.at)),
         flap_threshold=rng.choice((0, 0, 3)),
         group_max=rng.choice((1, 50)),
+        concurrent=rng.random() < 0.5,
     )
 
 
@@ -333,14 +337,25 @@ class _Run:
             if c not in self.silent and now - T0 - self.last_beat.get(c, -1e9) >= BEAT_EVERY:
                 self._beat(c, now)
         live = [i for i, wd in enumerate(self.replicas) if wd is not None and i not in self.stalled]
-        for i in live:
-            wd = self.replicas[i]
-            assert wd is not None
-            try:
-                wd.run_once()
-            except _Crash as crash:
-                self.log.append(f"t={self.clock.now() - T0:.1f} {crash}")
-                self.replicas[i] = None
+        if self.s.concurrent and len(live) > 1:
+            threads = [threading.Thread(target=self._pass, args=(i,)) for i in live]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        else:
+            for i in live:
+                self._pass(i)
+
+    def _pass(self, i: int) -> None:
+        wd = self.replicas[i]
+        if wd is None:
+            return
+        try:
+            wd.run_once()
+        except _Crash as crash:
+            self.log.append(f"t={self.clock.now() - T0:.1f} {crash}")
+            self.replicas[i] = None
 
     def run(self) -> Outcome:
         import logging

@@ -7,8 +7,16 @@
 * ``GET|POST /ping/<uuid>``, ``/ping/<uuid>/start``, ``/ping/<uuid>/fail`` (``?rid=<run id>``):
   a healthchecks.io ping, recorded;
 * ``GET /messages``: every record as a JSON list (``kind`` = ``webhook`` or ``ping``);
-* ``POST /control/down`` and ``/control/up``: while down, webhooks and pings get 503 and are
-  recorded as ``refused`` (to test delivery retries without killing the process).
+* ``POST /control/down`` and ``/control/up`` with header ``X-Control-Token: <token>``: while
+  down, webhooks and pings get 503 and are recorded as ``refused`` (to test delivery retries
+  without killing the process). The token is made per run (or ``--control-token``), printed on the
+  first line and written to ``<store>.control-token`` (mode 0600).
+
+It listens on 127.0.0.1 only, and refuses what a web page open in the developer's browser could
+send (issue 30): any request whose ``Host`` is not ``127.0.0.1``/``localhost`` (DNS rebinding),
+any write carrying an ``Origin`` header (browsers add it to cross-origin requests; the watchdog and
+curl do not), and a webhook whose ``Content-Type`` is not ``application/json`` (the only bodies a
+page can post without a preflight are form and text types): 403 or 415, recorded as ``refused``.
 
 Records are appended to the JSONL ``store`` (one per line, flushed each time), so a restarted
 receiver keeps its history and a test can read the file directly.
@@ -18,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hmac
 import json
+import secrets
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,7 +62,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _foreign(self, write: bool) -> bool:
+        """Refuse a request a web page could have made (see the module docstring)."""
+        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]").lower()
+        reason = None
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            reason = "foreign Host"
+        elif write and self.headers.get("Origin") is not None:
+            reason = "cross-origin write"
+        if reason is None:
+            return False
+        self.server.record({"kind": "refused", "refused": True, "reason": reason, "path": self.path})
+        self._reply(403, reason)
+        return True
+
     def do_GET(self) -> None:
+        if self._foreign(write=False):
+            return
         path = urlsplit(self.path).path
         if path == "/messages":
             self._reply(200, read_records(self.server.store))
@@ -66,15 +92,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        body = self.rfile.read(min(length, 1 << 20)) if length else b""
+        if self._foreign(write=True):
+            return
         path = urlsplit(self.path).path
-        if path == "/control/down":
-            self.server.down = True
-            self._reply(200, "down")
-        elif path == "/control/up":
-            self.server.down = False
-            self._reply(200, "up")
+        if path in ("/control/down", "/control/up"):
+            given = self.headers.get("X-Control-Token") or ""
+            if not hmac.compare_digest(given.encode(), self.server.control_token.encode()):
+                self._reply(403, "control needs X-Control-Token")
+                return
+            self.server.down = path == "/control/down"
+            self._reply(200, "down" if self.server.down else "up")
         elif path == "/webhook":
+            ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+            if ctype != "application/json":
+                self._reply(415, "Content-Type must be application/json")
+                return
             try:
                 message = json.loads(body or b"null")
             except ValueError:
@@ -129,9 +162,10 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, store: Path) -> None:
+    def __init__(self, port: int, store: Path, control_token: str) -> None:
         super().__init__(("127.0.0.1", port), _Handler)
         self.store = store
+        self.control_token = control_token
         self.down = False
         self.delay = 0.0
         self.on_accept: Callable[[dict[str, str]], None] | None = None
@@ -154,10 +188,11 @@ class _Server(ThreadingHTTPServer):
 class AlertReceiver:
     """The receiver in a thread of this process: ``.url``, ``.webhook_url``, ``.ping_url(uuid)``."""
 
-    def __init__(self, store: str | Path, port: int = 0) -> None:
+    def __init__(self, store: str | Path, port: int = 0, control_token: str | None = None) -> None:
         self.store = Path(store)
         self.store.parent.mkdir(parents=True, exist_ok=True)
-        self._server = _Server(port, self.store)
+        self.control_token = control_token or secrets.token_urlsafe(16)
+        self._server = _Server(port, self.store, self.control_token)
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.webhook_url = f"{self.url}/webhook"
@@ -196,10 +231,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--store", required=True)
+    parser.add_argument("--control-token", default=None, help="default: a new random one")
     args = parser.parse_args(argv)
-    receiver = AlertReceiver(args.store, args.port)
+    receiver = AlertReceiver(args.store, args.port, control_token=args.control_token)
+    token_file = Path(f"{receiver.store}.control-token")
+    token_file.touch(mode=0o600)
+    token_file.write_text(receiver.control_token)
     print(
-        f"alert receiver on {receiver.url} (webhook {receiver.webhook_url}), store {receiver.store}",
+        f"alert receiver on {receiver.url} (webhook {receiver.webhook_url}), store {receiver.store}, "
+        f"control token in {token_file}",
         flush=True,
     )
     with contextlib.suppress(KeyboardInterrupt):

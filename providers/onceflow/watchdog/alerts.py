@@ -299,7 +299,9 @@ class Outbox:
         c = alerts.c
         with engine.connect() as conn:
             rows = conn.execute(
-                sa.select(c.id, c.check_name, c.channel, c.kind, c.created_at, c.next_attempt_at, c.lease_until)
+                sa.select(
+                    c.id, c.check_name, c.channel, c.kind, c.created_at, c.next_attempt_at, c.lease_until
+                )
                 .where(c.state == QUEUED)
                 .order_by(c.id)
             ).all()

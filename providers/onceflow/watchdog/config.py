@@ -166,7 +166,9 @@ class HeartbeatCheck(_CheckBase):
 
     kind: Literal["heartbeat"] = "heartbeat"
     max_lag_seconds: PositiveSeconds = Field(30.0, description="A beat started later than this: late.")
-    dag_id: str | None = Field(None, description="Only beats of this DAG id; none: any (the `heartbeat` DAG).")
+    dag_id: str | None = Field(
+        None, description="Only beats of this DAG id; none: any (the `heartbeat` DAG)."
+    )
 
 
 class ApiHealthCheck(_CheckBase):

@@ -1,0 +1,139 @@
+"""The status API (CLI and loopback HTTP), flap damping, grouping, and a corrupt state file."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from onceflow.testing.alert_receiver import AlertReceiver
+from onceflow.testing.clock import FakeClock
+from onceflow.testing.ports import free_port
+from onceflow.watchdog.config import parse_config
+from onceflow.watchdog.runner import Watchdog
+from onceflow.watchdog.schema import ensure_schema, heartbeats
+from onceflow.watchdog.status import collect, exit_code, serve
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[AlertReceiver]:
+    r = AlertReceiver(tmp_path / "received.jsonl").start()
+    yield r
+    r.stop()
+
+
+def config(tmp_path: Path, receiver: AlertReceiver, checks: dict[str, Any], **alerts: Any) -> Any:
+    return parse_config(
+        {
+            "ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}",
+            "state_dir": str(tmp_path / "state"),
+            "loop_seconds": 5,
+            "replica": "a",
+            "alerts": {"webhook_url": receiver.webhook_url, **alerts},
+            "checks": checks,
+        }
+    )
+
+
+def beat(tmp_path: Path, dag_id: str, at: float) -> None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    ensure_schema(engine, [heartbeats])
+    with engine.begin() as conn:
+        conn.execute(
+            heartbeats.insert().values(
+                run_id=f"{dag_id}-{at}",
+                dag_id=dag_id,
+                scheduled_at=at,
+                started_at=at,
+                lag_seconds=0.0,
+                try_number=1,
+            )
+        )
+    engine.dispose()
+
+
+def checks_of(*names: str, **extra: Any) -> dict[str, Any]:
+    return {
+        n: {"kind": "heartbeat", "dag_id": n, "period_seconds": 60, "grace_seconds": 60, **extra}
+        for n in names
+    }
+
+
+def test_status_lists_states_since_last_beat_open_incidents_and_flips_also_over_http(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    clock = FakeClock(T0)
+    beat(tmp_path, "a", T0)
+    beat(tmp_path, "b", T0)
+    wd = Watchdog(config(tmp_path, receiver, checks_of("a", "b")), clock=clock.now)
+    wd.run_once()
+    beat(tmp_path, "b", T0 + 120)
+    clock.set(T0 + 125)
+    wd.run_once()
+    report = collect(wd)
+    assert report["checks"]["a"]["state"] == "down" and report["checks"]["b"]["state"] == "up"
+    assert report["open_incidents"] == ["a"] and exit_code(report) == 1
+    assert report["checks"]["a"]["last_beat"] == T0 + 120  # the newest beat of any dag (status shows it)
+    assert [(f["from"], f["to"]) for f in report["checks"]["a"]["flips"]] == [("up", "down")]
+    port = free_port()
+    server = serve(wd, port)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as answer:
+            assert json.load(answer)["open_incidents"] == ["a"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as answer:
+            assert json.load(answer) == {"ok": True, "reason": "ok"}
+    finally:
+        server.shutdown()
+
+
+def test_checks_down_in_one_pass_are_one_message_per_channel(tmp_path: Path, receiver: AlertReceiver) -> None:
+    clock = FakeClock(T0)
+    for n in "abc":
+        beat(tmp_path, n, T0)
+    wd = Watchdog(config(tmp_path, receiver, checks_of("a", "b", "c")), clock=clock.now)
+    wd.run_once()
+    clock.set(T0 + 125)
+    wd.run_once()
+    (message,) = receiver.webhooks()
+    assert message["onceflow"]["kind"] == "group"
+    assert [a["check"] for a in message["onceflow"]["alerts"]] == ["a", "b", "c"]
+    assert message["text"].startswith(":red_circle: onceflow watchdog: 3 checks DOWN: a, b, c")
+
+
+def test_a_flapping_check_sends_one_flapping_message_not_a_page_per_flip(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    clock = FakeClock(T0)
+    flap = checks_of("f", period_seconds=10, grace_seconds=0, flap_threshold=2, flap_window_seconds=3600)
+    wd = Watchdog(config(tmp_path, receiver, flap), clock=clock.now)
+    for _ in range(6):  # up, down, up, down, ...: six flips in minutes
+        beat(tmp_path, "f", clock.now())
+        wd.run_once()
+        clock.advance(20)
+        wd.run_once()
+        clock.advance(1)
+    kinds = [m["onceflow"]["kind"] for m in receiver.webhooks()]
+    assert kinds.count("flapping") == 1, kinds
+    assert kinds.count("down") == 2 and kinds.count("recovery") == 2, kinds  # before it was flapping
+
+
+def test_once_over_a_corrupt_state_file_moves_it_aside_and_says_so(
+    tmp_path: Path, receiver: AlertReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "watchdog-local.db").write_bytes(b"not a database" * 100)
+    beat(tmp_path, "a", T0)
+    wd = Watchdog(config(tmp_path, receiver, checks_of("a")), clock=FakeClock(T0).now)
+    assert wd.run_once().states == {"a": "up"}
+    assert list((tmp_path / "state").glob("watchdog-local.db.corrupt-*"))
+    assert "moved to" in caplog.text and "started a new one" in caplog.text

@@ -28,8 +28,10 @@ outbox drain. :func:`check_promises` then checks, over what the receiver got:
 5. **in order**: no RECOVERED before its incident's DOWN.
 
 A violation names the seed; :func:`replay` re-runs one seed. What this does not exercise (real
-processes, SIGKILL/SIGSTOP, a hung PostgreSQL) is covered by the real-process tests
-(``tests/integration/test_watchdog_fault_processes.py``, ``test_watchdog_hung_store.py``).
+processes, SIGKILL, a hung PostgreSQL) is covered by example tests with real processes
+(``tests/integration/test_watchdog_processes.py``: SIGKILL mid-incident, the duplicate window;
+``test_watchdog_hung_store.py``: a frozen PostgreSQL); there is no generated real-process
+schedule yet.
 """
 
 from __future__ import annotations

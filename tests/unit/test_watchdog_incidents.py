@@ -345,3 +345,19 @@ def test_a_later_partition_or_another_tables_does_not_stand_in_for_the_missing_o
     [message] = receiver.webhooks()
     assert message["onceflow"]["evidence"]["first_missing_partition"] == "2024-10-26"
     assert incident_row(tmp_path, "sales")["since"] == _utc("2024-10-27T06:30:00+00:00")
+
+
+@pytest.mark.parametrize("configured", ["daily_sales", "main.daily_sales", "Daily_Sales"])
+def test_a_schema_qualified_table_name_reads_the_partitions_its_loads_wrote(
+    tmp_path: Path, receiver: AlertReceiver, configured: str
+) -> None:
+    """The loads key load_audit by the physical table (sales.table_names): `main.daily_sales`
+    and `daily_sales` are one table, so the check must find its partitions under either name."""
+    _load_audit(tmp_path, ["2024-10-26"])
+    with sa.create_engine(f"sqlite:///{tmp_path / 'warehouse.db'}").begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE daily_sales (partition_key TEXT)")  # the loaded table
+    sales = {"kind": "business_freshness", "table": configured, "timezone": AMS, "grace_seconds": 1800}
+    clock = FakeClock(_utc("2024-10-27T12:00:00+00:00"))  # the 26th was due at 07:00 CET on the 27th
+    assert Watchdog(make_config(tmp_path, receiver, sales=sales), clock=clock.now).run_once().states == {
+        "sales": "up"
+    }

@@ -49,6 +49,9 @@ def calendar(
     :param first_day: no cell before it (the DAG's start date).
     """
     validate_table_name(table)
+    from onceflow.sales.table_names import resolve_table
+
+    table = resolve_table(conn.engine, table).fence_name  # the key the loads wrote (one per table)
     now_utc = dt.datetime.fromtimestamp(now, dt.timezone.utc)
     today = now_utc.astimezone(ZoneInfo(timezone)).date()
     last = today - dt.timedelta(days=1)

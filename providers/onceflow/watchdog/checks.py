@@ -127,7 +127,10 @@ def business_freshness(check: CheckConfig, warehouse: Engine, now: float) -> Ver
     deadlines were missed, the verdict counts from the first one, so 60 hours of nothing is
     reported at the first missed deadline (plus grace), not later.
     """
-    table = check.options["table"]
+    from onceflow.sales.table_names import resolve_table
+
+    # The key the loads wrote: `public.daily_sales` and `daily_sales` are one table, one key.
+    table = resolve_table(warehouse, check.options["table"]).fence_name
     fires = deadlines(check, now)
     newest_fire = first = next(fires)
     expected = expected_partition(check, newest_fire)

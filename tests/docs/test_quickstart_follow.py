@@ -140,7 +140,7 @@ def test_following_the_quickstart_publishes_an_article_and_loads_a_sales_day(tmp
     try:
         _until("make run's banner", lambda: "onceflow is running" in log.read_text(), 600, up)
         banner = log.read_text()
-        emulator = re.search(r"Sheets emulator\s+http://127\.0\.0\.1:(\d+)/", banner)
+        emulator = re.search(r"(?:Sheets emulator|The demo sheet)\s+http://127\.0\.0\.1:(\d+)/", banner)
         site = re.search(r"Article site\s+http://127\.0\.0\.1:(\d+)/", banner)
         assert emulator and site, banner
 
@@ -160,7 +160,7 @@ def test_following_the_quickstart_publishes_an_article_and_loads_a_sales_day(tmp
                 )
                 published = row["published_url"]
             elif "backfill create" in command:
-                day = re.search(r"--from-date (\S+)", command).group(1)  # type: ignore[union-attr]
+                day = re.search(r'--from-date ("[^"]*"|\S+)', command).group(1)  # type: ignore[union-attr]
                 backfilled_day = _shell(f"echo {day}", env).strip()[:10]
                 _shell(command, env)
             elif "load_audit" in command:

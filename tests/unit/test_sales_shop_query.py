@@ -83,3 +83,20 @@ def test_a_sqlite_shop_reads_integer_and_real_values_as_their_text(tmp_path: Pat
     engine.dispose()
     assert (row.customer_id, row.amount) == ("9007199254740993", "14.02")
     assert row.created_at_utc == dt.datetime(2024, 5, 6, 8, 0)
+
+
+@pytest.mark.parametrize("aware", [True, False])
+def test_airflows_pendulum_interval_bounds_bind_as_plain_utc_datetimes(aware: bool) -> None:
+    """Airflow hands the data interval over as pendulum DateTime; sqlite3 refuses to bind that
+    subclass ("type 'DateTime' is not supported"), so the bounds must leave as plain datetimes."""
+    import pendulum
+
+    from onceflow.sales.shop_query import ShopQuery
+
+    start = pendulum.datetime(2024, 10, 26, 22, tz="UTC").in_timezone("Europe/Amsterdam")
+    params = ShopQuery(sql="", aware_bounds=aware).params(start, start.add(hours=25))
+    expected = dt.datetime(2024, 10, 26, 22, tzinfo=dt.timezone.utc if aware else None)
+    assert params["start"] == expected and type(params["start"]) is dt.datetime
+    assert type(params["end"]) is dt.datetime
+    with sa.create_engine("sqlite://").connect() as conn:  # binds without error
+        assert conn.execute(sa.text("SELECT :start"), params).scalar() is not None

@@ -62,12 +62,24 @@ class ShopQuery:
     def params(self, start: dt.datetime, end: dt.datetime) -> dict[str, object]:
         """The query's bind parameters for the interval ``[start, end)``, as the shop database's column type wants them."""
         if self.aware_bounds:
-            return {"start": start.astimezone(dt.timezone.utc), "end": end.astimezone(dt.timezone.utc)}
-        return {"start": _naive_utc(start), "end": _naive_utc(end)}
+            return {"start": _plain_utc(start), "end": _plain_utc(end)}
+        return {"start": _plain_utc(start).replace(tzinfo=None), "end": _plain_utc(end).replace(tzinfo=None)}
 
 
-def _naive_utc(value: dt.datetime) -> dt.datetime:
-    return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+def _plain_utc(value: dt.datetime) -> dt.datetime:
+    """``value`` in UTC as a plain ``datetime``: Airflow hands the interval over as pendulum
+    ``DateTime``, a subclass that sqlite3's adapters (registered per exact type) refuse to bind."""
+    utc = value.astimezone(dt.timezone.utc)
+    return dt.datetime(
+        utc.year,
+        utc.month,
+        utc.day,
+        utc.hour,
+        utc.minute,
+        utc.second,
+        utc.microsecond,
+        tzinfo=dt.timezone.utc,
+    )
 
 
 def _refuse(column: str, declared: str, kind: str) -> ShopSchemaError:

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 _NO_STANDARD_FIELDS = ["host", "schema", "port", "login", "password"]
+#: Every type's form: all its fields are declared in ``conn-fields``, so the standard ones are hidden.
+_BEHAVIOUR: dict[str, Any] = {"hidden-fields": _NO_STANDARD_FIELDS, "relabeling": {}, "placeholders": {}}
 
 
 def _field(label: str, kind: str, description: str, **schema: Any) -> dict[str, Any]:
@@ -93,28 +95,28 @@ CONNECTION_TYPES: list[dict[str, Any]] = [
         "connection-type": "onceflow_fetch",
         "hook-class-name": "onceflow.hooks.fetch.FetchHook",
         "hook-name": "onceflow article fetch",
-        "ui-field-behaviour": {"hidden-fields": _NO_STANDARD_FIELDS, "relabeling": {}, "placeholders": {}},
+        "ui-field-behaviour": _BEHAVIOUR,
         "conn-fields": FETCH_FIELDS,
     },
     {
         "connection-type": "onceflow_storage",
         "hook-class-name": "onceflow.hooks.storage.StorageHook",
         "hook-name": "onceflow storage",
-        "ui-field-behaviour": {"hidden-fields": _NO_STANDARD_FIELDS, "relabeling": {}, "placeholders": {}},
+        "ui-field-behaviour": _BEHAVIOUR,
         "conn-fields": STORAGE_FIELDS,
     },
     {
         "connection-type": "onceflow_translate",
         "hook-class-name": "onceflow.hooks.translate.TranslateHook",
         "hook-name": "onceflow translation backend",
-        "ui-field-behaviour": {"hidden-fields": _NO_STANDARD_FIELDS, "relabeling": {}, "placeholders": {}},
+        "ui-field-behaviour": _BEHAVIOUR,
         "conn-fields": TRANSLATE_FIELDS,
     },
     {
         "connection-type": "onceflow_ledger",
         "hook-class-name": "onceflow.hooks.ledger.LedgerHook",
         "hook-name": "onceflow work ledger",
-        "ui-field-behaviour": {"hidden-fields": _NO_STANDARD_FIELDS, "relabeling": {}, "placeholders": {}},
+        "ui-field-behaviour": _BEHAVIOUR,
         "conn-fields": LEDGER_FIELDS,
     },
 ]

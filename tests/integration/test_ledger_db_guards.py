@@ -111,8 +111,10 @@ def test_an_illegal_plain_sql_write_is_refused_and_changes_nothing(
     assert _state(items) == before, breaks
 
 
+# PostgreSQL only: SQLite has no TRUNCATE (its DELETE is refused above).
+@pytest.mark.postgres
+@pytest.mark.parametrize("onceflow_ledger_url", ["postgresql"], indirect=True)
 def test_truncating_transitions_is_refused_on_postgresql(items: Ledger) -> None:
-    if items.engine.dialect.name != "postgresql":
-        pytest.skip("SQLite has no TRUNCATE (DELETE is refused above)")
+    assert items.engine.dialect.name == "postgresql"
     with pytest.raises(sa.exc.IntegrityError), items.engine.begin() as conn:
         conn.exec_driver_sql("TRUNCATE transitions")

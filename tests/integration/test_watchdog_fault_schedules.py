@@ -18,7 +18,7 @@ from onceflow.testing.watchdog_faults import (
     Outcome,
     check_promises,
     generate,
-    replay,
+    replay_many,
     run_schedule,
 )
 
@@ -29,14 +29,7 @@ FAST = int(os.environ.get("ONCEFLOW_WATCHDOG_SCHEDULES", "100"))
 
 
 def _run_many(seeds: range, tmp_path: Path) -> None:
-    failures = []
-    for seed in seeds:
-        try:
-            replay(seed, tmp_path / f"s{seed}")
-        except AssertionError as exc:
-            failures.append(str(exc))
-            if len(failures) >= 3:
-                break
+    failures = replay_many(seeds, tmp_path)
     assert not failures, "\n\n".join(failures)
 
 

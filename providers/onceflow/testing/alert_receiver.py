@@ -196,7 +196,8 @@ class AlertReceiver:
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.webhook_url = f"{self.url}/webhook"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # A short poll: stop() waits for the loop's next poll, and fault schedules stop many receivers.
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)
 
     def ping_url(self, uuid: str) -> str:
         return f"{self.url}/ping/{uuid}"

@@ -36,8 +36,12 @@ schedule yet.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import random
 import threading
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -565,4 +569,55 @@ def replay(seed: int, workdir: Path, **generate_kwargs: Any) -> Outcome:
     return outcome
 
 
-__all__ = ["Event", "Outcome", "Schedule", "check_promises", "generate", "replay", "run_schedule"]
+def _replay_reporting(seed: int, workdir: Path) -> str | None:
+    try:
+        replay(seed, workdir)
+    except AssertionError as exc:
+        return str(exc)
+    return None
+
+
+def replay_many(
+    seeds: Iterable[int], root: Path, *, workers: int | None = None, stop_after: int = 3
+) -> list[str]:
+    """Replay ``seeds`` (each in ``root/s<seed>``) on ``workers`` processes; return the failures.
+
+    A schedule is CPU-bound (SQLite and SQLAlchemy on a fake clock), so the processes are what
+    makes 100 of them fit ``make test`` on two cores. Forked, so each inherits the test process's
+    network guard. Stops early once ``stop_after`` seeds failed.
+    """
+    seeds = list(seeds)
+    workers = workers or min(len(seeds), os.cpu_count() or 1) or 1
+    failures: list[str] = []
+    if workers == 1:
+        for seed in seeds:
+            problem = _replay_reporting(seed, root / f"s{seed}")
+            if problem:
+                failures.append(problem)
+                if len(failures) >= stop_after:
+                    break
+        return failures
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(_replay_reporting, seed, root / f"s{seed}") for seed in seeds]
+        for future in futures:
+            problem = future.result()
+            if problem:
+                failures.append(problem)
+                if len(failures) >= stop_after:
+                    for rest in futures:
+                        rest.cancel()
+                    break
+    return failures
+
+
+__all__ = [
+    "Event",
+    "Outcome",
+    "Schedule",
+    "check_promises",
+    "generate",
+    "replay",
+    "replay_many",
+    "run_schedule",
+]

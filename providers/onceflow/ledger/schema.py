@@ -114,6 +114,15 @@ sa.Index(
     sqlite_where=_PENDING,
 )
 sa.Index("ix_work_items_errors", work_items.c.updated_at, postgresql_where=_ERRORED, sqlite_where=_ERRORED)
+# ledger_v7: question 6's leased items per version (the pending ones come from ix_work_items_eligible)
+_LEASED = sa.text("state = 'leased'")
+sa.Index(
+    "ix_work_items_leased",
+    work_items.c.kind,
+    work_items.c.required_version,
+    postgresql_where=_LEASED,
+    sqlite_where=_LEASED,
+)
 
 transitions = sa.Table(
     "transitions",

@@ -144,42 +144,45 @@ def oldest_eligible(conn: Connection, now: float) -> dict[str, Any]:
     available (a retry's backoff is not waiting). ``histogram`` counts the eligible items by age.
     """
     eligible = sa.and_(PENDING, w.c.available_at <= now)
+    age = now - w.c.created_at
+    bucket = sa.case(
+        *[(age < upper, i) for i, (_, upper) in enumerate(AGE_BUCKETS[:-1])], else_=len(AGE_BUCKETS) - 1
+    )
+    # One pass over the eligible items (index-only on ix_work_items_eligible): the groups and the
+    # age histogram are folded from the same rows.
+    by_group: dict[tuple[Any, ...], list[float]] = {}
+    counts: dict[int, int] = {}
+    for kind, lane, priority, version, b, n, oldest, waiting in conn.execute(
+        sa.select(
+            w.c.kind,
+            w.c.lane,
+            w.c.priority,
+            w.c.required_version,
+            bucket.label("b"),
+            sa.func.count(),
+            sa.func.min(w.c.created_at),
+            sa.func.min(w.c.available_at),
+        )
+        .where(eligible)
+        .group_by(w.c.kind, w.c.lane, w.c.priority, w.c.required_version, bucket)
+    ):
+        counts[int(b)] = counts.get(int(b), 0) + int(n)
+        acc = by_group.setdefault((kind, lane, int(priority), version), [0, oldest, waiting])
+        acc[0] += int(n)
+        acc[1], acc[2] = min(acc[1], oldest), min(acc[2], waiting)
     groups = [
         {
             "kind": kind,
             "lane": lane,
-            "priority": int(priority),
+            "priority": priority,
             "version": version,
             "items": int(n),
             "oldest_age_s": max(0.0, now - oldest),
             "longest_wait_s": max(0.0, now - waiting),
         }
-        for kind, lane, priority, version, n, oldest, waiting in conn.execute(
-            sa.select(
-                w.c.kind,
-                w.c.lane,
-                w.c.priority,
-                w.c.required_version,
-                sa.func.count(),
-                sa.func.min(w.c.created_at),
-                sa.func.min(w.c.available_at),
-            )
-            .where(eligible)
-            .group_by(w.c.kind, w.c.lane, w.c.priority, w.c.required_version)
-        )
+        for (kind, lane, priority, version), (n, oldest, waiting) in by_group.items()
     ]
     groups.sort(key=lambda g: -g["oldest_age_s"])
-    age = now - w.c.created_at
-    whens = []
-    for i, (_, upper) in enumerate(AGE_BUCKETS[:-1]):
-        whens.append((age < upper, i))
-    bucket = sa.case(*whens, else_=len(AGE_BUCKETS) - 1)
-    counts = {
-        int(b): int(n)
-        for b, n in conn.execute(
-            sa.select(bucket.label("b"), sa.func.count()).where(eligible).group_by(bucket)
-        )
-    }
     return {
         "groups": groups,
         "eligible_items": sum(g["items"] for g in groups),
@@ -297,8 +300,10 @@ def follow_ups(
         )
         .order_by(r.c.committed_at)
     )
-    rows = conn.execute(missing_wb.limit(50)).all()
-    total = conn.execute(sa.select(sa.func.count()).select_from(missing_wb.subquery())).scalar_one()
+    # The total rides on each example row (a window count): one pass over the week, not two.
+    found = conn.execute(missing_wb.add_columns(sa.func.count().over().label("total")).limit(50)).all()
+    rows = [tuple(row)[:4] for row in found]
+    total = found[0].total if found else 0
     return {
         "window_days": days,
         "outbox_pending": outbox,
@@ -329,14 +334,18 @@ def active_versions(conn: Connection, now: float, days: int = 7) -> dict[str, An
             {"version": version, "live_items": 0, "live_by_kind": {}, "results": 0, "last_commit_at": None},
         )
 
-    for kind, version, n in conn.execute(
-        sa.select(w.c.kind, w.c.required_version, sa.func.count())
-        .where(LIVE)
-        .group_by(w.c.kind, w.c.required_version)
-    ):
-        e = entry(version)
-        e["live_items"] += int(n)
-        e["live_by_kind"][kind] = int(n)
+    # Pending and leased apart: each matches a partial index (pending: ix_work_items_eligible,
+    # index-only; leased: ix_work_items_claim, a few heap reads), where `state IN (...)` over both
+    # made PostgreSQL read the whole table (420 ms of 100,000 items under load, against 20).
+    for live_state in (PENDING, sa.text("work_items.state = 'leased'")):
+        for kind, version, n in conn.execute(
+            sa.select(w.c.kind, w.c.required_version, sa.func.count())
+            .where(live_state)
+            .group_by(w.c.kind, w.c.required_version)
+        ):
+            e = entry(version)
+            e["live_items"] += int(n)
+            e["live_by_kind"][kind] = e["live_by_kind"].get(kind, 0) + int(n)
     for version, n, last in conn.execute(
         sa.select(r.c.processing_version, sa.func.count(), sa.func.max(r.c.committed_at))
         .where(r.c.committed_at >= since, r.c.committed_at <= now)

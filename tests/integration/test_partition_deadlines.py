@@ -47,6 +47,7 @@ def test_a_lock_held_past_lock_timeout_fails_the_try_and_the_next_try_loads_when
         assert "DELETE FROM" in str(failed.value) and "ONCEFLOW_SALES_LOCK_TIMEOUT_SECONDS" in str(
             failed.value
         )
+        assert "work-ledger lease (daily_sales/2024-10-27) was handed back" in str(failed.value)
         item = ledger.item(work_key_for("daily_sales", DAY))
         assert item.state != "leased"  # handed back: the next try need not wait 600 s for it
         assert store.audit(DAY) is None  # nothing half-written
@@ -58,6 +59,50 @@ def test_a_lock_held_past_lock_timeout_fails_the_try_and_the_next_try_loads_when
         blocker.close()
     assert audit.row_count == len(DATA.rows) and store.partition_checksum(DAY) == audit.checksum
     assert ledger.item(work_key_for("daily_sales", DAY)).state == "done"
+
+
+def test_without_the_ledger_a_lock_timeout_says_what_became_of_the_warehouse_lease(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator with ledger_conn_id=None: no ledger lease exists to hand back; the message
+    says the warehouse lease stays until it expires and that this run's retry takes it over,
+    and the retry does once the lock goes."""
+    from types import SimpleNamespace
+
+    from onceflow.operators.partition import PartitionOverwriteOperator
+    from onceflow.sales.staging import StagedClean
+
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_WAREHOUSE_DL", postgres_url.replace("+psycopg2", ""))
+    monkeypatch.setenv("ONCEFLOW_SALES_LOCK_TIMEOUT_SECONDS", "1")
+    from onceflow.hooks.warehouse import WarehouseHook
+
+    staged = StagedClean(
+        partition=DAY, rows=DATA.rows, rejects=DATA.rejects, source_rows=DATA.source_rows,
+        processing_version=PROCESSING_VERSION,
+    )  # fmt: skip
+    op = PartitionOverwriteOperator(
+        task_id="load", partition=DAY.isoformat(), staging_dir="unused", table="daily_sales",
+        warehouse_conn_id="onceflow_warehouse_dl", ledger_conn_id=None, lease_seconds=600,
+    )  # fmt: skip
+    warehouse = WarehouseHook("onceflow_warehouse_dl")
+    warehouse.get_store("daily_sales")
+    blocker = make_engine(postgres_url).connect()
+    try:
+        blocker.exec_driver_sql("LOCK TABLE daily_sales IN SHARE MODE")
+        context = {"run_id": "r", "ti": SimpleNamespace(try_number=1, dag_id="daily_sales")}
+        with pytest.raises(DeadlineExceeded) as failed:
+            op._execute(context, warehouse, staged, DAY)  # type: ignore[arg-type]
+        message = str(failed.value)
+        assert "waited more than lock_timeout=1s" in message
+        assert "lease was handed back" not in message and "lease is released" not in message
+        assert "Without a work ledger" in message and "warehouse lease stays with run 'r' until" in message
+        blocker.rollback()
+        context["ti"] = SimpleNamespace(try_number=2, dag_id="daily_sales")
+        result = op._execute(context, warehouse, staged, DAY)  # type: ignore[arg-type]
+    finally:
+        blocker.close()
+    store = PartitionStore(make_engine(postgres_url), "daily_sales")
+    assert result["row_count"] == len(DATA.rows) and store.partition_checksum(DAY) == result["checksum"]
 
 
 @pytest.mark.parametrize("make", [make_engine, make_source_engine], ids=["warehouse", "shop"])

@@ -51,7 +51,9 @@ def frame(*rows: dict[str, object]) -> pd.DataFrame:
         ({"amount": "12,50 EUR"}, "bad_amount"),
         ({"amount": None}, "bad_amount"),
         ({"amount": "1e3"}, "bad_amount"),
-        ({"amount": "10.001"}, "bad_amount"),
+        ({"amount": "10.001"}, "sub_cent_amount"),
+        ({"amount": "10.0250"}, "sub_cent_amount"),  # numeric(14,4): a fraction of a cent
+        ({"amount": "10.5e1"}, "bad_amount"),
         ({"amount": "-5.00"}, "non_positive_amount"),
         ({"amount": "0.00"}, "non_positive_amount"),
         ({"currency": "XXX"}, "unknown_currency"),
@@ -76,10 +78,32 @@ def test_every_reason_is_covered_by_the_cases_above() -> None:
         "unknown_event_type",
         "missing_refund_id",
         "bad_amount",
+        "sub_cent_amount",
         "non_positive_amount",
         "unknown_currency",
         "conflicting_duplicate",
     }
+
+
+@pytest.mark.parametrize("amount", ["14.0200", "14.020000", "14.02"])
+def test_amounts_with_more_places_load_when_nothing_is_lost(amount: str) -> None:
+    """A numeric(14,4) shop column gives "14.0200": exactly 14.02, loaded, not bad_amount."""
+    result = clean_orders(frame(event(1, amount=amount)), partition=DAY)
+    assert result.rejects.empty
+    assert result.rows["gross_cents"].tolist() == [1402]
+
+
+def test_the_same_sale_in_another_currency_is_a_conflict_not_a_repeat() -> None:
+    """10.00 EUR and 10.00 USD under one order id are different events: the currency is part of
+    the event (clean._EVENT_FIELDS), so the older one is rejected, not dropped as a repeat."""
+    same = {"order_id": "O1", "created_at_utc": T0}
+    result = clean_orders(
+        frame(event(1, currency="USD", **same), event(2, currency="EUR", **same)), partition=DAY
+    )
+    assert result.rows["source_currency"].tolist() == ["EUR"]
+    assert result.rejects[["source_row_id", "reason"]].values.tolist() == [[1, "conflicting_duplicate"]]
+    assert json.loads(result.rejects["raw"].iloc[0])["currency"] == "USD"
+    assert result.duplicates_dropped == 0
 
 
 def test_exact_duplicates_collapse_to_one_order() -> None:

@@ -114,6 +114,7 @@ class PartitionOverwriteOperator(BaseOperator):
     def _execute(self, context: Context, warehouse: Any, staged: Any, day: Any) -> dict[str, Any]:
         from onceflow.compat import AirflowFailException
         from onceflow.hooks.warehouse import WarehouseHook
+        from onceflow.sales.deadlines import DeadlineExceeded
         from onceflow.sales.fencing import OlderExtractError
 
         bigquery = warehouse.is_bigquery
@@ -132,7 +133,10 @@ class PartitionOverwriteOperator(BaseOperator):
                     day, run_id=run_id, try_number=try_number, lease_seconds=self.lease_seconds
                 )
                 self.log.info("partition %s of %s: fence token %s", day, self.table, lease.fence_token)
-                audit = self._load(store, warehouse, lease, staged, day, bigquery)
+                try:
+                    audit = self._load(store, warehouse, lease, staged, day, bigquery)
+                except DeadlineExceeded as exc:
+                    raise exc.noting(_warehouse_lease_note(lease)) from exc
             else:
                 audit = self._load_through_ledger(context, store, warehouse, staged, day, bigquery)
         except OlderExtractError as exc:
@@ -268,3 +272,12 @@ class PartitionOverwriteOperator(BaseOperator):
                     "row_count": audit.row_count,
                     "checksum": audit.checksum,
                 }
+
+
+def _warehouse_lease_note(lease: Any) -> str:
+    """What a deadline left of a warehouse-mode lease (no work ledger): nothing hands it back."""
+    return (
+        f"Without a work ledger (ledger_conn_id=None) the partition's warehouse lease stays with run "
+        f"{lease.run_id!r} until {lease.expires_at_utc.isoformat(sep=' ')} UTC: this run's retry takes it "
+        "over at once, other runs of the partition wait for it to expire (lease_seconds)."
+    )

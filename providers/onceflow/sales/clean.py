@@ -6,7 +6,9 @@ Rules, in order:
    ``nul_byte``, ``invalid_text``, ``value_too_long`` (values the warehouse cannot store: a
    SQLite shop holds them, PostgreSQL refuses them, and a load that fails on every retry would
    block the day), ``missing_order_id``, ``unknown_event_type``, ``missing_refund_id``,
-   ``bad_amount``, ``non_positive_amount``, ``unknown_currency``. Nothing is dropped silently:
+   ``bad_amount``, ``sub_cent_amount`` (digits beyond cents that are not zero: ``14.0200`` from a
+   ``numeric(14,4)`` column is 14.02, ``14.0250`` would lose a fraction of a cent),
+   ``non_positive_amount``, ``unknown_currency``. Nothing is dropped silently:
    each reject keeps the whole raw row as ASCII JSON (NUL as ``\\u0000``, a byte that is not
    UTF-8, read as U+DC80 + byte, as ``\\udcXX``).
 2. **Dedupe**: a sale is identified by its order id, a refund by its refund id; of several rows
@@ -51,7 +53,9 @@ RATES_TO_EUR: Mapping[str, Decimal] = {
 }
 # v2: rows the warehouse cannot store (nul_byte, invalid_text, value_too_long) are rejected.
 # v3: rows that share an event key but differ as events are rejected (conflicting_duplicate).
-PROCESSING_VERSION = "sales-clean-v3"
+# v4: amounts with more than two decimal places are accepted when the extra digits are zeros
+#     (a numeric(14,4) column), else rejected as sub_cent_amount (they were all bad_amount).
+PROCESSING_VERSION = "sales-clean-v4"
 REJECT_REASONS: tuple[str, ...] = (
     "nul_byte",
     "invalid_text",
@@ -60,13 +64,17 @@ REJECT_REASONS: tuple[str, ...] = (
     "unknown_event_type",
     "missing_refund_id",
     "bad_amount",
+    "sub_cent_amount",
     "non_positive_amount",
     "unknown_currency",
     "conflicting_duplicate",
 )
 # What makes two rows under one key the same event (row_id and ingested_at_utc do not).
 _EVENT_FIELDS = ("event_type", "order_id", "refund_id", "customer_id", "created_at_utc", "currency")
-_AMOUNT_RE = re.compile(r"^-?\d{1,12}(\.\d{1,2})?$")
+# At most 12 integer digits (no bigint overflow in cents), any number of decimals; digits beyond
+# the cents must be zeros (_CENTS_EXACT_RE), else the amount is rejected rather than rounded.
+_AMOUNT_RE = re.compile(r"^-?\d{1,12}(\.\d+)?$")
+_CENTS_EXACT_RE = re.compile(r"^-?\d{1,12}(\.\d{1,2}0*)?$")
 _TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
 # Columns that reach the warehouse's varchar(ID_LENGTH) columns as they are.
 _STORED_ID_COLUMNS = ("order_id", "customer_id")
@@ -176,6 +184,7 @@ def _reject_reasons(df: pd.DataFrame) -> pd.Series:
     mark((event == "refund") & _blank(df["refund_id"]), "missing_refund_id")
     well_formed = amount.str.fullmatch(_AMOUNT_RE.pattern).fillna(False).astype(bool)
     mark(~well_formed, "bad_amount")
+    mark(~amount.str.fullmatch(_CENTS_EXACT_RE.pattern).fillna(False).astype(bool), "sub_cent_amount")
     mark(
         amount.str.startswith("-").fillna(False) | amount.str.fullmatch(r"-?0+(\.0+)?").fillna(False),
         "non_positive_amount",

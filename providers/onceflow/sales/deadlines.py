@@ -33,7 +33,16 @@ _QUERY_CANCELED = "57014"
 
 
 class DeadlineExceeded(RuntimeError):
-    """A shop or warehouse statement waited or ran past its deadline; the try fails and is retried."""
+    """A shop or warehouse statement waited or ran past its deadline; the try fails and is retried.
+
+    The message says what happened to the partition's lease only where that is known: the load
+    through the work ledger (:mod:`onceflow.sales.ledger_link`) and the load without it (the
+    operator) each add it with :meth:`noting`; the statement's own message makes no claim.
+    """
+
+    def noting(self, note: str) -> DeadlineExceeded:
+        """The same error with ``note`` appended to its message."""
+        return DeadlineExceeded(f"{self} {note}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,9 +119,9 @@ def describe(
     if code == _LOCK_NOT_AVAILABLE:
         return DeadlineExceeded(
             f"the {what} statement waited more than lock_timeout={limits.lock_timeout_s:g}s for a lock "
-            f"another session holds ({text!r}); this try fails and its lease is released, the next "
-            f"try loads once the lock is gone. Find the holder in pg_locks/pg_stat_activity; "
-            f"{LOCK_TIMEOUT_ENV} sets the wait."
+            f"another session holds ({text!r}); this try fails and Airflow retries it, and a try loads "
+            f"once the lock is gone. Find the holder in pg_locks/pg_stat_activity; {LOCK_TIMEOUT_ENV} "
+            "sets the wait."
         )
     if code == _QUERY_CANCELED and "statement timeout" in str(exc):
         return DeadlineExceeded(

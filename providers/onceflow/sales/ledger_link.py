@@ -99,6 +99,7 @@ def load_partition(
     :raises StaleAttemptError: the warehouse refused this attempt (recorded in the ledger).
     :raises ShutdownRequested: the attempt was stopped; its lease was handed back.
     """
+    from onceflow.sales.deadlines import DeadlineExceeded
     from onceflow.sales.partition_store import OlderExtractError, StaleAttemptError
 
     notify = checkpoint or (lambda _stage: None)
@@ -137,6 +138,11 @@ def load_partition(
                     ledger.fail(lease, exc, backoff_seconds=0)  # the caller's retry owns the timing
             except StaleFenceError:
                 pass  # a newer attempt owns the item; this refusal is recorded
+            if isinstance(exc, DeadlineExceeded):
+                raise exc.noting(
+                    f"The partition's work-ledger lease ({key}) was handed back: the next try need not "
+                    "wait for it to expire."
+                ) from exc
             raise
         notify("warehouse_committed")
         if handback.requested:

@@ -176,14 +176,22 @@ def write_extract(
     for col in _TEXT_COLUMNS:
         # Stored as bytes (surrogateescape): a byte that is not UTF-8 reaches cleaning unchanged
         # (parquet strings must be UTF-8), where the row is rejected with its raw value.
-        out[col] = pd.Series(
-            [v.encode("utf-8", "surrogateescape") if isinstance(v, str) else None for v in out[col]],
-            index=out.index,
-            dtype=object,
-        )
+        out[col] = pd.Series([_text_bytes(col, v) for v in out[col]], index=out.index, dtype=object)
     facts = {"source_watermark_utc": _iso(source_watermark_utc), "extract_id": uuid.uuid4().hex}
     _write_parquet(out, path, facts)
     return path
+
+
+def _text_bytes(column: str, value: object) -> bytes | None:
+    """A text value as staged bytes; anything but text or NULL is refused, never staged as NULL."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return None
+    raise TypeError(
+        f"extract column {column} holds a {type(value).__name__} ({value!r:.60}), not text: the shop "
+        "query must convert it (onceflow.sales.shop_query); refusing to stage it as NULL"
+    )
 
 
 def read_extract(folder: Folder) -> StagedExtract:

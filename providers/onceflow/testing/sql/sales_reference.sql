@@ -10,7 +10,8 @@
 -- higher row_id); an event is a sale by order_id or a refund by refund_id; a row under the same
 -- key that differs from the kept one as an event (order, refund id, customer, event time,
 -- currency, amount value) is rejected (conflicting_duplicate). Processing version
--- sales-clean-v3 (onceflow.sales.clean.PROCESSING_VERSION).
+-- sales-clean-v4 (onceflow.sales.clean.PROCESSING_VERSION): an amount may have more than two decimal
+-- places if the extra digits are zeros (sub_cent_amount otherwise).
 WITH day_events AS (
     SELECT * FROM orders WHERE created_at_utc >= :start_utc AND created_at_utc < :end_utc
 ),
@@ -24,7 +25,7 @@ valid AS (
       AND btrim(coalesce(e.order_id, ''), E' \t\r\n') <> ''
       AND e.event_type IN ('sale', 'refund')
       AND NOT (e.event_type = 'refund' AND btrim(coalesce(e.refund_id, ''), E' \t\r\n') = '')
-      AND btrim(e.amount, E' \t\r\n') ~ '^-?[0-9]{1,12}(\.[0-9]{1,2})?$'
+      AND btrim(e.amount, E' \t\r\n') ~ '^-?[0-9]{1,12}(\.[0-9]{1,2}0*)?$'
       AND btrim(e.amount, E' \t\r\n')::numeric > 0
       AND e.currency IN ('EUR', 'USD', 'GBP', 'SEK')
 ),

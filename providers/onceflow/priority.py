@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.plugins_manager import AirflowPlugin
 from airflow.task.priority_strategy import PriorityWeightStrategy
 
+from onceflow.hitl_guard import RequiredForOptionGuard
 from onceflow.local_api_guard import LocalRunGuard
 from onceflow.notifications.deadline_reference import BusinessTimeDeadline
 
@@ -167,10 +168,14 @@ class OnceflowPriorityPlugin(AirflowPlugin):
     :class:`~onceflow.notifications.deadline_reference.BusinessTimeDeadline` as a deadline
     reference (the scheduler refuses to evaluate an unregistered one), and
     :class:`~onceflow.local_api_guard.LocalRunGuard` in front of the api-server (inert unless
-    ``onceflow up`` configured it).
+    ``onceflow up`` configured it), and
+    :class:`~onceflow.hitl_guard.RequiredForOptionGuard` (a review's note is required to Reject).
     """
 
     name = "onceflow_priority"
     priority_weight_strategies = [RecentFirstWeightStrategy, NightlyFirstWeightStrategy]
     deadline_references = [BusinessTimeDeadline]
-    fastapi_root_middlewares = [{"name": "onceflow_local_run_guard", "middleware": LocalRunGuard}]
+    fastapi_root_middlewares = [
+        {"name": "onceflow_local_run_guard", "middleware": LocalRunGuard},
+        {"name": "onceflow_hitl_required_for", "middleware": RequiredForOptionGuard},
+    ]

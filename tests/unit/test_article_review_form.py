@@ -3,8 +3,10 @@ body that says why the article waits and shows the text readers will get."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from fastapi import Request
 from markdown_it import MarkdownIt
 
 from onceflow.articles.chain import review_markdown, why_below
@@ -59,3 +61,52 @@ def test_a_score_under_a_strict_threshold_with_no_scorer_reason_still_says_why()
     assert "The bibliobús arrives on Mondays." in text_part  # ...the text readers get has no marker
     assert "*" not in text_part
     assert "Approve to publish this translation (no note needed)" in shown
+
+
+def _guarded(monkeypatch: Any, stored: dict[str, Any] | None) -> Any:
+    """The guard in front of an app that records what reached it; the stored request is given
+    (the slow test tests/integration/test_review_note_required_to_reject.py reads the real one)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from onceflow import hitl_guard
+
+    monkeypatch.setattr(hitl_guard, "_stored_params", lambda *a: stored)
+    app = FastAPI()
+    app.state.seen = []
+
+    @app.patch("/api/v2/dags/{dag}/dagRuns/{run}/taskInstances/{task}/{mi}/hitlDetails")
+    async def respond(request: Request) -> dict[str, Any]:  # Request at module level: FastAPI reads it
+        body = await request.body()
+        app.state.seen.append(json.loads(body) if body.startswith(b"{") else body)
+        return {"ok": True}
+
+    app.add_middleware(hitl_guard.RequiredForOptionGuard)
+    return TestClient(app)
+
+
+URL = "/api/v2/dags/article_pipeline/dagRuns/sheet__1/taskInstances/review/-1/hitlDetails"
+
+
+def test_the_review_note_is_required_to_reject_and_only_to_reject(monkeypatch: Any) -> None:
+    client = _guarded(monkeypatch, ArticleReviewOperator(task_id="review").serialized_params)
+    for note in (None, "", "  "):
+        refused = client.patch(URL, json={"chosen_options": ["Reject"], "params_input": {"note": note}})
+        assert refused.status_code == 449
+        assert refused.json()["detail"].startswith("Reject needs 'note': type why")
+    approve = {"chosen_options": ["Approve"], "params_input": {"note": None}}
+    assert client.patch(URL, json=approve).status_code == 200
+    reject = {"chosen_options": ["Reject"], "params_input": {"note": "wrong glossary"}}
+    assert client.patch(URL, json=reject).status_code == 200
+    assert client.app.state.seen == [approve, reject]  # the body reached Airflow unchanged
+
+
+def test_other_hitl_tasks_and_malformed_bodies_pass_to_airflow(monkeypatch: Any) -> None:
+    plain = {"note": {"value": None, "schema": {"type": ["null", "string"]}}}
+    client = _guarded(monkeypatch, plain)
+    assert client.patch(URL, json={"chosen_options": ["Reject"], "params_input": {}}).status_code == 200
+    answered = _guarded(monkeypatch, None)  # answered already, or no request: Airflow says so
+    assert answered.patch(URL, json={"chosen_options": ["Reject"]}).status_code == 200
+    assert answered.patch(URL, content=b"not json").status_code == 200  # Airflow answers it (422)
+    assert answered.app.state.seen[-1] == b"not json"
+    assert answered.get(URL).status_code == 405  # only PATCH is looked at

@@ -14,6 +14,7 @@ from airflow.providers.standard.operators.branch import BaseBranchOperator
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import BaseOperator, Param
 
+from onceflow.hitl_guard import REQUIRED_FOR_KEY
 from onceflow.operators.article_step import ArticleStepOperator, claimed_queue, run_claim_conf, step_run
 
 if TYPE_CHECKING:
@@ -269,15 +270,17 @@ class ArticleReviewOperator(ApprovalOperator):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("subject", "Review a machine translation before it is published")
-        # optional: Approve needs no note. Airflow's form requires every param whose type does not
-        # allow null (it greyed out both buttons until something was typed).
+        # Approve needs no note, Reject does. Airflow's form requires a param whose type does not
+        # allow null for every option (it greyed out Approve until something was typed), so the
+        # type allows null and the api-server refuses a Reject without it (onceflow.hitl_guard).
         kwargs.setdefault(
             "params",
             {
                 "note": Param(
                     None,
                     type=["null", "string"],
-                    description="Only for Reject: why (it becomes the row's reason). Approve needs none.",
+                    description="Required to Reject: why (it becomes the row's reason). Approve needs none.",
+                    **{REQUIRED_FOR_KEY: [ApprovalOperator.REJECT]},  # type: ignore[arg-type]
                 )
             },
         )

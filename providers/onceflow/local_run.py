@@ -254,9 +254,13 @@ def _airflow(env: dict[str, str], *args: str) -> None:
 
 def _write_local_settings(cfg: LocalRunConfig) -> None:
     """``airflow_local_settings.py`` of this home: the log servers listen on 127.0.0.1 only."""
+    _write_local_settings_into(cfg.airflow_home)
+
+
+def _write_local_settings_into(airflow_home: Path) -> None:
     from onceflow.loopback_logs import LOCAL_SETTINGS
 
-    config = cfg.airflow_home / "config"
+    config = airflow_home / "config"
     config.mkdir(parents=True, exist_ok=True)
     (config / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
 
@@ -539,6 +543,8 @@ def _start_celery(cfg: LocalRunConfig, env: dict[str, str], api_port: int) -> An
     from onceflow.testing.celery_cluster import CeleryCluster
 
     cluster = CeleryCluster(env, cfg.home / "logs" / "celery", api_port=api_port, parallelism=8)
+    for name in cluster.worker_names:  # each worker's own AIRFLOW_HOME: its log server on loopback too
+        _write_local_settings_into(cluster.worker_home(name))
     print(f"onceflow: starting the Celery topology (logs in {cluster.workdir})", flush=True)
     return cluster.start(timeout=420)
 

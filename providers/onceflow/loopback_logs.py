@@ -1,12 +1,13 @@
-"""``make run``: the scheduler's and triggerer's log servers listen on 127.0.0.1, not every interface.
+"""``make run``: the log servers of the scheduler, the triggerer and the Celery workers listen on 127.0.0.1.
 
 Airflow 3.3's ``serve_logs`` binds ``host=""`` (all interfaces) with no setting to change it, and
 ``airflow standalone`` offers no ``--skip-serve-logs``. On one machine nothing needs them from
 outside: the api-server reads the task logs from the local files. ``onceflow up`` writes an
 ``airflow_local_settings.py`` into its AIRFLOW_HOME (Airflow imports it in every process before a
 component starts) that calls :func:`bind_log_servers_to_loopback`, which replaces the function the
-scheduler and triggerer commands import (``airflow.utils.serve_logs.serve_logs``) with one that
-serves the same app on 127.0.0.1. Nothing changes outside ``onceflow up``: a deployment whose
+scheduler, triggerer and ``celery worker`` commands import (``airflow.utils.serve_logs.serve_logs``)
+with one that serves the same app on 127.0.0.1. Under ``--executor celery`` each worker has a home
+of its own (a host of its own), so the file is written into each worker's ``config`` folder too. Nothing changes outside ``onceflow up``: a deployment whose
 api-server fetches logs from worker hosts keeps Airflow's own.
 """
 
@@ -24,8 +25,15 @@ LOCAL_SETTINGS = (
 HOST = "127.0.0.1"
 
 
-#: The commands that start a log server (``airflow scheduler``, ``airflow triggerer``).
-SERVING_COMMANDS = frozenset({"scheduler", "triggerer"})
+#: The commands that start a log server: ``airflow scheduler``, ``airflow triggerer`` and
+#: ``airflow celery worker`` (its ``_serve_logs`` imports ``serve_logs`` when the worker starts and
+#: runs it in a child process, fork or spawn alike, so the replaced function is the one it runs).
+SERVING_COMMANDS = frozenset({("scheduler",), ("triggerer",), ("celery", "worker")})
+
+
+def serves_logs(argv: list[str]) -> bool:
+    """Whether the ``airflow`` command line ``argv`` starts a log server."""
+    return any(tuple(argv[1 : 1 + len(c)]) == c for c in SERVING_COMMANDS)
 
 
 def bind_log_servers_to_loopback(argv: list[str] | None = None) -> None:
@@ -34,7 +42,7 @@ def bind_log_servers_to_loopback(argv: list[str] | None = None) -> None:
     Other processes (every task is one) skip the import of the log server's web stack.
     """
     argv = sys.argv if argv is None else argv
-    if len(argv) < 2 or argv[1] not in SERVING_COMMANDS:
+    if not serves_logs(argv):
         return
     try:
         import airflow.utils.serve_logs as package

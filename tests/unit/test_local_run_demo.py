@@ -152,6 +152,24 @@ def test_the_local_settings_bind_the_log_servers_to_loopback(tmp_path: Path) -> 
     assert "bind_log_servers_to_loopback()" in text
 
 
+def test_each_celery_worker_home_gets_the_loopback_settings(tmp_path: Path, monkeypatch: Any) -> None:
+    """Under --executor celery a worker has a home of its own; its log server binds there
+    (tests/acceptance/test_celery_log_server_loopback.py starts a real worker with the file)."""
+    from onceflow.loopback_logs import serves_logs
+    from onceflow.testing.celery_cluster import CeleryCluster
+
+    monkeypatch.setattr(CeleryCluster, "start", lambda self, timeout: self)
+    env = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql+psycopg2://postgres@127.0.0.1/x"}
+    cluster = local_run._start_celery(_config(tmp_path), env, api_port=8080)
+    assert len(cluster.worker_names) == 2
+    for name in cluster.worker_names:
+        text = (cluster.worker_home(name) / "config" / "airflow_local_settings.py").read_text()
+        assert "bind_log_servers_to_loopback()" in text
+    assert serves_logs(["airflow", "celery", "worker", "--queues", "q"])
+    assert serves_logs(["airflow", "scheduler"]) and serves_logs(["airflow", "triggerer"])
+    assert not serves_logs(["airflow", "celery", "flower"]) and not serves_logs(["airflow", "tasks"])
+
+
 def test_the_ui_login_is_this_users_with_a_password_made_once_per_home(tmp_path: Path) -> None:
     import getpass
     import stat

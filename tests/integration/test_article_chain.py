@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import sqlalchemy as sa
 
-from onceflow.ledger import Ledger, create_ledger_engine
+from onceflow.ledger import Ledger, create_ledger_engine, schema
 from onceflow.sheets import ledger_link
 from onceflow.sheets.model import Snapshot
 from onceflow.sheets.protocol import SheetQueue
@@ -148,6 +149,18 @@ def test_a_row_goes_from_new_to_done_with_a_link_to_its_page_published_once(
     assert (translation["backend"], translation["source"], translation["target"]) == ("apertium", "es", "en")
     assert "kitchen garden" in translation["text"], translation["text"][:300]
     assert chain_env.item(key).state == "done"
+    # the DONE was committed with publish's result and relayed from the outbox (sheets/relay.py)
+    outbox = schema.outbox.c
+    with chain_env.engine.connect() as conn:
+        writes = conn.execute(
+            sa.select(outbox.state, outbox.payload).where(
+                outbox.work_key == key, outbox.target_type == "sheet_row"
+            )
+        ).all()
+    assert [(state, json.loads(payload)["data"]["token"]) for state, payload in writes] == [
+        ("relayed", claim.token)
+    ]
+    assert run.xcom("write_back")["relayed"] == 1, "write_back relayed it"
 
 
 BAD_URLS = [

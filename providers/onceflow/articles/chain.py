@@ -279,29 +279,64 @@ def publish(run: StepRun, store: Any, publisher: Any) -> dict[str, Any]:
     }
 
 
-def write_back(run: StepRun, queue: Any, approved_by: str | None = None) -> dict[str, Any]:
-    """DONE, score and link on the row found by its claim token, in one request.
+def done_write(run: StepRun, target: str, published: dict[str, Any], approved_by: str | None) -> Any:
+    """The ``sheet_row`` follow-up ``publish`` commits with its result: the row of the run's claim
+    DONE with score, link and run id, only while its URL still names this article."""
+    from onceflow.articles.writeback import done_fields
+    from onceflow.sheets.model import Status
+    from onceflow.sheets.relay import row_write
 
-    :param approved_by: the reviewer who approved it, when it went through review: the row's
-        reason then says so (instead of still reading why it needed review).
+    fields = done_fields(
+        score=float(published["score"]),
+        published_url=str(published["url"]),
+        run_id=run.run_id,
+        approved_by=approved_by,
+    )
+    return row_write(target, str(run.conf["claim_token"]), Status.DONE, fields, row_key=run.row_key)
+
+
+def write_back(run: StepRun, queue: Any, approved_by: str | None = None) -> dict[str, Any]:
+    """Relay the sheet's pending write-backs, this article's DONE among them (1 read + 2 writes
+    for all of them, :mod:`onceflow.sheets.relay`).
+
+    ``publish`` committed the row's DONE to the ledger's outbox with its result; an article
+    published before write-backs went through the outbox has none, and is written here directly.
+
+    :param approved_by: the reviewer who approved it (only for that direct write).
+    :raises TransientStepError: the sheet refused the pass (5xx, quota): Airflow's retry relays again.
     """
+    from onceflow.articles.errors import TransientStepError
     from onceflow.articles.writeback import write_done
+    from onceflow.sheets.relay import claim_writes, queue_target, relay_sheet_rows
 
     published = run.result(PUBLISH)
     token = str(run.conf["claim_token"])
-    written = write_done(
-        queue,
-        token,
-        score=float(published["score"]),
-        published_url=published["url"],
-        run_id=run.run_id,
-        row_key=run.row_key,
-        reason=f"approved in review by {approved_by}" if approved_by else None,
-    )
+    relayed = 0
+    if not claim_writes(run.ledger, run.work_key, token):
+        written = write_done(
+            queue,
+            token,
+            score=float(published["score"]),
+            published_url=published["url"],
+            run_id=run.run_id,
+            row_key=run.row_key,
+            reason=f"approved in review by {approved_by}" if approved_by else None,
+        )
+    else:
+        target = queue_target(queue)
+        report = relay_sheet_rows(run.ledger, lambda _sid, _tab: queue, target=target)
+        if report.errors:
+            raise TransientStepError(f"write-back relay of {target}: {report.errors[0]}", step="write_back")
+        relayed = report.relayed
+        written = token in report.written
+        if token not in report.written and token not in report.left:
+            # not in this pass: an earlier one (a crashed try's, sheet_claim's) relayed it
+            log.info("claim %s: its write-back was relayed before this task", token)
+            written = "relayed" in claim_writes(run.ledger, run.work_key, token)
+        log.info("relayed %d write-back(s) of %s; requests %s", relayed, target, dict(report.requests))
     if not written:
-        # the final write removes the row's anchor, so a repeat after a crash before the ledger
-        # commit finds no row: the first write happened (or the editor removed the row, or typed
-        # another article's URL into it: it stays in flight for sheet_reconcile)
+        # the row is gone, or the editor typed another article's URL into it: it stays in
+        # flight for sheet_reconcile
         log.warning(
             "claim %s: no row of article %s in flight any more: DONE was written before, the row "
             "is gone, or its URL now names another article", token, run.row_key,
@@ -311,6 +346,7 @@ def write_back(run: StepRun, queue: Any, approved_by: str | None = None) -> dict
         "published_url": published["url"],
         "score": published["score"],
         "written": bool(written),
+        "relayed": relayed,
     }
 
 

@@ -81,11 +81,21 @@ def write_done(
     """
     from onceflow.sheets.validation import judge_url
 
-    fields = {"score": format_score(score), "published_url": published_url, "run_id": run_id}
+    fields = done_fields(score=score, published_url=published_url, run_id=run_id)
     if reason:
         fields["reason"] = _reason(reason, "reason")
     same = None if row_key is None else (lambda row: judge_url(row).key == row_key)
     return queue.finish(token, Status.DONE, fields, old=(Status.PROCESSING, Status.NEEDS_REVIEW), same=same)
+
+
+def done_fields(
+    *, score: float, published_url: str, run_id: str, approved_by: str | None = None
+) -> dict[str, str]:
+    """The cells a DONE row gets: score, link, run id, and who approved it after a review."""
+    fields = {"score": format_score(score), "published_url": published_url, "run_id": run_id}
+    if approved_by:
+        fields["reason"] = _reason(f"approved in review by {approved_by}", "reason")
+    return fields
 
 
 def write_needs_review(queue: SheetQueue, token: str, *, score: float, reason: str) -> bool:

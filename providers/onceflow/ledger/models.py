@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 DAG_RUN = "dag_run"
 ASSET_EVENT = "asset_event"
 WORK_ITEM = "work_item"
+#: a write to one row of a sheet queue, relayed by ``onceflow.sheets.relay`` (not by Airflow's relay)
+SHEET_ROW = "sheet_row"
+#: the outbox rows :class:`~onceflow.ledger.outbox.OutboxRelay` delivers to Airflow
+AIRFLOW_TARGETS = (DAG_RUN, ASSET_EVENT)
 
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.~:+-]")
 
@@ -177,6 +181,12 @@ class FollowUp:
         """Create the next ledger work item (e.g. the ``translate`` step after ``fetch``)."""
         return cls(WORK_ITEM, kind, payload or {}, work_key, priority, required_version)
 
+    @classmethod
+    def sheet_row(cls, sheet: str, payload: dict[str, Any]) -> FollowUp:
+        """Write one row of the sheet queue ``sheet`` (``<spreadsheet id>/<tab>``): the row's
+        final status and fields, by its claim token (``onceflow.sheets.relay`` builds these)."""
+        return cls(SHEET_ROW, sheet, payload)
+
     def resolved(self, work_key: str, step: str, version: str, token: int) -> dict[str, Any]:
         """The stored form, with its deduplication key fixed.
 
@@ -189,9 +199,9 @@ class FollowUp:
             run_id = self.key or stable_run_id(work_key, step, version, f"t{token}")
             dedup = f"dag_run:{self.target}:{run_id}"
             key = run_id
-        elif self.target_type == ASSET_EVENT:
+        elif self.target_type in (ASSET_EVENT, SHEET_ROW):
             key = self.key or f"{work_key}:{step}:{version}:t{token}"
-            dedup = f"asset_event:{self.target}:{key}"
+            dedup = f"{self.target_type}:{self.target}:{key}"
         elif self.target_type == WORK_ITEM:
             assert self.key, "work_item follow-ups need a work key"
             key = self.key

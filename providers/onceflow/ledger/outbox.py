@@ -244,3 +244,28 @@ def pending_rows(ledger: Ledger) -> list[OutboxRow]:
     with ledger.engine.connect() as conn:
         rows = conn.execute(o.select().where(o.c.state == "pending").order_by(o.c.id)).mappings().all()
     return [_row(m) for m in rows]
+
+
+def pending_sheet_rows(ledger: Ledger, target: str | None = None, limit: int = 200) -> list[OutboxRow]:
+    """Pending ``sheet_row`` follow-ups (of one sheet, ``<spreadsheet id>/<tab>``, or all), oldest
+    first: the rows :mod:`onceflow.sheets.relay` writes (Airflow's relay leaves them alone)."""
+    with ledger.engine.connect() as conn:
+        found = conn.execute(query("outbox_sheet_rows_pending"), {"target": target, "limit": limit})
+        return [_row(m) for m in found.mappings().all()]
+
+
+def mark_relayed(ledger: Ledger, row_ids: Sequence[int]) -> int:
+    """Mark these rows relayed (only those still pending); return how many it marked."""
+    marked = 0
+    with ledger.engine.begin() as conn:
+        now = db_now(conn, statement_now(ledger.clock))  # this connection's clock, see _record
+        for row_id in row_ids:
+            marked += int(conn.execute(query("outbox_mark_relayed"), {"id": row_id, "now": now}).rowcount)
+    return marked
+
+
+def mark_failed_delivery(ledger: Ledger, row_ids: Sequence[int], error: str) -> None:
+    """Record a failed delivery on these rows; they stay pending for the next pass."""
+    with ledger.engine.begin() as conn:
+        for row_id in row_ids:
+            conn.execute(query("outbox_mark_error"), {"id": row_id, "error": error[:4000]})

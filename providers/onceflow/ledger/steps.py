@@ -38,8 +38,10 @@ from onceflow.ledger.keyed import Heartbeat
 from onceflow.ledger.worker import ShutdownRequested
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from onceflow.ledger.core import Ledger
-    from onceflow.ledger.models import Lease
+    from onceflow.ledger.models import FollowUp, Lease
     from onceflow.shutdown import GracefulShutdown
 
 log = logging.getLogger(__name__)
@@ -159,11 +161,14 @@ def run_keyed_step(
     payload: Any = None,
     reuse_prefix: str = "",
     shutdown: GracefulShutdown | None = None,
+    follow_ups: Callable[[Any], Sequence[FollowUp]] | None = None,
 ) -> StepOutcome:
     """Run ``work`` once for ``work_key`` under a ledger lease and commit its result (see module).
 
     :param work: does the step with the lease in hand and returns the result payload (JSON).
     :param shutdown: requested when the task is being stopped: the lease goes back at once.
+    :param follow_ups: the follow-ups of a result (given the payload ``work`` returned), committed
+        in the result's transaction: a try whose lease was taken over commits neither.
     :raises LeaseHeld: another attempt's lease is current (it is still working).
     :raises StaleFenceError: this attempt's lease was taken over before it committed.
     :raises ShutdownRequested: shutdown was requested; the lease was handed back, nothing committed.
@@ -197,7 +202,7 @@ def run_keyed_step(
             raise
         if handback.requested:
             raise ShutdownRequested(_stopped(work_key, step))
-        record = ledger.commit_result(lease, step, result)
+        record = ledger.commit_result(lease, step, result, follow_ups(result) if follow_ups else ())
     return StepOutcome(record.payload, record.fencing_token, repeated=False)
 
 

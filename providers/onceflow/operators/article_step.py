@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from onceflow.articles.chain import StepRun
     from onceflow.ledger.core import Ledger
+    from onceflow.ledger.models import FollowUp
     from onceflow.shutdown import GracefulShutdown
 
 
@@ -148,6 +149,10 @@ class ArticleStepOperator(BaseOperator):
         """Do the step with the lease in hand (``run.token``); return the payload to commit."""
         raise NotImplementedError
 
+    def follow_ups(self, run: StepRun, result: dict[str, Any], context: Context) -> Sequence[FollowUp]:
+        """What must follow ``result``, committed in its ledger transaction (none by default)."""
+        return ()
+
     def execute(self, context: Context) -> Any:
         return self._execute(context, waits=0)
 
@@ -202,6 +207,7 @@ class ArticleStepOperator(BaseOperator):
                 reuse_prefix=run.reuse_prefix,
                 payload={k: conf[k] for k in RUN_CONF_KEYS if k in conf},
                 shutdown=self._shutdown,
+                follow_ups=lambda result: self.follow_ups(run, result, context),
             )
         except InvalidInput as exc:
             self.record_invalid(conf, exc)

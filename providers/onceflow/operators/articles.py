@@ -139,9 +139,19 @@ class PublishArticleOperator(ArticleStepOperator):
         hook = StorageHook()  # one connection lookup for the step outputs and the publisher
         return chain.publish(run, hook.step_store(), hook.publisher())
 
+    def follow_ups(self, run: StepRun, result: dict[str, Any], context: Context) -> Sequence[Any]:
+        """The row's DONE, score and link, committed with the result (the relay writes it)."""
+        from onceflow.articles import chain
+        from onceflow.sheets.relay import queue_target
+
+        review = context["ti"].xcom_pull(task_ids="review")  # None when nobody was asked
+        target = queue_target(claimed_queue(run.conf))
+        return [chain.done_write(run, target, result, responder_name(review))]
+
 
 class WriteBackOperator(ArticleStepOperator):
-    """DONE, score and the published link on the row, in one request; the row's anchor goes."""
+    """Relay the sheet's pending write-backs: this row's DONE, score and link (committed by
+    ``publish``) and every other row's waiting in the outbox, in 1 read + 2 writes."""
 
     step = "write_back"
 

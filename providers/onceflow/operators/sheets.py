@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from onceflow.articles.chain import StepRun
+    from onceflow.sheets.protocol import SheetQueue
 
 #: The ``article_pipeline`` DAG each claimed row starts.
 ARTICLE_PIPELINE = "article_pipeline"
@@ -139,11 +140,32 @@ class SheetClaimOperator(BaseOperator):
         self.trigger_dag_id = trigger_dag_id
         self.ledger_conn_id = ledger_conn_id
 
+    def _relay_write_backs(self, ledger_conn_id: str, queue: SheetQueue) -> None:
+        """Write the sheet's pending write-backs (a chain that crashed after its commit, or whose
+        ``write_back`` failed): no Sheets request when none waits. A failure is logged, not raised:
+        the rows stay in the outbox, and claiming must go on."""
+        from onceflow.hooks.ledger import LedgerHook
+        from onceflow.sheets.relay import queue_target, relay_sheet_rows
+
+        try:
+            ledger = LedgerHook(ledger_conn_id).get_ledger()
+            report = relay_sheet_rows(ledger, lambda _sid, _tab: queue, target=queue_target(queue))
+        except Exception:
+            self.log.exception("could not relay the sheet's write-backs; the next wake-up will")
+            return
+        if report.relayed or report.errors:
+            self.log.info(
+                "relayed %d write-back(s) (%d rows written, %d left in flight), errors %s",
+                report.relayed, len(report.written), len(report.left), report.errors,
+            )  # fmt: skip
+
     def execute(self, context: Context) -> dict[str, Any]:
         from onceflow.hooks.sheets import SheetQueueHook
 
         hook = SheetQueueHook(self.gcp_conn_id, spreadsheet_id=self.spreadsheet_id, sheet=self.sheet)
         queue = hook.queue(str(self.processing_version))
+        if self.ledger_conn_id:
+            self._relay_write_backs(self.ledger_conn_id, queue)
         result = queue.claim(int(self.max_rows))
         for rejection in result.rejected:
             self.log.info(

@@ -1,10 +1,10 @@
 -- Named queries of the outbox relay.
 
 -- name: outbox_pick_postgresql
--- Relays running side by side take disjoint rows.
+-- Relays running side by side take disjoint rows. Sheet rows are the sheet relay's.
 SELECT id, dedup_key, work_key, step, target_type, target, payload, attempts
 FROM outbox
-WHERE state = 'pending' AND id > :after_id
+WHERE state = 'pending' AND id > :after_id AND target_type IN ('dag_run', 'asset_event')
 ORDER BY id
 LIMIT 1
 FOR UPDATE SKIP LOCKED
@@ -12,7 +12,7 @@ FOR UPDATE SKIP LOCKED
 -- name: outbox_pick_sqlite
 SELECT id, dedup_key, work_key, step, target_type, target, payload, attempts
 FROM outbox
-WHERE state = 'pending' AND id > :after_id
+WHERE state = 'pending' AND id > :after_id AND target_type IN ('dag_run', 'asset_event')
 ORDER BY id
 LIMIT 1
 
@@ -41,3 +41,11 @@ SELECT MIN(created_at) FROM outbox WHERE state = 'pending'
 -- name: relay_status_update
 UPDATE relay_status SET last_run_at = :now, last_relayed = :relayed WHERE relay_name = :name
 
+
+-- name: outbox_sheet_rows_pending
+-- The sheet relay's pending rows, oldest first, of one sheet or (target NULL) of all.
+SELECT id, dedup_key, work_key, step, target_type, target, payload, attempts
+FROM outbox
+WHERE state = 'pending' AND target_type = 'sheet_row' AND (:target IS NULL OR target = :target)
+ORDER BY id
+LIMIT :limit

@@ -1,0 +1,187 @@
+"""The sheet relay: row write-backs committed to the ledger's outbox, written to the sheet in batches.
+
+A step that finishes a row (``publish``: DONE, link, score) commits its result and a ``sheet_row``
+follow-up, "row of claim T on sheet S: DONE with these fields", in **one ledger transaction**
+(:meth:`~onceflow.ledger.core.Ledger.commit_result`). So
+
+* a try whose lease was taken over cannot reach the sheet: its commit is refused, and with it its
+  write-back;
+* a crash between the commit and the sheet write loses nothing: the row waits in the outbox, and the
+  next relay pass (the chain's ``write_back`` task, its Airflow retry, ``sheet_claim``'s next
+  wake-up) writes it;
+* a crash after the sheet write and before the outbox row is marked repeats nothing: the second
+  pass finds the row already final (its fenced ``findReplace`` matches nothing, the read-back
+  sees the status), writes no field, and marks the outbox row.
+
+:func:`relay_sheet_rows` settles every pending row of a sheet at once with
+:func:`onceflow.sheets.settle.finish_many`: **1 read + 2 writes per sheet and pass, whatever the
+number of rows** (header and rows by their anchors; the fields through the anchors; every fenced
+status move, URL guard and anchor deletion in one ``spreadsheets.batchUpdate``), +1
+``spreadsheets.get`` for a fresh queue's tab ids, +1 read when some move replied 0. A row is
+finished only while its URL still names the article that was published (``row_key``): an editor's
+new URL, typed before the read or between the read and the batch, is never left DONE with the old
+link (``finish_many``'s guards put it back in flight, and ``sheet_reconcile`` runs the new URL).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from onceflow.sheets import settle
+from onceflow.sheets.model import Status
+from onceflow.sheets.validation import judge_url
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    from onceflow.ledger.core import Ledger
+    from onceflow.ledger.models import FollowUp
+    from onceflow.ledger.outbox import OutboxRow
+    from onceflow.sheets.model import Row
+    from onceflow.sheets.protocol import SheetQueue
+
+log = logging.getLogger(__name__)
+
+#: what a pass takes at most from the outbox
+DEFAULT_LIMIT = 200
+
+
+def sheet_target(spreadsheet_id: str, sheet: str) -> str:
+    """The outbox target of a sheet queue: ``<spreadsheet id>/<tab>`` (an id has no ``/``)."""
+    if not spreadsheet_id or "/" in spreadsheet_id:
+        raise ValueError(f"not a spreadsheet id: {spreadsheet_id!r}")
+    return f"{spreadsheet_id}/{sheet}"
+
+
+def queue_target(queue: SheetQueue) -> str:
+    """The outbox target of ``queue``'s tab."""
+    return sheet_target(str(getattr(queue.transport, "spreadsheet_id", "")), queue.sheet)
+
+
+def row_write(
+    target: str,
+    token: str,
+    status: Status,
+    fields: dict[str, str],
+    *,
+    old: Sequence[Status] = (Status.PROCESSING, Status.NEEDS_REVIEW),
+    row_key: str | None = None,
+) -> FollowUp:
+    """The follow-up that moves the row of claim ``token`` on ``target`` to ``status`` with ``fields``.
+
+    :param old: the statuses the row may be in (each a fenced ``findReplace`` in the batch).
+    :param row_key: the article the write is for: a row whose URL now names another is not finished.
+    :raises ValueError: ``status`` is not final (the relay moves rows to final statuses only).
+    """
+    from onceflow.ledger.models import FollowUp
+
+    if status not in settle.FINAL_STATUSES:
+        raise ValueError(f"{status.value} is not a final status")
+    payload = {
+        "token": token,
+        "status": status.value,
+        "fields": dict(fields),
+        "old": sorted(st.value for st in old),
+        "row_key": row_key,
+    }
+    return FollowUp.sheet_row(target, payload)
+
+
+def claim_writes(ledger: Ledger, work_key: str, token: str) -> list[str]:
+    """The states (``pending``, ``relayed``) of the outbox writes of claim ``token``'s row."""
+    import json
+
+    import sqlalchemy as sa
+
+    from onceflow.ledger import schema
+    from onceflow.ledger.models import SHEET_ROW
+
+    o = schema.outbox.c
+    stmt = sa.select(o.state, o.payload).where(o.work_key == work_key, o.target_type == SHEET_ROW)
+    with ledger.engine.connect() as conn:
+        found = conn.execute(stmt).all()
+    return [
+        state for state, payload in found if json.loads(payload or "{}").get("data", {}).get("token") == token
+    ]
+
+
+@dataclass
+class SheetRelayReport:
+    """One pass: outbox rows settled, the claim tokens written or left alone, and errors."""
+
+    relayed: int = 0
+    #: tokens whose row is now in the status the outbox asked for (also when an earlier pass moved it)
+    written: list[str] = field(default_factory=list)
+    #: tokens whose row was not in a state to move (removed, finished otherwise, its URL changed)
+    left: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    #: Sheets requests per API method, over every sheet of the pass
+    requests: Counter[str] = field(default_factory=Counter)
+
+
+def relay_sheet_rows(
+    ledger: Ledger,
+    open_queue: Callable[[str, str], SheetQueue],
+    *,
+    target: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+) -> SheetRelayReport:
+    """Write the pending ``sheet_row`` follow-ups (of ``target``, or of every sheet) to their sheets.
+
+    :param open_queue: ``(spreadsheet id, tab) -> SheetQueue`` (one per sheet and pass).
+    An outbox row is marked relayed once its sheet answered (written, or not in a state to be);
+    a sheet that failed (5xx, quota, no header) leaves its rows pending with the error recorded.
+    """
+    from onceflow.ledger import outbox
+
+    report = SheetRelayReport()
+    by_sheet: dict[str, list[OutboxRow]] = {}
+    for row in outbox.pending_sheet_rows(ledger, target, limit):
+        by_sheet.setdefault(row.target, []).append(row)
+    for sheet, rows in by_sheet.items():
+        spreadsheet_id, _, tab = sheet.partition("/")
+        queue: SheetQueue | None = None
+        try:
+            queue = open_queue(spreadsheet_id, tab)
+            outcome = settle_rows(queue, [row.data for row in rows])
+        except Exception as exc:  # recorded on the rows; the next pass tries again
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("sheet %s: %d write-back(s) not relayed: %s", sheet, len(rows), error)
+            outbox.mark_failed_delivery(ledger, [row.id for row in rows], error)
+            report.errors.append(f"{sheet}: {error}")
+            continue
+        finally:
+            if queue is not None:
+                report.requests.update(queue.transport.calls)
+        for token, ok in outcome.items():
+            (report.written if ok else report.left).append(token)
+        report.relayed += outbox.mark_relayed(ledger, [row.id for row in rows])
+    return report
+
+
+def settle_rows(queue: SheetQueue, writes: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
+    """Each write's row moved to its status with its fields; per token, whether it now is.
+
+    Writes of one token after the first are the same article's later commits: the newest wins
+    (the row takes one final status). Writes that may come from the same statuses share one
+    :func:`~onceflow.sheets.settle.finish_many` (in practice all: 1 read + 2 writes).
+    """
+    latest = {str(w["token"]): w for w in writes}
+    keys = {token: w.get("row_key") for token, w in latest.items()}
+
+    def same(row: Row) -> bool:
+        key = keys.get(row.token or "")
+        return key is None or judge_url(row).key == key
+
+    groups: dict[frozenset[Status], list[settle.Finish]] = {}
+    for token, w in latest.items():
+        olds = frozenset(Status(v) for v in w.get("old") or (Status.PROCESSING.value,))
+        groups.setdefault(olds, []).append((token, Status(w["status"]), dict(w.get("fields") or {})))
+    outcome: dict[str, bool] = {}
+    for olds, finishes in groups.items():
+        done = settle.finish_many(queue, finishes, olds, same=same)
+        outcome.update({token: ok for (token, _, _), ok in zip(finishes, done, strict=True)})
+    return outcome

@@ -15,7 +15,19 @@ are paused past their lease; :func:`run_schedule` plays it against a running She
   sheet during the run carries a token some claim handed out, and none is left in flight;
 * at every step, at most one row anchor per token (resends must not eat the metadata room) and
   the metadata under the cap; at rest, no anchor left;
-* a claim refused at the metadata cap only when not one more row fitted.
+* a claim refused at the metadata cap only when not one more row fitted;
+* when a claim returns, each token it handed out is on one row, beside the URL it was handed out
+  for (the work created is for the URL beside the token, never for another row's).
+
+With ``moved=`` (a probability per seed), a schedule also gets a **resent claim with rows moving
+twice** (``resend_moved``): the claim's reply is lost after it applied, a NEW row lands at one
+claimed row's position before the resend (the emulator's ``after_apply`` hook, between the two
+copies), so the resend claims it too and a token sits on two rows; then the editor inserts or
+deletes a row before the claim's re-token write, which is aimed at a row position (issue 22,
+defect 2). Its draws come from their own generator, so the other steps of a seed stay as they
+were. Off by default: with it, the current code also leaves a second anchor of the token on the
+re-tokened row, and a token still on two rows after the re-token PROCESSING for
+``sheet_reconcile``, which the rest phase does not model (``docs/sheet-queue.md``).
 
 A failing schedule raises :class:`ScheduleFailed`, whose message names the seed and how to replay
 it: ``python -m onceflow.testing.sheet_faults --seed N`` (its own emulator and SQLite ledger), or
@@ -70,8 +82,11 @@ class Step:
     args: dict[str, Any] = field(default_factory=dict)
 
 
-def generate(seed: int, *, rows: int = 6, steps: int = 12) -> list[Step]:
-    """The schedule of ``seed``: a pure function of it, so a failing seed replays exactly."""
+def generate(seed: int, *, rows: int = 6, steps: int = 12, moved: float = 0.0) -> list[Step]:
+    """The schedule of ``seed``: a pure function of it, so a failing seed replays exactly.
+
+    :param moved: the probability that the schedule also has a ``resend_moved`` step.
+    """
     rng = random.Random(seed)
     out: list[Step] = []
     for _ in range(steps):
@@ -96,6 +111,10 @@ def generate(seed: int, *, rows: int = 6, steps: int = 12) -> list[Step]:
             out.append(Step(kind, {"point": rng.choice(CRASH_POINTS)}))
         else:
             out.append(Step(kind))
+    draw = random.Random(f"resend_moved-{seed}")  # its own stream: the steps above are unchanged
+    if draw.random() < moved:
+        args = {"limit": draw.randint(1, rows), "again": draw.choice(("insert", "delete", "none"))}
+        out.insert(draw.randint(0, len(out)), Step("resend_moved", {**args, "n": draw.randint(0, 10**6)}))
     return out
 
 
@@ -127,14 +146,36 @@ class _Interposed(GoogleSheetsTransport):
     def __init__(self, service: Any, spreadsheet_id: str) -> None:
         super().__init__(service, spreadsheet_id)
         self.armed: list[Callable[[], None]] = []
+        #: an action fired before the second conditional write from now (a claim's re-token)
+        self.second: Callable[[], None] | None = None
+        self._seen = 0
+        #: tokens a claim's re-token minted (no claim hands them out; sheet_reconcile runs them)
+        self.minted: set[str] = set()
 
     def _fire(self) -> None:
         while self.armed:
             self.armed.pop(0)()
+        if self.second is not None:
+            self._seen += 1
+            if self._seen == 2:
+                action, self.second, self._seen = self.second, None, 0
+                action()
+
+    def arm_second(self, action: Callable[[], None] | None) -> None:
+        self.second, self._seen = action, 0
 
     def batch_update(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if any("findReplace" in r for r in requests):
             self._fire()
+        for r in requests:
+            find = str(r.get("findReplace", {}).get("find", ""))
+            replacement = str(r.get("findReplace", {}).get("replacement", ""))
+            if (
+                find.startswith("PROCESSING #")
+                and replacement.startswith("PROCESSING #")
+                and find != replacement
+            ):
+                self.minted.add(replacement.split("#", 1)[1])
         return super().batch_update(requests)
 
 
@@ -176,6 +217,7 @@ def run_schedule(
     rows: int = 6,
     steps: int = 12,
     clients: tuple[Any, Any] | None = None,
+    moved: float = 0.0,
 ) -> Run:
     """Play schedule ``seed`` against ``emulator`` (a running
     :class:`~onceflow.testing.sheets_fixtures.SheetsEmulator`) and ``ledger``; bring every row to
@@ -183,6 +225,7 @@ def run_schedule(
 
     :param clients: the workers' and the editor's services (:func:`services`), reused across
         schedules; made afresh when not given.
+    :param moved: the probability of a ``resend_moved`` step (see the module docstring).
     """
     from onceflow.sheets.model import Snapshot, Status
     from onceflow.sheets.protocol import SheetQueue
@@ -280,14 +323,53 @@ def run_schedule(
         except (RetriesExhausted, OSError) as err:
             run.log.append(f"claim gave up: {type(err).__name__}")
             return
+        from onceflow.sheets.validation import judge_url
+
+        now = Snapshot.from_values(values())  # read from the emulator's store, not through the queue
         for c in result.claims:
+            beside = [judge_url(r).key for r in now.rows_with_token(c.token)]
+            if beside != [c.row_key]:
+                urls = [r.url for r in now.rows_with_token(c.token)]
+                run.violations.append(f"claim bound {c.token} to {c.url!r}, but the token is beside {urls}")
             run.handed[c.token] = c
             pending.append(c.token)
+
+    def resend_moved(limit: int, again: str, n: int) -> None:
+        from onceflow.testing.sheets_emulator.faults import Fault
+
+        known = run.tokens_seen | set(run.handed)
+
+        def between_copies(store: Any) -> None:
+            sheet = store.get(sid).sheet_by_title("queue")
+            fresh = [
+                i
+                for i in range(1, len(sheet.rows))
+                if str(sheet.get(i, 1) or "").startswith("PROCESSING #")
+                and str(sheet.get(i, 1)).split("#", 1)[1] not in known
+            ]
+            if fresh:  # a NEW row pushes one just-claimed row down: the resend claims it too
+                at = fresh[n % len(fresh)]
+                sheet.insert_rows(at, 1)
+                sheet.set(at, 0, f"https://news.example.com/s{seed}-m{n}")
+                sheet.set(at, 1, "NEW")
+
+        fault = emulator.faults.add(
+            Fault(
+                "apply_then_drop", count=1, methods=["spreadsheets.batchUpdate"], after_apply=between_copies
+            )
+        )
+        if again != "none":  # rows move again before the claim's next conditional write
+            transport.arm_second(functools.partial(edit, again, 0.0, n))
+        try:
+            claim(limit)
+        finally:
+            fault.count = 0
+            transport.arm_second(None)
 
     def work(token: str, *, crash: str | None = None, stale: bool = False, at: float = 0.0) -> None:
         _work(run, queue, ledger, run.handed[token], crash=crash, stale=stale, at=at)
 
-    for i, step in enumerate(generate(seed, rows=rows, steps=steps)):
+    for i, step in enumerate(generate(seed, rows=rows, steps=steps, moved=moved)):
         run.log.append(f"{i}: {step.kind} {step.args}")
         try:
             if step.kind == "claim":
@@ -318,6 +400,8 @@ def run_schedule(
                 emulator.faults.add("apply_then_drop", count=1, methods=["spreadsheets.batchUpdate"])
                 claim(step.args["limit"])
                 store.metadata_limit = METADATA_LIMIT
+            elif step.kind == "resend_moved":
+                resend_moved(step.args["limit"], step.args["again"], step.args["n"])
             elif step.kind == "uncap":
                 store.metadata_limit = METADATA_LIMIT
             elif step.kind == "edit":
@@ -356,6 +440,12 @@ def run_schedule(
             break
         for r in in_flight:
             token = str(r.token)
+            if token not in run.handed and token in transport.minted:
+                from onceflow.sheets.validation import judge_url
+
+                adopted = judge_url(r)
+                if adopted.key:  # sheet_reconcile starts a run for a PROCESSING row without one
+                    run.handed[token] = _adopted_claim(token, adopted.key, r)
             if token not in run.handed:
                 continue  # reported below: no claim handed it out
             claim_now = run.handed[token]
@@ -373,15 +463,27 @@ def run_schedule(
             work(token, at=rest)  # no crash is scheduled at rest
         observe("at rest")
     queue.sweep_anchors()  # sheet_reconcile's sweep: anchors of rows the editor finished or retyped
+    run.tokens_seen -= transport.minted  # made by a claim's re-token: run at rest, as reconcile does
     check(run, Snapshot.from_values(values()), book, ledger)
     if run.violations:
         raise ScheduleFailed(
             f"seed {seed}: "
             + "; ".join(run.violations)
-            + f"\nreplay: python -m onceflow.testing.sheet_faults --seed {seed}\nschedule:\n  "
+            + f"\nreplay: python -m onceflow.testing.sheet_faults --seed {seed}"
+            + (f" --moved {moved}" if moved else "")
+            + "\nschedule:\n  "
             + "\n  ".join(run.log)
         )
     return run
+
+
+def _adopted_claim(token: str, key: str, row: Any) -> Claim:
+    from datetime import datetime, timezone
+
+    from onceflow.sheets.keys import pipeline_run_id
+    from onceflow.sheets.protocol import Claim
+
+    return Claim(token, key, row.url, pipeline_run_id(key, "v1"), row.number, datetime.now(timezone.utc))
 
 
 def _work(
@@ -498,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--count", type=int, default=1)
+    parser.add_argument("--moved", type=float, default=0.0, help="probability of a resend_moved step")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         emulator = SheetsEmulator(state=None)
@@ -506,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
             ledger = Ledger(engine)
             clients = services(emulator)
             for seed in range(args.seed, args.seed + args.count):
-                run_schedule(emulator, ledger, seed, clients=clients)
+                run_schedule(emulator, ledger, seed, clients=clients, moved=args.moved)
                 print(f"seed {seed}: ok")
         except ScheduleFailed as err:
             print(err)

@@ -11,7 +11,10 @@ import math
 import random
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 KINDS = ("429", "500", "latency", "apply_then_fail", "apply_then_drop")
 #: kinds whose request is applied (and persisted) before the client is failed
@@ -32,6 +35,10 @@ class Fault:
     :param retry_after: seconds sent in the ``Retry-After`` header of a 429; ``None`` sends no
         header.
     :param latency: seconds added before the request is handled (kind ``latency``).
+    :param after_apply: for ``apply_then_*``: called with the store, under its lock, after the
+        write landed and before the failure is sent: an edit that lands between a request and the
+        client's resend of it. In-process only (an emulator running in a test's process); not
+        part of the JSON form.
     """
 
     kind: str
@@ -42,6 +49,7 @@ class Fault:
     retry_after: float | None = 1.0
     latency: float = 0.0
     fired: int = 0
+    after_apply: Callable[[Any], None] | None = field(default=None, repr=False)
     _rng: random.Random = field(default_factory=random.Random, repr=False)
 
     def __post_init__(self) -> None:

@@ -220,6 +220,8 @@ class SheetsEmulatorServer:
             return 500, _internal_error(), {}
         with self.store.lock:
             reply = handler(self.store, request)
+            if failure is not None and failure.after_apply is not None:
+                failure.after_apply(self.store)  # lands between this copy and its resend
             if writes:
                 self.store.save(request.spreadsheet_id or reply.get("spreadsheetId"))
         if failure is not None:  # the write has landed and been persisted

@@ -9,7 +9,7 @@ UV := PYTHON=$(PYTHON) bash .ci/uv
 export UV_PYTHON_DOWNLOADS := never
 PYTEST_ARGS ?=
 
-.PHONY: help install bytecode system-deps lint format test test-fast test-slow bench bench-quick run clean docs
+.PHONY: help install bytecode system-deps lint format test test-fast test-slow bench bench-quick run clean docs docs-screenshots
 
 help:
 	@echo "make run    start Airflow on embedded defaults (SQLite, Sheets emulator) with this repo's DAGs"
@@ -17,6 +17,7 @@ help:
 	@echo "make lint   ruff + mypy only;  make test-slow  the slow suite"
 	@echo "make bench  every benchmark at full size (hours);  make bench-quick  the same at small sizes"
 	@echo "make docs   build the documentation site into site/ (make test builds it strictly: tests/docs)"
+	@echo "make docs-screenshots  re-take the quickstart's pictures by following it (slow; commit docs/img)"
 
 # --compile-bytecode: every Airflow process (each task is one) would otherwise compile its imports
 # from source, where PYTHONDONTWRITEBYTECODE is set (as here) or site-packages is read-only: on
@@ -82,6 +83,11 @@ run: bytecode
 # builds it the same way in `make test`. (NO_MKDOCS_2_WARNING: Material's notice about its successor.)
 docs: $(VENV)/.synced
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# The quickstart's pictures (docs/img/quickstart-*.png): follows the quickstart with make run and
+# headless Chromium (tests/docs/test_quickstart_follow.py, slow: about 20 minutes), then commit them.
+docs-screenshots: $(VENV)/.synced
+	$(VENV)/bin/pytest tests/docs/test_quickstart_follow.py -m slow -k following -q
 
 clean:
 	rm -rf .onceflow .tools .pytest_cache .mypy_cache .ruff_cache site

@@ -26,14 +26,6 @@ import reference  # noqa: E402
 import sources  # noqa: E402
 
 REPO_ROOT = BUILD_DIR.parent.parent
-# Screenshots that tests/docs/test_quickstart_follow.py takes while it follows the quickstart
-# (ignored by git; a build without them shows the quickstart without pictures).
-SCREENSHOTS = BUILD_DIR.parent / "_screenshots"
-SCREENSHOT_CAPTIONS = {
-    "quickstart-airflow.png": "The Airflow UI of `make run`, with this repository's DAGs",
-    "quickstart-queue.png": "The queue as the emulator serves it, the added row DONE with its link",
-    "quickstart-published.png": "The published article",
-}
 
 
 def _docs_dir(config: MkDocsConfig) -> Path:
@@ -73,9 +65,6 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     markdown.update(
         {uri: text for uri, text in generated.items() if uri.endswith(".md") and isinstance(text, str)}
     )
-    for name in SCREENSHOT_CAPTIONS:
-        if (SCREENSHOTS / name).is_file():
-            generated[f"screenshots/{name}"] = (SCREENSHOTS / name).read_bytes()
     for repo_path in sorted(sources.linked_files(markdown, docs_dir, REPO_ROOT)):
         generated[sources.source_page_uri(repo_path)] = sources.source_page(repo_path, REPO_ROOT)
     for uri, content in generated.items():
@@ -90,12 +79,4 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files, **_: Any) -> str:
-    if page.file.src_uri == "quickstart.md":
-        shots = [(n, c) for n, c in SCREENSHOT_CAPTIONS.items() if (SCREENSHOTS / n).is_file()]
-        if shots:
-            section = "\n## What you see\n\nTaken by `tests/docs/test_quickstart_follow.py` as it follows this page.\n\n"
-            section += "".join(
-                f"![{caption}](screenshots/{name})\n\n*{caption}.*\n\n" for name, caption in shots
-            )
-            markdown = markdown.replace("\n## Where next", section + "\n## Where next", 1)
     return sources.rewrite_links(markdown, page.file.src_uri, _docs_dir(config), REPO_ROOT)

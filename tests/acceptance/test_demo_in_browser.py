@@ -2,7 +2,8 @@
 
 ``make run`` on a fresh home; log in with the banner's user and password; wait until the demo
 sheet (the emulator's HTML view) shows three DONE rows; open Browse -> Required Actions, open the
-review and press Approve with the note left empty; the row ends DONE with its link and the
+review, press Reject with the note left empty and see it refused with its reason, then press
+Approve with the note left empty; the row ends DONE with its link and the
 reviewer's name; backfill three days of ``daily_sales`` from the UI's Trigger -> Backfill dialog
 by picking the first day 00:00 and the last day 00:00, as a person in the business timezone
 would (the browser itself is in UTC: the UI starts in the business timezone because ``make run``
@@ -178,6 +179,11 @@ def _approve_with_no_note(page: Any, ui: str) -> None:
     assert "Why it is below" in body and "no reasons given" not in body
     assert "readers will see it" in body
     assert approve.is_enabled(), "Approve must not need a note"
+    # Reject with the note left empty is refused where the reviewer looks (the "Response failed"
+    # toast says why; onceflow.hitl_guard) and the review keeps waiting
+    page.get_by_role("button", name="Reject").click()
+    page.get_by_text(re.compile(r"Reject needs 'note'")).first.wait_for(timeout=60_000)
+    assert approve.is_enabled()
     approve.click()
     time.sleep(2)  # the answer is checked where it lands: the row (below)
 

@@ -1,4 +1,4 @@
-"""Article chain end to end through the real scheduler: one run per article vs one mapped batch run.
+"""Article chain end to end through the real scheduler: against a same-shape empty chain, and batched.
 
 Real Airflow (api-server, scheduler with the LocalExecutor, dag-processor, triggerer) on a
 PostgreSQL metadata DB, the Sheets emulator and the demo article site in this process on
@@ -6,8 +6,17 @@ PostgreSQL metadata DB, the Sheets emulator and the demo article site in this pr
 Apertium. Each measurement fills the queue tab with ``--articles`` NEW rows (good Spanish demo
 pages, ``?n=<i>`` so every row is its own article; all score above the 0.7 threshold, so no run
 waits for a reviewer: rows that end otherwise are counted apart) and times, from the trigger to
-the last row DONE (read from the emulator's cells every second), two ways side by side:
+the last row DONE (read from the emulator's cells every second), side by side (``sidebyside.py``:
+one untimed warm-up pass of each side, then ``--repeat`` passes with the order of the sides
+alternated, every pass printed with the load average):
 
+* ``empty-chain``: the floor. ``empty_claim`` (a ``wait_for_new_rows`` and a ``claim_rows`` task in
+  pool ``onceflow_sheets``, the second creating N runs as ``sheet_claim`` does, through the same
+  ``create_dag_run``) and ``empty_pipeline``, generated from the real ``article_pipeline`` (read
+  in a subprocess at start): the same 12 task ids, pools, trigger rules, retries, dependencies and
+  ``max_active_runs``, each task a ``@task`` that does nothing (a task process each, as the real
+  ones), the two score branches ``@task.branch`` returning the branch's "above" task. It touches no
+  sheet, ledger or page: its wall time is what Airflow costs for the same shape;
 * ``per-article``: the real ``sheet_claim`` (a copy with ``schedule=None``, so only the trigger
   claims; ``max_rows`` = N through the run's conf) creating one real ``article_pipeline`` run per
   row;
@@ -16,6 +25,10 @@ the last row DONE (read from the emulator's cells every second), two ways side b
   claims (``.partial(...).expand(claim=...)``): read_claimed_row, fetch, extract, translate,
   score, publish, write_back, in the pools ``article_pipeline`` uses. No score branch: every page
   scores above the threshold (checked on the rows afterwards).
+
+The compared figure is ``runs wall``: from the trigger to the end of the last run of the pass
+(``dag_run.end_date`` in the metadata DB), the same clock for every side; the ratio of each side's
+median to the empty chain's is printed.
 
 Scheduling overhead, from the metadata DB (``task_instance.duration``, from the task's start to
 its end as Airflow records them, so a task process's start-up and DAG parse count as work):
@@ -50,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from onceflow.sheets.model import Snapshot
 from onceflow.testing import postgres
@@ -57,6 +71,7 @@ from onceflow.testing.article_site import serve
 from onceflow.testing.sales_backfill import standalone_cluster
 from onceflow.testing.sheets_emulator.server import METHODS
 from onceflow.testing.sheets_fixtures import SheetsEmulator
+from sidebyside import Result, load_average, measure_sides, print_table
 
 DAGS = Path(__file__).resolve().parents[1] / "dags"
 HEADER = ["url", "status", "reason", "run_id", "score", "published_url", "claim_token", "claimed_at"]
@@ -71,6 +86,8 @@ PAGES = [
 ]
 POOLS = {"onceflow_sheets": 10, "onceflow_fetch": 4, "onceflow_translate": 2}
 CHAIN, BATCH, CLAIM = "article_pipeline", "article_batch", "sheet_claim"
+EMPTY_CLAIM, EMPTY_CHAIN = "empty_claim", "empty_pipeline"
+MODES = ("empty-chain", "per-article", "batch")
 THRESHOLD = 0.7  # the default of onceflow_score_threshold; the batch DAG has no branch
 FINAL = {"DONE", "FAILED", "REJECTED", "NEEDS_REVIEW", "INVALID", "DUPLICATE"}
 
@@ -139,8 +156,85 @@ article_batch()
 """
 
 
-def load_average() -> str:
-    return "/".join(f"{v:.1f}" for v in os.getloadavg())
+#: Prints article_pipeline's shape as JSON; run in a subprocess so this process never imports Airflow.
+SHAPE_PROBE = """
+import gc, json, runpy, sys
+from airflow.sdk import DAG
+runpy.run_path(sys.argv[1])
+[dag] = [o for o in gc.get_objects() if isinstance(o, DAG) and o.dag_id == "article_pipeline"]
+print(json.dumps({"max_active_runs": dag.max_active_runs, "tasks": [
+    {"task_id": t.task_id, "pool": t.pool, "trigger_rule": str(t.trigger_rule.value), "retries": t.retries,
+     "upstream": sorted(t.upstream_task_ids), "above": getattr(t, "above", None)}
+    for t in dag.topological_sort()]}))
+"""
+
+EMPTY_CLAIM_DAG = """
+import pendulum
+from airflow.sdk import dag, task
+
+from onceflow.operators.sheets import create_dag_run
+
+
+@dag(dag_id="empty_claim", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+     catchup=False, max_active_runs=1, params={"max_rows": 50, "batch": "0"}, tags=["benchmark"])
+def empty_claim():
+    @task(pool="onceflow_sheets")
+    def wait_for_new_rows():
+        pass
+
+    @task(pool="onceflow_sheets")
+    def claim_rows(params=None):
+        # one run per "row", created the way SheetClaimOperator creates them
+        for i in range(int(params["max_rows"])):
+            create_dag_run("empty_pipeline", f"empty__{params['batch']}__{i}", {"row": i})
+
+    wait_for_new_rows() >> claim_rows()
+
+
+empty_claim()
+"""
+
+
+def empty_chain_dag(shape: dict[str, Any]) -> str:
+    """``empty_pipeline``: article_pipeline's tasks, pools, trigger rules and edges, doing nothing."""
+    lines = [
+        "import pendulum",
+        "from airflow.sdk import dag, task",
+        "",
+        "",
+        f"@dag(dag_id={EMPTY_CHAIN!r}, schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz='UTC'),",
+        f"     catchup=False, max_active_runs={shape['max_active_runs']}, tags=['benchmark'])",
+        "def empty_pipeline():",
+        "    t = {}",
+    ]
+    for t in shape["tasks"]:
+        kind = "task.branch" if t["above"] else "task"
+        body = f"return {t['above']!r}" if t["above"] else "pass"
+        lines += [
+            f"    @{kind}(task_id={t['task_id']!r}, pool={t['pool']!r}, trigger_rule={t['trigger_rule']!r},"
+            f" retries={t['retries']})",
+            "    def step():",
+            f"        {body}",
+            "",
+            f"    t[{t['task_id']!r}] = step()",
+        ]
+    for t in shape["tasks"]:
+        lines += [f"    t[{u!r}] >> t[{t['task_id']!r}]" for u in t["upstream"]]
+    lines += ["", "", "empty_pipeline()", ""]
+    return "\n".join(lines)
+
+
+def article_pipeline_shape(home: Path) -> dict[str, Any]:
+    """The real article_pipeline's shape, read by Airflow in a subprocess."""
+    import subprocess
+
+    env = {**os.environ, "AIRFLOW_HOME": str(home)}
+    out = subprocess.run(
+        [sys.executable, "-c", SHAPE_PROBE, str(DAGS / "article_pipeline.py")],
+        env=env, capture_output=True, text=True, check=True, timeout=600,
+    )  # fmt: skip
+    shape: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return shape
 
 
 def fill_queue(emulator: SheetsEmulator, sid: str, urls: list[str]) -> None:
@@ -167,6 +261,8 @@ def measure(
     timeout: float,
 ) -> dict[str, Any]:  # fmt: skip
     """One timed pass of ``mode`` over ``urls``; the figures of the module docstring."""
+    if mode == "empty-chain":
+        return measure_empty(cluster, urls, parallelism, timeout)
     fill_queue(emulator, sid, urls)
     log = emulator.request_log
     log.reset()
@@ -207,6 +303,7 @@ def measure(
     per_run: list[float] = []
     busy = 0.0
     first_chain_start: dt.datetime | None = None
+    last_end = t0_wall
     for d, r in dag_runs:
         [run] = cluster.query(
             "SELECT start_date, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r", d=d, r=r
@@ -218,6 +315,7 @@ def measure(
         )  # fmt: skip
         work = sum(float(t["duration"]) for t in tis)
         busy += work
+        last_end = max(last_end, run["end_date"])
         run_wall = seconds(run["end_date"] - run["start_date"])
         if d != CLAIM and run_wall > 0:
             per_run.append((run_wall - work) / run_wall)
@@ -242,6 +340,7 @@ def measure(
         "done": done,
         "other": {s: sum(1 for v in final.values() if v == s) for s in set(final.values()) if s != "DONE"},
         "wall": wall,
+        "runs_wall": seconds(last_end - t0_wall),
         "trigger_s": trigger_s,
         "below_threshold": below,
         "per_min": 60.0 * done / wall,
@@ -256,22 +355,87 @@ def measure(
     }
 
 
+def measure_empty(cluster: Any, urls: list[str], parallelism: int, timeout: float) -> dict[str, Any]:
+    """One pass of the empty chain: N runs of ``empty_pipeline`` from one ``empty_claim`` run."""
+    load_before = load_average()
+    t0_wall = dt.datetime.now(dt.UTC)
+    started = time.monotonic()
+    batch = f"{int(time.time() * 1000)}"
+    run_id = cluster.trigger(EMPTY_CLAIM, conf={"max_rows": len(urls), "batch": batch})
+    trigger_s = time.monotonic() - started
+    cluster.wait_for_run(EMPTY_CLAIM, run_id, timeout=timeout)
+    runs = [f"empty__{batch}__{i}" for i in range(len(urls))]
+    for r in runs:
+        cluster.wait_for_run(EMPTY_CHAIN, r, timeout=max(60.0, timeout - (time.monotonic() - started)))
+    wall = time.monotonic() - started
+    per_run: list[float] = []
+    busy = 0.0
+    last_end = t0_wall
+    states: dict[str, int] = {}
+    for d, r in [(EMPTY_CLAIM, run_id), *[(EMPTY_CHAIN, r) for r in runs]]:
+        [run] = cluster.query(
+            "SELECT state, start_date, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r", d=d, r=r
+        )
+        states[run["state"]] = states.get(run["state"], 0) + 1
+        tis = cluster.query(
+            "SELECT COALESCE(duration, 0) AS duration FROM task_instance WHERE dag_id = :d AND run_id = :r",
+            d=d, r=r,
+        )  # fmt: skip
+        work = sum(float(t["duration"]) for t in tis)
+        busy += work
+        last_end = max(last_end, run["end_date"])
+        run_wall = seconds(run["end_date"] - run["start_date"])
+        if d == EMPTY_CHAIN and run_wall > 0:
+            per_run.append((run_wall - work) / run_wall)
+    done = states.get("success", 0) - 1  # the claim run's own success
+    zero = {"reads": 0.0, "writes": 0.0, "gets": 0.0, "total": 0.0}
+    return {
+        "mode": "empty-chain",
+        "n": len(urls),
+        "done": done,
+        "other": {s: c for s, c in states.items() if s != "success"},
+        "wall": wall,
+        "runs_wall": seconds(last_end - t0_wall),
+        "trigger_s": trigger_s,
+        "below_threshold": 0,
+        "per_min": 60.0 * done / wall,
+        "per_run_overhead": statistics.median(per_run) if per_run else float("nan"),
+        "overall_overhead": 1.0 - busy / (wall * parallelism),
+        "busy": busy,
+        "claim_per_article": zero,
+        "chain_per_article": zero,
+        "methods": {},
+        "timeline_complete": True,
+        "load": (load_before, load_average()),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--articles", type=int, default=50, help="rows per measurement (default 50)")
-    parser.add_argument("--repeat", type=int, default=None, help="passes of each side (default 3; --quick 1)")
-    parser.add_argument("--quick", action="store_true", help="10 articles, 1 pass")
+    parser.add_argument(
+        "--repeat", type=int, default=None, help="timed passes of each side (default 3; --quick 1)"
+    )
+    parser.add_argument("--quick", action="store_true", help="10 articles, 1 timed pass after the warm-up")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"sides to run, the first is the ratios' baseline ({','.join(MODES)})",
+    )
     parser.add_argument("--workers", type=int, default=4, help="LocalExecutor parallelism (default 4)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per measurement")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: cluster stopped, DBs dropped
     n = 10 if args.quick else args.articles
     repeat = args.repeat or (1 if args.quick else 3)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if unknown := set(modes) - set(MODES):
+        parser.error(f"unknown modes {sorted(unknown)}; choose from {MODES}")
 
     ledger = postgres.create_database("bchainledger")
     work = Path(tempfile.mkdtemp(prefix="onceflow-bench-chain-"))
     emulator = SheetsEmulator(state=None)
-    results: list[dict[str, Any]] = []
+    samples: list[Any] = []
     try:
         with serve(published_dir=work / "published") as site:
             (work / "published").mkdir(exist_ok=True)
@@ -286,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             shutil.copy(DAGS / "article_pipeline.py", dags / "article_pipeline.py")
             (dags / "article_batch.py").write_text(textwrap.dedent(BATCH_DAG))
+            (dags / "empty_claim.py").write_text(textwrap.dedent(EMPTY_CLAIM_DAG))
+            (work / "probe").mkdir()
+            (dags / "empty_pipeline.py").write_text(empty_chain_dag(article_pipeline_shape(work / "probe")))
             env = {
                 "AIRFLOW_CONN_ONCEFLOW_SHEETS": emulator.connection_json(spreadsheet_id=sid),
                 "AIRFLOW_CONN_ONCEFLOW_LEDGER": json.dumps(
@@ -306,26 +473,27 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             }
             with standalone_cluster(work, dags, env=env, pools=POOLS, parallelism=args.workers) as cluster:
-                for dag_id in (CLAIM, CHAIN, BATCH):
+                for dag_id in (CLAIM, CHAIN, BATCH, EMPTY_CLAIM, EMPTY_CHAIN):
                     cluster.wait_for_dag(dag_id)
-                for rep in range(repeat):
-                    for mode in ("per-article", "batch"):  # interleaved: same machine conditions
+
+                def side(mode: str) -> Any:
+                    def run(rep: int) -> Result:
                         urls = [
                             site.url(f"/articles/{PAGES[i % len(PAGES)]}.html?n={mode}-{rep}-{i}")
                             for i in range(n)
                         ]
-                        print(
-                            f"  rep {rep + 1} {mode}: {n} articles, load average {load_average()}", flush=True
-                        )
                         r = measure(cluster, emulator, sid, mode, urls, args.workers, args.timeout)
-                        r["rep"] = rep + 1
-                        results.append(r)
                         print(
-                            f"    {r['done']} DONE in {r['wall']:.1f} s ({r['per_min']:.1f}/min), "
-                            f"other {r['other']}, DONE below the threshold {r['below_threshold']}, "
-                            f"trigger CLI {r['trigger_s']:.1f} s, load after {r['load'][1]}",
+                            f"    {r['done']} done in {r['wall']:.1f} s ({r['per_min']:.1f}/min), runs ended "
+                            f"after {r['runs_wall']:.1f} s, other {r['other']}, DONE below the threshold "
+                            f"{r['below_threshold']}, trigger CLI {r['trigger_s']:.1f} s",
                             flush=True,
                         )
+                        return Result(r["runs_wall"], r)
+
+                    return run
+
+                samples = measure_sides({m: side(m) for m in modes}, repeat)
     finally:
         emulator.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -335,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         f"article chain end to end, {n} articles x {repeat} passes per side; LocalExecutor parallelism "
         f"{args.workers}, pools {POOLS}, {os.cpu_count()} CPUs; PostgreSQL metadata DB and ledger; Apertium"
     )
+    results = [s.detail | {"rep": s.rep} for s in samples if s.rep > 0]
     print(
         f"{'rep':>3}  {'mode':<12}{'DONE':>5}{'wall s':>8}{'art/min':>9}{'ovh/run':>9}{'ovh all':>9}"
         f"{'claim req/art':>14}{'chain r/w/get per art':>23}  load 1/5/15 before -> after"
@@ -348,15 +517,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("medians:")
     medians: dict[str, dict[str, float]] = {}
-    for mode in ("per-article", "batch"):
+    for mode in modes:
         mine = [r for r in results if r["mode"] == mode]
         m = {
             key: statistics.median(r[key] for r in mine)
             for key in ("wall", "per_min", "per_run_overhead", "overall_overhead")
         }
-        for side in ("claim_per_article", "chain_per_article"):
+        for part in ("claim_per_article", "chain_per_article"):
             for k in ("reads", "writes", "gets", "total"):
-                m[f"{side}.{k}"] = statistics.median(r[side][k] for r in mine)
+                m[f"{part}.{k}"] = statistics.median(r[part][k] for r in mine)
         medians[mode] = m
         print(
             f"  {mode:<12} {m['per_min']:.1f} articles/min (wall {m['wall']:.1f} s); overhead per run "
@@ -367,16 +536,18 @@ def main(argv: list[str] | None = None) -> int:
             f"(incl. {m['chain_per_article.gets']:.2f} spreadsheets.get) / "
             f"{m['chain_per_article.writes']:.2f} writes"
         )
-    ratio = medians["batch"]["per_min"] / medians["per-article"]["per_min"]
-    print(f"batch / per-article articles per minute: {ratio:.2f}x")
-    for mode in ("per-article", "batch"):
+    print_table(samples, baseline=modes[0], unit="s from the trigger to the last run's end")
+    if "batch" in medians and "per-article" in medians:
+        ratio = medians["batch"]["per_min"] / medians["per-article"]["per_min"]
+        print(f"batch / per-article articles per minute: {ratio:.2f}x")
+    for mode in (m for m in modes if m != "empty-chain"):
         chain = medians[mode]
         met = chain["chain_per_article.reads"] <= 1.0 and chain["chain_per_article.writes"] <= 1.0
         print(
             f"issue target (claim share + at most 1 read and 1 write per article), {mode}: "
             f"{'met' if met else 'NOT met'}"
         )
-    last = {r["mode"]: r["methods"] for r in results[-2:]}
+    last = {r["mode"]: r["methods"] for r in results[-len(modes) :]}
     print(f"requests per method, last pass of each side: {json.dumps(last)}")
     ok = all(r["done"] == r["n"] and r["timeline_complete"] for r in results)
     if not all(r["timeline_complete"] for r in results):

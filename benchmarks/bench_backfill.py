@@ -15,8 +15,11 @@ same three tasks in the same pool ``onceflow_warehouse`` and the same ``deadline
 
 Each repetition backfills both DAGs over a fresh window of ``--days`` local days (the windows
 follow each other, so every run is a first run) with ``airflow backfill create
---max-active-runs``, timed from the command to the scheduler marking the backfill complete; the
-median over the repetitions is reported. The same days are loaded day by day without Airflow (the
+--max-active-runs``, timed from the command to the scheduler marking the backfill complete. As every
+side-by-side benchmark here (``sidebyside.py``): first one untimed warm-up backfill of each DAG
+(``--warmup-days``; a fresh cluster's first backfill pays a one-time cost), then the repetitions
+with the order of the two DAGs alternated; every repetition, the medians and their ratio are
+printed with the load average. The same days are loaded day by day without Airflow (the
 work alone). Then daily_sales' first window is backfilled again with ``--reprocess-behavior
 completed`` (skip with ``--no-reprocess``). Every stored partition, read back from the table
 (rows, net total, rejects, checksum of the stored rows), must equal the day-by-day pass after both
@@ -50,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig, generate_orders, write_orders
@@ -64,6 +68,7 @@ from onceflow.testing.sales_backfill import (
     stored_partitions,
     wait_for_backfill,
 )
+from sidebyside import Result, measure_sides, print_table
 
 TZ = "Europe/Amsterdam"
 DAGS = Path(__file__).resolve().parents[1] / "dags"
@@ -148,10 +153,6 @@ class TaskCostsPlugin(AirflowPlugin):
 """
 
 
-def load_average() -> str:
-    return "/".join(f"{v:.1f}" for v in os.getloadavg())
-
-
 def timed_backfill(
     cluster: Any,
     dag_id: str,
@@ -207,7 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--days", type=int, default=730, help="local days per backfill (default 730)")
     parser.add_argument("--repeat", type=int, default=1, help="backfills of each DAG, fresh days each time")
-    parser.add_argument("--quick", action="store_true", help="3 repetitions of 20 days")
+    parser.add_argument("--quick", action="store_true", help="3 repetitions of 20 days, 4 warm-up days")
+    parser.add_argument(
+        "--warmup-days",
+        type=int,
+        default=None,
+        help="days of the untimed warm-up backfill of each DAG (default 8)",
+    )
     parser.add_argument("--max-active-runs", type=int, default=8)
     parser.add_argument(
         "--no-reprocess", action="store_true", help="skip the --reprocess-behavior completed pass"
@@ -230,16 +237,20 @@ def main(argv: list[str] | None = None) -> int:
     # `kill` (SIGTERM) unwinds like Ctrl-C, so the cluster stops and the databases are dropped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     n_days, repeat = (20, 3) if args.quick else (args.days, args.repeat)
+    warmup_days = args.warmup_days if args.warmup_days is not None else (4 if args.quick else 8)
     first = dt.date(2021, 1, 1)
-    all_days = local_days(first, first + dt.timedelta(days=n_days * repeat - 1))
-    windows = [all_days[i * n_days : (i + 1) * n_days] for i in range(repeat)]
+    all_days = local_days(first, first + dt.timedelta(days=warmup_days + n_days * repeat - 1))
+    # windows[0]: the warm-up of both DAGs; windows[r]: repetition r of both
+    windows = [all_days[:warmup_days]] + [
+        all_days[warmup_days + i * n_days : warmup_days + (i + 1) * n_days] for i in range(repeat)
+    ]
 
     shop, warehouse, reference, ledger = (
         postgres.create_database(t) for t in ("bshop", "bwh", "bref", "bledger")
     )
     work = Path(tempfile.mkdtemp(prefix="onceflow-bench-backfill-"))
     costs_file = work / "task_costs.jsonl"
-    rows: list[tuple[int, str, float, float, str]] = []  # (repetition, dag, wall s, s per run, load)
+    samples: list[Any] = []
     try:
         config = GeneratorConfig(seed=5, timezone=TZ, orders_per_day=args.orders_per_day)
         engine = make_engine(shop)
@@ -285,26 +296,36 @@ def main(argv: list[str] | None = None) -> int:
         with standalone_cluster(
             work, dags, env=env, pools={"onceflow_warehouse": args.slots}, parallelism=args.workers
         ) as cluster:
-            for i, window in enumerate(windows):
-                dag_ids = ("daily_sales",) if args.skip_empty else ("empty_daily", "daily_sales")
-                for dag_id in dag_ids:  # interleaved: same machine conditions
-                    load = load_average()
+            dag_ids = ("daily_sales",) if args.skip_empty else ("empty_daily", "daily_sales")
+
+            warm = {"done": False}
+
+            def side(dag_id: str) -> Any:
+                def run(rep: int) -> Result:
+                    if rep > 0 and not warm["done"]:  # the task costs below leave the warm-up out
+                        costs_file.unlink(missing_ok=True)
+                        warm["done"] = True
+                    window = windows[rep]
                     seconds = timed_backfill(cluster, dag_id, window, args.max_active_runs)
-                    rows.append((i + 1, dag_id, seconds, seconds / len(window), load))
+                    return Result(seconds / len(window), {"wall": seconds, "runs": len(window)})
+
+                return run
+
+            samples = measure_sides({d: side(d) for d in dag_ids}, repeat)
             loaded = stored_partitions(warehouse, all_days)
             same = loaded == expected
             # Printed now: the reprocess pass below takes as long again.
             print(f"  stored partitions equal to the day-by-day pass: {same}", flush=True)
             redo = 0.0
-            tokens_before = partition_audits(warehouse, windows[0])
+            tokens_before = partition_audits(warehouse, windows[1])
             if not args.no_reprocess:
                 # The issue's second half: backfill again, re-running completed runs too.
                 redo = timed_backfill(
-                    cluster, "daily_sales", windows[0], args.max_active_runs, reprocess_behavior="completed"
+                    cluster, "daily_sales", windows[1], args.max_active_runs, reprocess_behavior="completed"
                 )
         reloaded = stored_partitions(warehouse, all_days)
         unchanged = reloaded == expected
-        tokens_after = partition_audits(warehouse, windows[0])
+        tokens_after = partition_audits(warehouse, windows[1])
         refenced = sum(1 for k, a in tokens_after.items() if a.fence_token > tokens_before[k].fence_token)
         costs = task_costs(costs_file)
     finally:
@@ -313,30 +334,24 @@ def main(argv: list[str] | None = None) -> int:
             postgres.drop_database(url)
 
     print(
-        f"backfills of {n_days} local days x {repeat} ({all_days[0]}..{all_days[-1]}, {TZ}), {events} shop events"
+        f"backfills of {n_days} local days x {repeat} after a {warmup_days}-day warm-up of each DAG "
+        f"({all_days[0]}..{all_days[-1]}, {TZ}), {events} shop events"
     )
     print(
         f"  max-active-runs {args.max_active_runs}, pool onceflow_warehouse {args.slots} slots, "
         f"{args.workers} LocalExecutor workers, {os.cpu_count()} CPUs; PostgreSQL metadata DB, "
         f"shop, warehouse and ledger; task libraries preloaded in the scheduler: {not args.no_preload}"
     )
-    print(f"{'rep':>3}  {'dag':<12}{'wall s':>9}{'s per run':>11}  load average 1/5/15 at start")
-    for rep, dag_id, seconds, per_run, load in rows:
-        print(f"{rep:>3}  {dag_id:<12}{seconds:9.1f}{per_run:11.3f}  {load}")
-    sales = statistics.median(r[3] for r in rows if r[1] == "daily_sales")
-    if args.skip_empty:
-        print(f"median s per run: daily_sales {sales:.3f}, work alone {alone:.3f}")
-    else:
-        empty = statistics.median(r[3] for r in rows if r[1] == "empty_daily")
-        ratios = [s[3] / e[3] for e, s in zip(rows[0::2], rows[1::2], strict=True)]
-        print(f"median s per run: empty_daily {empty:.3f}, daily_sales {sales:.3f}, work alone {alone:.3f}")
-        print(
-            f"daily_sales / empty_daily: {sales / empty:.2f}x (median of medians; per repetition "
-            f"{', '.join(f'{r:.2f}' for r in ratios)}); daily_sales / work alone: {sales / alone:.1f}x"
-        )
+    for s in samples:
+        print(f"  {s.side} rep {s.rep or 'warm-up'}: {s.detail['runs']} runs in {s.detail['wall']:.1f} s")
+    med = print_table(samples, baseline=dag_ids[0], unit="s per backfilled run")
+    sales = med["daily_sales"]
+    print(f"daily_sales / work alone ({alone:.3f} s a day without Airflow): {sales / alone:.1f}x")
     if redo:
-        print(f"daily_sales --reprocess-behavior completed over {len(windows[0])} days: {redo:.1f} s")
-    print("where the time goes, per task process (median seconds; startup = fork to task start):")
+        print(f"daily_sales --reprocess-behavior completed over {len(windows[1])} days: {redo:.1f} s")
+    print(
+        "where the time goes, per task process of the timed repetitions (median seconds; startup = fork to task start):"
+    )
     print(
         f"  {'dag.task':<22}{'n':>5}{'startup cpu':>13}{'startup wall':>14}{'execute cpu':>13}{'execute wall':>14}"
     )

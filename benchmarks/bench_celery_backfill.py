@@ -4,7 +4,7 @@ Run: ``.venv/bin/python benchmarks/bench_celery_backfill.py [--days 30] [--repea
 (PostgreSQL on 127.0.0.1:5432 or ``ONCEFLOW_TEST_DATABASE_URL``; Redis on 127.0.0.1:6379). Run it
 on an otherwise idle machine: the load average is printed beside every figure.
 
-Two real Airflow installations, one after the other, each with a fresh PostgreSQL metadata DB:
+Real Airflow installations, one at a time, each with a fresh PostgreSQL metadata DB:
 
 * ``local``: api-server, one scheduler with the LocalExecutor (``--slots`` task slots), dag-processor,
   triggerer (``onceflow.testing.airflow_cluster``);
@@ -12,9 +12,12 @@ Two real Airflow installations, one after the other, each with a fresh PostgreSQ
   each and private homes, dag-processor, triggerer (``onceflow.testing.celery_cluster``).
 
 Both run ``daily_sales`` with the same pool (``onceflow_warehouse``), shop, warehouse and ledger
-databases. Each repetition backfills a fresh window of ``--days`` local days (every run a first
-run), timed from ``airflow backfill create`` to the scheduler completing it (``timed_backfill``
-of ``bench_backfill.py``); the medians per run and their ratio are printed. Every stored partition,
+databases. Each measurement starts its own installation, backfills ``--warmup-days`` untimed (a
+fresh cluster's first backfill pays a one-time cost), then a fresh window of ``--days`` local days
+(every run a first run), timed from ``airflow backfill create`` to the scheduler completing it
+(``timed_backfill`` of ``bench_backfill.py``). The executors alternate across repetitions
+(``sidebyside.py``: local, celery; celery, local; ...); every repetition with its load average,
+the medians per run and their ratio are printed. Every stored partition,
 read back from the table, must equal the day-by-day pass. Staging goes through ``onceflow_storage``
 (as in production, where it is a bucket the workers share instead of a disk), here a ``file://``
 folder standing for the bucket.
@@ -28,19 +31,20 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_backfill import TZ, load_average, timed_backfill
+from bench_backfill import TZ, timed_backfill
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig, generate_orders, write_orders
 from onceflow.testing import postgres
 from onceflow.testing.sales_backfill import day_by_day_pass, local_days, standalone_cluster, stored_partitions
+from sidebyside import Result, measure_sides, print_table
 
 DAGS = Path(__file__).resolve().parents[1] / "dags"
 EXECUTORS = ("local", "celery")
@@ -56,18 +60,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pool", type=int, default=4, help="slots of the onceflow_warehouse pool")
     parser.add_argument("--orders-per-day", type=int, default=80)
+    parser.add_argument("--warmup-days", type=int, default=4, help="untimed backfill on each fresh cluster")
+    parser.add_argument("--quick", action="store_true", help="1 repetition of 6 days, 2 warm-up days")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.days, args.repeat, args.warmup_days = 6, 1, 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     first = dt.date(2021, 1, 1)
-    windows_needed = args.repeat * len(EXECUTORS)
-    all_days = local_days(first, first + dt.timedelta(days=args.days * windows_needed - 1))
-    windows = [all_days[i * args.days : (i + 1) * args.days] for i in range(windows_needed)]
+    span = args.warmup_days + args.days  # one measurement: its warm-up window, then its timed one
+    measurements = args.repeat * len(EXECUTORS)
+    all_days = local_days(first, first + dt.timedelta(days=span * measurements - 1))
+    slots = [all_days[i * span : (i + 1) * span] for i in range(measurements)]
 
     shop, warehouse, reference, ledger = (
         postgres.create_database(t) for t in ("cbshop", "cbwh", "cbref", "cbledger")
     )
     work = Path(tempfile.mkdtemp(prefix="onceflow-bench-celery-"))
-    rows: list[tuple[str, int, float, float, str]] = []  # (executor, repetition, wall s, s per run, load)
+    samples: list[Any] = []
     try:
         config = GeneratorConfig(seed=5, timezone=TZ, orders_per_day=args.orders_per_day)
         engine = make_engine(shop)
@@ -95,22 +104,30 @@ def main(argv: list[str] | None = None) -> int:
             "ONCEFLOW_SALES_RETRIES": "0",
             "ONCEFLOW_SALES_START_DATE": "2099-01-01",
         }
-        for n, executor in enumerate(EXECUTORS):
-            print(f"{executor}:", flush=True)
-            with standalone_cluster(
-                work / executor,
-                dags,
-                env=env,
-                pools={"onceflow_warehouse": args.pool},
-                parallelism=args.slots,
-                executor=executor,
-                celery={"workers": 2, "worker_concurrency": max(1, args.slots // 2)},
-            ) as cluster:
-                for rep in range(args.repeat):
-                    window = windows[n * args.repeat + rep]
-                    load = load_average()
+        used = iter(slots)
+
+        def side(executor: str) -> Any:
+            def run(rep: int) -> Result:
+                days = next(used)
+                with standalone_cluster(
+                    work / f"{executor}-{rep}",
+                    dags,
+                    env=env,
+                    pools={"onceflow_warehouse": args.pool},
+                    parallelism=args.slots,
+                    executor=executor,
+                    celery={"workers": 2, "worker_concurrency": max(1, args.slots // 2)},
+                ) as cluster:
+                    warm = days[: args.warmup_days]
+                    timed_backfill(cluster, "daily_sales", warm, args.max_active_runs)  # untimed
+                    window = days[args.warmup_days :]
                     seconds = timed_backfill(cluster, "daily_sales", window, args.max_active_runs)
-                    rows.append((executor, rep + 1, seconds, seconds / len(window), load))
+                return Result(seconds / len(window), {"wall": seconds})
+
+            return run
+
+        # each measurement warms its own fresh cluster up, so no separate warm-up pass
+        samples = measure_sides({e: side(e) for e in EXECUTORS}, args.repeat, warmup=False)
         loaded = stored_partitions(warehouse, all_days)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -118,18 +135,14 @@ def main(argv: list[str] | None = None) -> int:
             postgres.drop_database(url)
 
     print(
-        f"daily_sales backfills of {args.days} local days x {args.repeat} per executor, max-active-runs "
+        f"daily_sales backfills of {args.days} local days x {args.repeat} per executor, each after "
+        f"{args.warmup_days} untimed days on the same fresh cluster, max-active-runs "
         f"{args.max_active_runs}, pool onceflow_warehouse {args.pool} slots, {args.slots} task slots "
         f"(LocalExecutor parallelism, or 2 Celery workers x {max(1, args.slots // 2)}), {os.cpu_count()} CPUs"
     )
-    print(f"{'executor':<9}{'rep':>4}{'wall s':>9}{'s per run':>11}  load average 1/5/15 at start")
-    for executor, rep, seconds, per_run, load in rows:
-        print(f"{executor:<9}{rep:>4}{seconds:9.1f}{per_run:11.3f}  {load}")
-    median = {e: statistics.median(r[3] for r in rows if r[0] == e) for e in EXECUTORS}
-    print(
-        f"median s per run: local {median['local']:.3f}, celery {median['celery']:.3f}; "
-        f"celery / local: {median['celery'] / median['local']:.2f}x (load average now {load_average()})"
-    )
+    for s in samples:
+        print(f"  {s.side} rep {s.rep}: {s.detail['wall']:.1f} s")
+    print_table(samples, baseline="local", unit="s per backfilled run")
     same = loaded == expected
     print(f"stored partitions (read back) equal to the day-by-day pass: {same} ({len(loaded)} partitions)")
     return 0 if same else 1

@@ -8,8 +8,10 @@ Two DAGs with the same daily timetable and one task that works for ``--task-seco
 over the same ``--intervals`` days through the real scheduler (LocalExecutor with ``--workers``
 slots, backfill ``--max-active-runs`` equal to the intervals so only ordering limits
 concurrency). ``depends_on_past`` makes day D wait for day D-1's task to succeed, so the work runs
-one interval at a time however many workers there are. Printed: wall times, the ratio, and the
-ideal ratio (``workers``) that pure ordering would give with zero scheduling overhead.
+one interval at a time however many workers there are. Side by side (``sidebyside.py``): one
+untimed warm-up backfill of each DAG, then ``--repeat`` backfills of each over fresh days with the
+order alternated. Printed: every repetition with the load average, the medians, their ratio, and
+the ideal ratio (``workers``) that pure ordering would give with zero scheduling overhead.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import shutil
+import statistics
 import sys
 import tempfile
 import textwrap
@@ -25,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from onceflow.testing.sales_backfill import create_backfill, local_days, standalone_cluster, wait_for_backfill
+from sidebyside import Result, measure_sides, print_table
 
 DAG = """
 import time
@@ -77,11 +82,12 @@ def timed(cluster: Any, dag_id: str, days: list[dt.date], intervals: int) -> tup
         raise SystemExit(
             f"{dag_id}: not every run succeeded: {[(r['run_id'], r['state']) for r in runs][:5]}"
         )
-    [span] = cluster.query(
-        "SELECT MIN(start_date) AS first, MAX(end_date) AS last FROM task_instance WHERE dag_id = :d",
-        d=dag_id,
-    )
-    return elapsed, (span["last"] - span["first"]).total_seconds()
+    ids = {r["run_id"] for r in runs}
+    tis = [t for t in cluster.query(
+        "SELECT run_id, start_date, end_date FROM task_instance WHERE dag_id = :d", d=dag_id
+    ) if t["run_id"] in ids]  # fmt: skip
+    first, last = min(t["start_date"] for t in tis), max(t["end_date"] for t in tis)
+    return elapsed, (last - first).total_seconds()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,10 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intervals", type=int, default=60)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--task-seconds", type=float, default=2.0)
-    parser.add_argument("--quick", action="store_true", help="12 intervals")
+    parser.add_argument("--repeat", type=int, default=3, help="timed backfills of each DAG (default 3)")
+    parser.add_argument("--quick", action="store_true", help="12 intervals, 1 timed repetition")
     args = parser.parse_args(argv)
-    intervals = 12 if args.quick else args.intervals
-    days = local_days(dt.date(2021, 1, 1), dt.date(2021, 1, 1) + dt.timedelta(days=intervals - 1))
+    intervals, repeat = (12, 1) if args.quick else (args.intervals, args.repeat)
+    # window 0: the warm-up of both DAGs; window r: repetition r of both
+    first = dt.date(2021, 1, 1)
+    all_days = local_days(first, first + dt.timedelta(days=intervals * (repeat + 1) - 1))
+    windows = [all_days[i * intervals : (i + 1) * intervals] for i in range(repeat + 1)]
 
     work = Path(tempfile.mkdtemp(prefix="onceflow-bench-dop-"))
     try:
@@ -104,18 +114,33 @@ def main(argv: list[str] | None = None) -> int:
             )
             (dags / f"{dag_id}.py").write_text(textwrap.dedent(source))
         with standalone_cluster(work, dags, parallelism=args.workers) as cluster:
-            off = timed(cluster, "ordering_off", days, intervals)
-            on = timed(cluster, "ordering_on", days, intervals)
+
+            def side(dag_id: str) -> Any:
+                def run(rep: int) -> Result:
+                    wall, span = timed(cluster, dag_id, windows[rep], intervals)
+                    return Result(wall, {"span": span})
+
+                return run
+
+            samples = measure_sides({d: side(d) for d in ("ordering_off", "ordering_on")}, repeat)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     work_total = intervals * args.task_seconds
     print(f"{intervals} intervals x {args.task_seconds:g} s of work, {args.workers} LocalExecutor workers")
-    print(f"{'':26}{'wall s':>10}{'task span s':>13}")
-    print(f"{'depends_on_past=False':26}{off[0]:10.1f}{off[1]:13.1f}")
-    print(f"{'depends_on_past=True':26}{on[0]:10.1f}{on[1]:13.1f}")
-    print(f"cost of ordering (wall, True / False): {on[0] / off[0]:.2f}x")
-    print(f"cost of ordering (task span):          {on[1] / off[1]:.2f}x")
+    for s in samples:
+        print(
+            f"  {s.side} rep {s.rep or 'warm-up'}: wall {s.value:.1f} s, task span {s.detail['span']:.1f} s"
+        )
+    wall = print_table(samples, baseline="ordering_off", unit="wall s of the backfill", fmt="{:.1f}")
+    timed_samples = [s for s in samples if s.rep > 0]
+    span = {
+        d: statistics.median(s.detail["span"] for s in timed_samples if s.side == d)
+        for d in ("ordering_off", "ordering_on")
+    }
+    on = (wall["ordering_on"], span["ordering_on"])
+    print(f"cost of ordering (wall, True / False, medians): {on[0] / wall['ordering_off']:.2f}x")
+    print(f"cost of ordering (task span, medians):          {on[1] / span['ordering_off']:.2f}x")
     parallel = work_total / args.workers
     print(f"ideal with zero overhead: {args.workers:.2f}x ({work_total:.0f} s serial vs {parallel:.0f} s)")
     print(f"overhead per interval with ordering: {(on[1] - work_total) / intervals:.2f} s")

@@ -3,10 +3,11 @@
 The provider's wheel registers its pytest plugin by entry point (``pytest11``), so every pytest
 session of every project in an environment where onceflow is installed loads it. This makes a
 small foreign project (its own tests, no onceflow configuration, nothing onceflow in it) in a
-temporary folder and runs ``python -m pytest --co -q`` there, alternately with the plugin and
-with ``-p no:onceflow``, ``--repeat`` times each; it prints the median wall time and the median
-CPU time (user + system of the child) of both, their difference, the modules the plugin adds, and
-the load average beside them. No assertion: timings on a shared machine are for reading.
+temporary folder and runs ``python -m pytest --co -q`` there with the plugin and with ``-p
+no:onceflow``, side by side (``sidebyside.py``: one untimed warm-up of each, then ``--repeat``
+runs of each in alternating order); it prints every run's wall and CPU time (user + system of the
+child) with the load average, the medians of both, their difference and the modules the plugin
+adds. No assertion: timings on a shared machine are for reading.
 
     .venv/bin/python benchmarks/bench_pytest_plugin_import.py --repeat 10
 """
@@ -23,6 +24,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sidebyside import Result, measure_sides, print_table
 
 FOREIGN_TEST = """
 import pytest
@@ -91,20 +97,28 @@ def main() -> None:
         folder = Path(tmp)
         (folder / "test_foreign.py").write_text(FOREIGN_TEST)
         (folder / "pyproject.toml").write_text('[project]\nname = "foreign"\nversion = "0"\n')
-        _run(folder, [])  # warm the page cache and the bytecode once
-        _run(folder, ["-p", "no:onceflow"])
-        with_plugin: list[tuple[float, float]] = []
-        without: list[tuple[float, float]] = []
-        load_before = os.getloadavg()
-        for _ in range(args.repeat):  # alternated, so a load change hits both alike
-            with_plugin.append(_run(folder, []))
-            without.append(_run(folder, ["-p", "no:onceflow"]))
-        load_after = os.getloadavg()
+
+        def side(extra: list[str]) -> Any:
+            def run(_rep: int) -> Result:
+                wall, cpu = _run(folder, extra)
+                return Result(cpu, {"wall": wall})
+
+            return run
+
+        samples = measure_sides(
+            {"-p no:onceflow": side(["-p", "no:onceflow"]), "with onceflow": side([])}, args.repeat
+        )
         added = _modules(folder, []) - _modules(folder, ["-p", "no:onceflow"])
-    wall_with, wall_without = (statistics.median(w for w, _ in runs) for runs in (with_plugin, without))
-    cpu_with, cpu_without = (statistics.median(c for _, c in runs) for runs in (with_plugin, without))
-    print(f"pytest --co of a foreign project, median of {args.repeat} each, alternated")
-    print(f"  load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
+    print(f"pytest --co of a foreign project, {args.repeat} runs each after a warm-up, alternated")
+    print_table(samples, baseline="-p no:onceflow", unit="CPU s of the child", fmt="{:.3f}")
+    timed = [s for s in samples if s.rep > 0]
+    runs = {
+        side: [(s.detail["wall"], s.value) for s in timed if s.side == side]
+        for side in ("with onceflow", "-p no:onceflow")
+    }
+    with_plugin, without = runs["with onceflow"], runs["-p no:onceflow"]
+    wall_with, wall_without = (statistics.median(w for w, _ in r) for r in (with_plugin, without))
+    cpu_with, cpu_without = (statistics.median(c for _, c in r) for r in (with_plugin, without))
     print(
         f"  wall: with onceflow {wall_with * 1000:.0f} ms, -p no:onceflow {wall_without * 1000:.0f} ms, "
         f"added {(wall_with - wall_without) * 1000:+.0f} ms ({wall_with / wall_without:.2f}x)"

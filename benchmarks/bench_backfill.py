@@ -131,6 +131,10 @@ def _now():
 @hookimpl
 def on_task_instance_running(previous_state, task_instance):
     _started["at"] = _now()
+    import task_waits  # beside this plugin; patched in task processes only, from the task's start
+
+    task_waits.install()
+    task_waits.reset()
 
 
 @hookimpl
@@ -140,6 +144,9 @@ def on_task_instance_success(previous_state, task_instance):
     record = {"dag_id": task_instance.dag_id, "task_id": task_instance.task_id,
               "startup_cpu": cpu0, "startup_wall": wall0,
               "execute_cpu": cpu - cpu0, "execute_wall": wall - wall0}
+    import task_waits
+
+    record["waits"] = task_waits.snapshot()
     fd = os.open(os.environ["ONCEFLOW_TASK_COSTS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, (json.dumps(record) + "\\n").encode())
@@ -186,6 +193,25 @@ def timed_backfill(
             f"unsuccessful tasks: {tis[:10]}\n{cluster.log_tails()}"
         )
     return elapsed
+
+
+def task_waits(path: Path) -> dict[tuple[str, str], dict[str, tuple[float, float]]]:
+    """Median count and seconds of each wait (``task_waits``) per (dag, task), task start to end."""
+    samples: dict[tuple[str, str], list[dict[str, list[float]]]] = defaultdict(list)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            samples[(record["dag_id"], record["task_id"])].append(record.get("waits", {}))
+    return {
+        key: {
+            kind: (
+                statistics.median(w.get(kind, [0, 0.0])[0] for w in records),
+                statistics.median(w.get(kind, [0, 0.0])[1] for w in records),
+            )
+            for kind in sorted({k for w in records for k in w})
+        }
+        for key, records in sorted(samples.items())
+    }
 
 
 def task_costs(path: Path) -> dict[tuple[str, str], dict[str, float]]:
@@ -273,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(DAGS / "daily_sales.py", dags / "daily_sales.py")
         (dags / "empty_daily.py").write_text(textwrap.dedent(EMPTY_DAG))
         (plugins / "onceflow_bench_task_costs.py").write_text(textwrap.dedent(TASK_COSTS_PLUGIN))
+        shutil.copy(Path(__file__).with_name("task_waits.py"), plugins / "task_waits.py")
         if not args.no_preload:
             # The deployment setting docs/daily-sales.md recommends for forking executors.
             (work / "home" / "config").mkdir(parents=True)
@@ -328,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens_after = partition_audits(warehouse, windows[1])
         refenced = sum(1 for k, a in tokens_after.items() if a.fence_token > tokens_before[k].fence_token)
         costs = task_costs(costs_file)
+        waits = task_waits(costs_file)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         for url in (shop, warehouse, reference, ledger):
@@ -360,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
             f"  {dag_id + '.' + task_id:<22}{int(c['n']):>5}{c['startup_cpu']:13.2f}{c['startup_wall']:14.2f}"
             f"{c['execute_cpu']:13.2f}{c['execute_wall']:14.2f}"
         )
+    print("waits from each task's start to its end, per task process (median count, median ms):")
+    for (dag_id, task_id), kinds in waits.items():
+        print(f"  {dag_id}.{task_id}")
+        for kind, (count, seconds) in kinds.items():
+            print(f"    {kind:<34}{count:>6g}{seconds * 1000:>10.1f} ms")
     print(f"row counts and net totals of the day-by-day pass equal plain SQL over the shop: {sql_agrees}")
     print(f"stored partitions (read back) equal to the day-by-day pass: {same} ({len(loaded)} partitions)")
     ok = same and sql_agrees

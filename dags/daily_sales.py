@@ -18,6 +18,15 @@ from onceflow.priority import RecentFirstWeightStrategy
 from onceflow.sales.config import SalesConfig
 
 CONFIG = SalesConfig.from_env()
+
+
+def sales_partition(start: dt.datetime, end: dt.datetime) -> str:
+    """The run's business day from its data interval (a template macro: no XCom pull needed)."""
+    from onceflow.sales.partitions import partition_for_interval
+
+    return partition_for_interval(start, end, CONFIG.timezone).isoformat()
+
+
 POOL = "onceflow_warehouse"
 SALES_ASSET = CONFIG.asset()
 
@@ -56,12 +65,16 @@ Backfill: `airflow backfill create --dag-id daily_sales --from-date 2024-01-01 -
         "weight_rule": RecentFirstWeightStrategy(),
     },
     tags=["onceflow", "sales", "warehouse"],
+    user_defined_macros={"sales_partition": sales_partition},
     doc_md=DOC,
     # Alert (MissedDeadlineNotifier) when day D is not loaded by 07:00 business time on D+1.
     deadline=daily_load_deadline(business_timezone=CONFIG.timezone),
 )
 def daily_sales() -> None:
-    @task(execution_timeout=CONFIG.task_timeout)  # statements have their own deadlines too
+    # Every task finds the run's partition (from the data interval) and staging folder
+    # (staging.run_dir) itself: no XCom pulls, and one return value each (multiple_outputs=False:
+    # a dict return would otherwise be pushed key by key, one Execution API call per key).
+    @task(execution_timeout=CONFIG.task_timeout, multiple_outputs=False)  # statements have deadlines too
     def extract(**context: Any) -> dict[str, Any]:
         """Read the orders of the run's data interval [start, end) into the run's staging folder."""
         from onceflow.compat import AirflowFailException
@@ -81,23 +94,24 @@ def daily_sales() -> None:
         frame, watermark = ShopDbHook().read_interval_snapshot(start, end)
         folder = staging.run_dir(base, context["dag"].dag_id, day, context["run_id"])
         staging.write_extract(folder, frame, source_watermark_utc=watermark)
-        # XCom carries the folder's URI (file:// or gs://): any worker can reach it.
+        # For the UI: the folder's URI (file:// or gs://); clean and load find it themselves.
         return {
             "partition": day.isoformat(),
             "staging_dir": staging.folder_uri(folder),
             "source_rows": len(frame),
         }
 
-    @task(execution_timeout=CONFIG.task_timeout)
-    def clean(extracted: dict[str, Any]) -> dict[str, Any]:
+    @task(execution_timeout=CONFIG.task_timeout, multiple_outputs=False)
+    def clean(**context: Any) -> dict[str, Any]:
         """Clean the staged orders; rows and rejects go back to the same staging folder."""
         from onceflow.hooks.storage import StorageHook
         from onceflow.sales import staging
         from onceflow.sales.clean import PROCESSING_VERSION, clean_orders
-        from onceflow.sales.partitions import validate_partition
+        from onceflow.sales.partitions import partition_for_interval
 
-        day = validate_partition(extracted["partition"])
-        folder = StorageHook().path(extracted["staging_dir"])  # a URI, or a path from an old XCom
+        start, end = context["data_interval_start"], context["data_interval_end"]
+        day = partition_for_interval(start, end, CONFIG.timezone)
+        folder = staging.run_dir(StorageHook().sales_staging(), context["dag"].dag_id, day, context["run_id"])
         # Rows and watermark from one read of one file: an overlapping extract try cannot mix them.
         source = staging.read_extract(folder)
         result = clean_orders(source.frame, partition=day, reporting_currency=CONFIG.reporting_currency)
@@ -105,23 +119,25 @@ def daily_sales() -> None:
             folder, result, partition=day, processing_version=PROCESSING_VERSION, source=source
         )
         return {
-            **extracted,
+            "partition": day.isoformat(),
+            "staging_dir": staging.folder_uri(folder),
+            "source_rows": len(source.frame),
             "rows": len(result.rows),
             "rejects": len(result.rejects),
             "duplicates_dropped": result.duplicates_dropped,
             "reasons": result.reasons(),
         }
 
-    cleaned = clean(extract())
-    PartitionOverwriteOperator(
+    load = PartitionOverwriteOperator(
         task_id="load",
         table=CONFIG.table,
-        partition=cleaned["partition"],
-        staging_dir=cleaned["staging_dir"],
+        partition="{{ sales_partition(data_interval_start, data_interval_end) }}",
+        staging_dir=None,  # the run's own folder, staging.run_dir
         max_reject_ratio=CONFIG.max_reject_ratio,
         execution_timeout=CONFIG.task_timeout,
         outlets=[SALES_ASSET],
     )
+    extract() >> clean() >> load
 
 
 daily_sales()

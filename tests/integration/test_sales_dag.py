@@ -7,6 +7,7 @@ manual trigger does.
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import json
 import os
@@ -95,6 +96,21 @@ def asset_event_extras(run_id: str) -> list[dict[str, Any]]:
         return [dict(e) for e in session.scalars(stmt)]
 
 
+def count_messages(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
+    """Counts, by type, the messages tasks send their supervisor (under dag.test(): in process)."""
+    from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
+
+    sent: collections.Counter[str] = collections.Counter()
+    real = InProcessSupervisorComms.send
+
+    def send(self: Any, msg: Any) -> Any:
+        sent[type(msg).__name__] += 1
+        return real(self, msg)
+
+    monkeypatch.setattr(InProcessSupervisorComms, "send", send)
+    return sent
+
+
 def store_of(url: str) -> PartitionStore:
     return PartitionStore(make_engine(url), "daily_sales")
 
@@ -104,6 +120,7 @@ def store_of(url: str) -> PartitionStore:
     [(dt.date(2024, 3, 31), 23), (dt.date(2024, 10, 27), 25), (dt.date(2024, 6, 15), 24)],
 )
 def test_the_run_for_day_d_loads_exactly_the_orders_of_local_day_d(
+    monkeypatch: pytest.MonkeyPatch,
     run_dag: Callable[..., Any],
     shop_orders: Callable[..., Any],
     daily_sales_env: dict[str, str],
@@ -113,9 +130,14 @@ def test_the_run_for_day_d_loads_exactly_the_orders_of_local_day_d(
     shop_orders(
         daily_sales_env["shop"], day - dt.timedelta(days=3), day + dt.timedelta(days=2), **vars(CONFIG)
     )
+    sent = count_messages(monkeypatch)
     result = run_day(run_dag, day)
     assert result.state == "success", result.ti_states
     assert result.data_interval_end - result.data_interval_start == dt.timedelta(hours=hours)
+    # Each message is an Execution API round trip: one return value per task, and no XCom pull
+    # (every task finds the partition and the staging folder from its run; issue 27).
+    assert sorted(result.xcoms) == [(t, "return_value") for t in ("clean", "extract", "load")]
+    assert sent["SetXCom"] == 3 and sent["GetXCom"] == 0, dict(sent)
 
     store = store_of(daily_sales_env["warehouse"])
     rows = store.partition_rows(day)

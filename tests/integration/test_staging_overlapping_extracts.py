@@ -167,7 +167,7 @@ def test_overlapping_extract_tries_never_pair_one_trys_rows_with_anothers_waterm
     assert len(reads["A"].frame) < len(reads["B"].frame)  # B saw the late rows
     assert reads["A"].watermark_utc < reads["B"].watermark_utc
 
-    cleaned = clean(results["B"])
+    cleaned = clean(**context)  # finds the run's folder itself, as in the DAG
     load = PartitionOverwriteOperator(
         task_id="load", partition=DAY.isoformat(), staging_dir=cleaned["staging_dir"], ledger_conn_id=None
     )

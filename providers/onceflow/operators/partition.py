@@ -28,7 +28,9 @@ class PartitionOverwriteOperator(BaseOperator):
     :param partition: the business-local day ``YYYY-MM-DD`` (templated).
     :param staging_dir: folder written by :func:`onceflow.sales.staging.write_clean` (templated): a
         ``file://`` or ``gs://`` URI, or an absolute local path, resolved through
-        :meth:`~onceflow.hooks.storage.StorageHook.path` of ``storage_conn_id``.
+        :meth:`~onceflow.hooks.storage.StorageHook.path` of ``storage_conn_id``. ``None``: the
+        run's own folder, :func:`onceflow.sales.staging.run_dir` under ``storage_conn_id``'s sales
+        staging base (what daily_sales' tasks write; no XCom pull needed to find it).
     :param table: sales table (``table`` or ``schema.table``); injection-shaped names are refused.
     :param warehouse_conn_id: warehouse connection: PostgreSQL, SQLite, or Google Cloud (BigQuery).
     :param max_reject_ratio: fail without loading (rejects are still recorded) above this ratio.
@@ -53,7 +55,7 @@ class PartitionOverwriteOperator(BaseOperator):
         self,
         *,
         partition: str,
-        staging_dir: str,
+        staging_dir: str | None,
         table: str = "daily_sales",
         warehouse_conn_id: str = "onceflow_warehouse",
         max_reject_ratio: float = 0.05,
@@ -91,13 +93,17 @@ class PartitionOverwriteOperator(BaseOperator):
         from onceflow.hooks.storage import StorageHook
         from onceflow.hooks.warehouse import WarehouseHook
         from onceflow.sales.partitions import validate_partition, validate_table_name
-        from onceflow.sales.staging import StagingMismatchError, open_clean, read_clean
+        from onceflow.sales.staging import StagingMismatchError, open_clean, read_clean, run_dir
 
         day = validate_partition(self.partition)
         validate_table_name(self.table)
         warehouse = WarehouseHook(self.warehouse_conn_id)
         with contextlib.ExitStack() as stack:
-            folder = StorageHook(self.storage_conn_id).path(self.staging_dir)
+            storage = StorageHook(self.storage_conn_id)
+            if self.staging_dir:
+                folder = storage.path(self.staging_dir)
+            else:
+                folder = run_dir(storage.sales_staging(), context["dag"].dag_id, day, context["run_id"])
             try:
                 # SQL warehouses stream the rows from the staged file; BigQuery's load job takes a frame.
                 staged = (
@@ -106,9 +112,7 @@ class PartitionOverwriteOperator(BaseOperator):
             except StagingMismatchError as exc:
                 raise AirflowFailException(str(exc)) from exc  # the files will not change by waiting
             if staged.partition != day:
-                raise ValueError(
-                    f"staging folder {self.staging_dir} holds partition {staged.partition}, not {day}"
-                )
+                raise ValueError(f"staging folder {folder} holds partition {staged.partition}, not {day}")
             return self._execute(context, warehouse, staged, day)
 
     def _execute(self, context: Context, warehouse: Any, staged: Any, day: Any) -> dict[str, Any]:

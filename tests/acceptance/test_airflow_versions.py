@@ -3,7 +3,13 @@
 For each supported minor a clean venv gets that Airflow and the wheel with all its extras; every
 DAG of ``dags/`` must import and survive serialization there, and one ``dag.test()`` of
 ``daily_sales`` must load a day whose stored rows match the cleaning of the same generated orders
-computed here, in the test's own environment.
+computed here, in the test's own environment. On the oldest supported minor (3.1), a second test
+(``slow``) runs the first task of every other DAG by ``dag.test()`` (what ``airflow dags test`` runs) with the rest
+of the DAG marked success (``mark_success_pattern``), all in one process against the Sheets
+emulator (127.0.0.1) and SQLite: ``sheet_claim``'s sensor, ``article_pipeline``'s and its recheck
+lane's ``read_claimed_row``, ``recheck``'s ``start``, ``sheet_reconcile``, ``ledger_reconcile``'s
+relay, ``heartbeat``'s beat and ``sales_dashboard``'s render; the article's ledger item and its
+sheet row are read back here.
 
 Airflow is installed as its users install it: with the constraints of its release. Those files
 are not reachable from CI, so uv resolves everything as of the release day (``--exclude-newer``),
@@ -11,27 +17,30 @@ which is what the constraints captured; resolving against today's index instead 
 newer than the release (FastAPI, cadwyn) that break its in-process Execution API.
 
 The venvs are cached under ``$ONCEFLOW_VENV_CACHE`` (default ``~/.cache/onceflow/airflow-venvs``)
-in a folder named by the hash of ``uv.lock``, so a repeat run only reinstalls the wheel.
+in a folder named by the hash of ``uv.lock``, so a repeat run only reinstalls the wheel. ``make
+install`` builds them (``wheel_env.prepare``, with the network); here uv runs offline.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import json
 import os
 import re
-import shutil
 import sqlite3
 import sys
 from importlib.metadata import version as installed_version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import tomllib
-from wheel_env import RELEASES, REPO, build_wheel, cache_root, check_run, clean_env, last_json_line, uv_cmd
+from wheel_env import RELEASES, REPO, airflow_venv, check_run, clean_env, last_json_line
 
 from onceflow.compat import OLDEST_SUPPORTED_AIRFLOW
+
+if TYPE_CHECKING:
+    from onceflow.testing.sheets_fixtures import SheetsEmulator
 
 DAY = dt.date(2026, 1, 1)  # the day daily_sales loads
 
@@ -68,6 +77,48 @@ print("RUN " + json.dumps({"state": result.state, "tis": result.ti_states,
 """
 
 
+# On the oldest supported minor, each DAG's first task run by dag.test() (what `airflow dags test`
+# runs), every other task marked success by its mark_success_pattern: one process for all DAGs.
+# The plan names the DAGs in order and their confs; recheck's start re-opens the article that
+# article_pipeline's first step finished, and article_pipeline_recheck gets the conf
+# RecheckDispatchOperator would give it.
+FIRST_TASKS = """
+import json, re, sys
+from onceflow.compat import dagbag_module
+from onceflow.testing.dag_runner import run_dag
+plan = json.loads(sys.argv[2])
+bag = dagbag_module().DagBag(sys.argv[1])
+out = {}
+for dag_id in plan["order"]:
+    conf = plan["conf"].get(dag_id)
+    if dag_id == "article_pipeline_recheck":
+        started = out["recheck"]["start"]
+        [key] = started["work_keys"]
+        conf = {"work_key": key, "recheck_id": started["recheck_id"], "reason": "first task",
+                "target_version": "v1", "onceflow_lane": "recheck"}
+    dag = bag.dags[dag_id]
+    [first] = [t.task_id for t in dag.roots]
+    print(f"running {dag_id}.{first}", file=sys.stderr, flush=True)
+    result = run_dag(dag, conf=conf, mark_success_pattern=f"(?!{re.escape(first)}$).*")
+    out[dag_id] = {"first": first, "state": result.state, "tis": result.ti_states,
+                   "pushed": sorted({task for task, _ in result.xcoms}), "run_id": result.run_id}
+    if dag_id == "recheck":
+        out[dag_id]["start"] = result.xcom("start")
+print("FIRST " + json.dumps(out))
+"""
+FIRST_TASK_ORDER = [
+    "sheet_claim",  # its sensor sees the second row NEW (the test claimed the first)
+    "article_pipeline",  # read_claimed_row of the row the test claimed
+    "recheck",
+    "article_pipeline_recheck",
+    "sheet_reconcile",
+    "ledger_reconcile",
+    "heartbeat",
+    "sales_dashboard",
+]
+SHEET_HEADER = ["url", "status", "reason", "run_id", "score", "published_url", "claim_token", "claimed_at"]
+
+
 def _declared_minors() -> list[str]:
     """Minors from pyproject's ``apache-airflow>=X.Y`` up to the locked one."""
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
@@ -95,47 +146,13 @@ def test_every_declared_minor_has_a_tested_release() -> None:
     assert set(_declared_minors()) <= set(RELEASES), f"add a row to RELEASES for {_declared_minors()}"
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_wheel(tmp_path_factory.mktemp("dist"))
-
-
-def _venv(minor: str, wheel: Path) -> Path:
-    """The cached venv of ``minor`` (built once per uv.lock), with this build of the wheel in it."""
-    version, resolved_as_of = RELEASES[minor]
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    venv = root / f"airflow-{version}"
-    env = clean_env()
-    install = [*uv_cmd(), "pip", "install", "--python", str(venv / "bin" / "python")]
-    install += ["--exclude-newer", resolved_as_of]
-    with open(root / f"airflow-{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two sessions share the cache: one builds, one waits
-        if not (venv / ".complete").exists():  # a venv killed half-way is built again
-            shutil.rmtree(venv, ignore_errors=True)
-            check_run([*uv_cmd(), "venv", "--python", sys.executable, str(venv)], env=env)
-            check_run([*install, f"apache-airflow=={version}", f"{wheel}[all]"], env=env)
-            (venv / ".complete").touch()
-        else:
-            reinstall = ["--reinstall-package", "airflow-provider-onceflow"]
-            check_run([*install, *reinstall, f"apache-airflow=={version}", f"{wheel}[all]"], env=env)
-    return venv
-
-
 def _sqlite_conn(path: Path) -> str:
     return json.dumps({"conn_type": "sqlite", "host": str(path)})
 
 
-@pytest.mark.parametrize("minor", _supported_minors())
-def test_wheel_imports_every_dag_and_runs_daily_sales(minor: str, wheel: Path, tmp_path: Path) -> None:
-    from onceflow.sales.generator import GeneratorConfig
-    from onceflow.testing.sales_fixtures import clean_day
-
-    venv = _venv(minor, wheel)
-    bin_ = venv / "bin"
-    data = tmp_path / "data"
-    data.mkdir()
-    env = {
+def _airflow_env(tmp_path: Path, data: Path) -> dict[str, str]:
+    """A private AIRFLOW_HOME with this repository's DAGs and plugins, its databases SQLite files."""
+    return {
         **clean_env(),
         "AIRFLOW_HOME": str(tmp_path / "home"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -145,15 +162,38 @@ def test_wheel_imports_every_dag_and_runs_daily_sales(minor: str, wheel: Path, t
         "AIRFLOW_CONN_ONCEFLOW_WAREHOUSE": _sqlite_conn(data / "warehouse.db"),
         "AIRFLOW_CONN_ONCEFLOW_LEDGER": _sqlite_conn(data / "ledger.db"),
     }
+
+
+@pytest.fixture(scope="module")
+def repository_dags() -> object:
+    """Every DAG and import error as this repository's own environment parses them (once)."""
+    env = {
+        **clean_env(),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
+    listed = check_run([sys.executable, "-c", LIST_DAGS, str(REPO / "dags")], env=env)
+    return last_json_line(listed.stdout, "DAGS ")
+
+
+@pytest.mark.parametrize("minor", _supported_minors())
+def test_wheel_imports_every_dag_and_runs_daily_sales(
+    minor: str, wheel: Path, tmp_path: Path, repository_dags: object
+) -> None:
+    from onceflow.sales.generator import GeneratorConfig
+    from onceflow.testing.sales_fixtures import clean_day
+
+    venv = airflow_venv(minor, wheel)
+    bin_ = venv / "bin"
+    data = tmp_path / "data"
+    data.mkdir()
+    env = _airflow_env(tmp_path, data)
     version = check_run([str(bin_ / "python"), "-c", "import airflow; print(airflow.__version__)"], env=env)
     assert version.stdout.strip() == RELEASES[minor][0]
 
     check_run([str(bin_ / "airflow"), "db", "migrate"], env=env)
     # What the repository's own environment parses, with the source tree on the path.
-    here = {**env, "PYTHONPATH": os.pathsep.join(sys.path)}
-    expected = last_json_line(
-        check_run([sys.executable, "-c", LIST_DAGS, str(REPO / "dags")], env=here).stdout, "DAGS "
-    )
+    expected = repository_dags
     assert isinstance(expected, dict) and expected["errors"] == {}
     listed = last_json_line(
         check_run([str(bin_ / "python"), "-c", LIST_DAGS, str(REPO / "dags")], env=env).stdout, "DAGS "
@@ -197,3 +237,66 @@ def test_wheel_imports_every_dag_and_runs_daily_sales(minor: str, wheel: Path, t
         ]
     assert stored == (len(reference.rows), int(reference.rows["net_cents"].sum()))
     assert rejects == len(reference.rejects)
+
+
+@pytest.mark.slow  # each dag.test() task costs seconds of Airflow start-up: about a minute in all
+def test_first_task_of_every_dag_runs_on_the_oldest_minor(
+    wheel: Path, tmp_path: Path, repository_dags: object, sheets_emulator: SheetsEmulator
+) -> None:
+    """Each DAG's first task on the oldest minor's Airflow, against the Sheets emulator and SQLite
+    (daily_sales's whole run is in the test above)."""
+    from onceflow.ledger import Ledger, create_ledger_engine
+    from onceflow.sheets import ledger_link
+    from onceflow.sheets.protocol import SheetQueue
+    from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+
+    assert isinstance(repository_dags, dict)
+    assert sorted([*FIRST_TASK_ORDER, "daily_sales"]) == sorted(repository_dags["dags"]), "a DAG left out"
+    venv = airflow_venv(OLDEST_SUPPORTED_AIRFLOW, wheel)
+    data = tmp_path / "data"
+    data.mkdir()
+    env = _airflow_env(tmp_path, data)
+    check_run([str(venv / "bin" / "airflow"), "db", "migrate"], env=env)
+    emulator = sheets_emulator  # on 127.0.0.1
+    urls = ["https://news.example/first-task/1", "https://news.example/first-task/2"]
+    sid = emulator.create_spreadsheet(
+        "articles", sheets={"queue": [SHEET_HEADER, *[[u, "NEW"] for u in urls]]}
+    )
+    queue = SheetQueue(GoogleSheetsTransport(anonymous_service(emulator.endpoint), sid), spread=1)
+    claim = queue.claim(1).claims[0]
+    ledger_url = f"sqlite:///{data / 'ledger.db'}"
+    engine = create_ledger_engine(ledger_url)
+    plan = {
+        "order": FIRST_TASK_ORDER,
+        "conf": {
+            "sheet_claim": {"max_rows": 10, "processing_version": "v1"},
+            "article_pipeline": claim.conf(sid, "queue", "v1"),
+            "recheck": {"scope": "quality_sample", "reason": "first task on the oldest minor"},
+            "sheet_reconcile": {"lease_minutes": 60, "processing_version": "v1", "max_redrives": 3},
+        },
+    }
+    run_env = {
+        **env,
+        "AIRFLOW_CONN_ONCEFLOW_SHEETS": emulator.connection_json(spreadsheet_id=sid),
+        "ONCEFLOW_DASHBOARD_DIR": str(data / "dashboard"),
+    }
+    done = check_run(
+        [str(venv / "bin" / "python"), "-c", FIRST_TASKS, str(REPO / "dags"), json.dumps(plan)], env=run_env
+    )
+    ran = last_json_line(done.stdout, "FIRST ")
+    assert isinstance(ran, dict) and list(ran) == FIRST_TASK_ORDER
+    for dag_id, outcome in ran.items():
+        first = outcome["first"]
+        assert outcome["state"] == "success", (dag_id, outcome, done.stdout[-4000:])
+        # it ran and returned its result; the tasks marked success never ran, so pushed nothing
+        assert outcome["pushed"] == [first], (dag_id, outcome)
+        assert set(outcome["tis"].values()) == {"success"}, (dag_id, outcome)
+    # read back here, not through the child: the article's ledger item and its sheet row
+    try:
+        item = Ledger(engine).item(ledger_link.work_key(claim.row_key))
+    finally:
+        engine.dispose()
+    assert item.state == "done"
+    assert queue.find(claim.token).get("run_id") == ran["article_pipeline_recheck"]["run_id"]
+    assert ran["recheck"]["start"]["selected"] == 1
+    assert list((data / "dashboard").iterdir()), "sales_dashboard's render wrote nothing"

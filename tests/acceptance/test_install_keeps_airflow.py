@@ -4,8 +4,8 @@ A cluster's Airflow is stood in for by a venv with only ``apache-airflow==<relea
 supported minor, resolved as of its release day (``wheel_env.plain_airflow_venv``). The README's
 install line is run **as written**, by bash, with ``airflow`` from that venv on ``PATH``, the
 package name replaced by the wheel built here, and ``pip`` a shell function that asks uv's
-resolver for a plan (``uv pip install --dry-run --python <venv>``, against today's index, as a
-user's pip would resolve). uv stands in for pip: both keep an installed distribution that
+resolver for a plan (``uv pip install --dry-run --python <venv>``, against today's index as
+``make install`` cached it, as a user's pip would resolve; uv runs offline here). uv stands in for pip: both keep an installed distribution that
 satisfies every requirement and both obey ``==``. Nothing is installed, so the cached venvs stay
 plain.
 
@@ -19,8 +19,6 @@ plain.
 
 from __future__ import annotations
 
-import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -30,11 +28,11 @@ from wheel_env import (
     PROVIDER,
     RELEASES,
     REPO,
-    build_wheel,
-    clean_env,
+    build_wheel_asking_for,
     plain_airflow_venv,
     planned_changes,
     uv_cmd,
+    uv_env,
 )
 
 UNPINNED = "pip install airflow-provider-onceflow"
@@ -54,32 +52,15 @@ def plan(line: str, venv: Path, wheel: Path) -> subprocess.CompletedProcess[str]
     command = line.replace(PROVIDER, str(wheel))
     uv = " ".join(uv_cmd())
     script = f'pip() {{ shift; {uv} pip install --dry-run --python "{venv}/bin/python" "$@"; }}\n{command}\n'
-    env = {**clean_env(), "PATH": f"{venv / 'bin'}:{clean_env()['PATH']}", "AIRFLOW_HOME": str(venv / "home")}
+    offline = uv_env()  # the plan reads uv's cache only (make install filled it), never an index
+    env = {**offline, "PATH": f"{venv / 'bin'}:{offline['PATH']}", "AIRFLOW_HOME": str(venv / "home")}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_wheel(tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture(scope="module")
 def wheel_asking_for_newer_airflow(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This wheel, but declaring ``apache-airflow>=3.2,<4`` (as 0.1.0 did)."""
-    source = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, source / name)
-    shutil.copytree(REPO / "providers", source / "providers", ignore=shutil.ignore_patterns("__pycache__"))
-    pyproject = source / "pyproject.toml"
-    text, count = re.subn(r'"apache-airflow>=3\.\d+,<4"', '"apache-airflow>=3.2,<4"', pyproject.read_text())
-    assert count == 1
-    pyproject.write_text(text)
-    out = tmp_path_factory.mktemp("dist-newer")
-    subprocess.run(
-        [*uv_cmd(), "build", "--wheel", "--out-dir", str(out), str(source)], check=True, env=clean_env()
-    )
-    (built,) = out.glob("*.whl")
-    return built
+    return build_wheel_asking_for("3.2", tmp_path_factory.mktemp("newer"))
 
 
 def test_the_readme_pins_the_installed_airflow() -> None:

@@ -14,8 +14,7 @@ import zipfile
 from importlib.metadata import version as installed_version
 from pathlib import Path
 
-import pytest
-from wheel_env import PROVIDER, REPO, build_wheel, check_run, clean_env, installed_packages, uv_cmd
+from wheel_env import PROVIDER, REPO, check_run, clean_env, installed_packages, run_uv
 
 # Prints {module: [operator class names]} for every module get_provider_info lists as an
 # operator or sensor module, imported in that environment.
@@ -62,11 +61,6 @@ def test_the_plugin_serves_its_fixtures(onceflow_fake_clock, onceflow_free_port)
 """
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_wheel(tmp_path_factory.mktemp("dist"))
-
-
 def test_wheel_carries_code_sql_migrations_and_entry_points(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "onceflow/get_provider_info.py" in names
@@ -97,15 +91,15 @@ def test_wheel_installs_into_a_plain_airflow_adding_only_itself(wheel: Path, tmp
     env = clean_env()
     venv = tmp_path / "venv"
     py = venv / "bin" / "python"
-    check_run([*uv_cmd(), "venv", "--python", sys.executable, str(venv)], env=env)
+    run_uv(["venv", "--python", sys.executable, str(venv)])
     airflow = (
         f"apache-airflow=={installed_version('apache-airflow')}"  # the locked one (make installs the lock)
     )
-    check_run([*uv_cmd(), "pip", "install", "--python", str(py), airflow], env=env)
+    run_uv(["pip", "install", "--python", str(py), airflow])
     before = installed_packages(py)
     assert "pandas" not in before and "apache-airflow-providers-google" not in before
 
-    check_run([*uv_cmd(), "pip", "install", "--python", str(py), str(wheel)], env=env)
+    run_uv(["pip", "install", "--python", str(py), str(wheel)])
 
     after = installed_packages(py)
     assert set(after) - set(before) == {PROVIDER}
@@ -145,7 +139,7 @@ def test_wheel_installs_into_a_plain_airflow_adding_only_itself(wheel: Path, tmp
 
     # pytest is not a dependency of the provider (a cluster does not need it): a user who tests
     # their DAGs installs it, and then the plugin loads by its entry point, with no -p flag.
-    check_run([*uv_cmd(), "pip", "install", "--python", str(py), "pytest"], env=env)
+    run_uv(["pip", "install", "--python", str(py), "pytest"])
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_plugin.py").write_text(PLUGIN_TEST)

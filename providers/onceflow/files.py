@@ -86,3 +86,7 @@ def _fsync_dir(folder: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+#: :func:`_fsync_dir` for writers that stream into their own temp file (staged parquet).
+fsync_dir = _fsync_dir

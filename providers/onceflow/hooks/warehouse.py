@@ -12,6 +12,7 @@ laptop with no setup. A ``google_cloud_platform`` warehouse connection means Big
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 from functools import cached_property
@@ -23,7 +24,7 @@ from airflow.sdk import BaseHook
 from onceflow.compat import AirflowNotFoundException
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     import pandas as pd
     from sqlalchemy.engine import Engine
@@ -151,6 +152,15 @@ class ShopDbHook(_SqlConnectionHook):
         from onceflow.sales.shop_query import read_interval_snapshot
 
         return read_interval_snapshot(self.engine, start, end)
+
+    def stream_interval(
+        self, start: dt.datetime, end: dt.datetime
+    ) -> contextlib.AbstractContextManager[tuple[dt.datetime, Iterator[pd.DataFrame]]]:
+        """:meth:`read_interval_snapshot` batch by batch (:func:`onceflow.sales.shop_query.stream_interval`):
+        the watermark and an iterator of frames, valid inside the ``with`` block."""
+        from onceflow.sales.shop_query import stream_interval
+
+        return stream_interval(self.engine, start, end)
 
 
 class WarehouseHook(_SqlConnectionHook):

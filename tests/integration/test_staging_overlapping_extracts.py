@@ -12,11 +12,13 @@ the load runs into SQLite or PostgreSQL; the result is read back with plain SQL.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import types
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import pendulum
 import pytest
 import sqlalchemy as sa
@@ -25,6 +27,7 @@ from onceflow.sales.clean import clean_orders
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig, generate_orders, write_orders
 from onceflow.sales.partitions import day_bounds_utc
+from onceflow.sales.shop_query import SourceExtract, rows_frame
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -101,23 +104,33 @@ def test_overlapping_extract_tries_never_pair_one_trys_rows_with_anothers_waterm
 
     # Each try's read (rows and watermark), recorded by the thread that made it.
     reads: dict[str, Any] = {}
-    real_read = ShopDbHook.read_interval_snapshot
+    real_read = ShopDbHook.stream_interval
 
+    @contextlib.contextmanager
     def recording_read(self: ShopDbHook, start: dt.datetime, end: dt.datetime) -> Any:
-        result = real_read(self, start, end)
-        reads[threading.current_thread().name] = result
-        point("read")
-        return result
+        # The DAG streams the read; the test takes the (small) day whole to record and pause.
+        with real_read(self, start, end) as (watermark, batches):
+            frames = list(batches)
+            frame = pd.concat(frames, ignore_index=True) if frames else rows_frame([])
+            reads[threading.current_thread().name] = SourceExtract(frame, watermark)
+            point("read")
+            yield watermark, iter(frames)
 
-    monkeypatch.setattr(ShopDbHook, "read_interval_snapshot", recording_read)
-    real_write_object = staging.write_object
+    monkeypatch.setattr(ShopDbHook, "stream_interval", recording_read)
+    real_write_object, real_rename = staging.write_object, staging.rename_into_place
 
     def pausing_write_object(path: ObjectStoragePath, data: bytes) -> None:
         real_write_object(path, data)
-        if path.name == "extract.parquet":  # renamed or uploaded: other readers now see it
+        if path.name == "extract.parquet":  # uploaded: other readers now see it
+            point("published")
+
+    def pausing_rename(temp: str, path: ObjectStoragePath) -> None:
+        real_rename(temp, path)
+        if path.name == "extract.parquet":  # renamed: other readers now see it
             point("published")
 
     monkeypatch.setattr(staging, "write_object", pausing_write_object)
+    monkeypatch.setattr(staging, "rename_into_place", pausing_rename)
 
     start, end = (pendulum.instance(b) for b in day_bounds_utc(DAY, AMS))
     context = {"data_interval_start": start, "data_interval_end": end, "dag": dag, "run_id": "scheduled__x"}

@@ -227,6 +227,12 @@ def write_extract_stream(
     return path, rows
 
 
+def rename_into_place(temp: str, path: ObjectStoragePath) -> None:
+    """Publish a complete local ``temp`` file as ``path`` (one rename; the folder is synced)."""
+    os.replace(temp, path.path)
+    fsync_dir(os.path.dirname(path.path))
+
+
 @contextlib.contextmanager
 def _staged_file(path: ObjectStoragePath) -> Iterator[Any]:
     """A binary file that becomes ``path`` whole when the block ends without an error."""
@@ -241,12 +247,11 @@ def _staged_file(path: ObjectStoragePath) -> Iterator[Any]:
                 yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(temp, final)
+            rename_into_place(temp, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
             raise
-        fsync_dir(os.path.dirname(final))
     else:
         with tempfile.TemporaryFile() as handle:
             yield handle

@@ -9,7 +9,8 @@
 * ``GET /messages``: every record as a JSON list (``kind`` = ``webhook`` or ``ping``);
 * ``POST /control/down`` and ``/control/up`` with header ``X-Control-Token: <token>``: while
   down, webhooks and pings get 503 and are recorded as ``refused`` (to test delivery retries
-  without killing the process). The token is made per run (or ``--control-token``), printed on the
+  without killing the process); ``POST /control/delay?seconds=0.9`` (same header) answers each
+  later webhook that late (a slow Slack; 0 ends it). The token is made per run (or ``--control-token``), printed on the
   first line and written to ``<store>.control-token`` (mode 0600).
 
 It listens on 127.0.0.1 only, and refuses what a web page open in the developer's browser could
@@ -91,15 +92,25 @@ class _Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_POST(self) -> None:
+        arrived_at = time.time()
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(min(length, 1 << 20)) if length else b""
         if self._foreign(write=True):
             return
         path = urlsplit(self.path).path
-        if path in ("/control/down", "/control/up"):
+        if path in ("/control/down", "/control/up", "/control/delay"):
             given = self.headers.get("X-Control-Token") or ""
             if not hmac.compare_digest(given.encode(), self.server.control_token.encode()):
                 self._reply(403, "control needs X-Control-Token")
+                return
+            if path == "/control/delay":
+                try:
+                    delay = float(parse_qs(urlsplit(self.path).query)["seconds"][0])
+                except (KeyError, ValueError):
+                    self._reply(400, "/control/delay?seconds=<float>")
+                    return
+                self.server.delay = max(0.0, min(delay, 60.0))
+                self._reply(200, f"delay {self.server.delay}")
                 return
             self.server.down = path == "/control/down"
             self._reply(200, "down" if self.server.down else "up")
@@ -124,6 +135,9 @@ class _Handler(BaseHTTPRequestHandler):
                     "kind": "webhook",
                     "message": message,
                     "idempotency_key": self.headers.get("Idempotency-Key"),
+                    # When the request was read (received_at is after any delay): how long a
+                    # sender waited for this acceptance.
+                    "arrived_at": arrived_at,
                 }
             )
             self._reply(200, "ok")

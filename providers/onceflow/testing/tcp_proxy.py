@@ -8,6 +8,8 @@ reachable but not answering. ::
     url = f"postgresql+psycopg2://postgres@127.0.0.1:{proxy.port}/db"
     proxy.freeze()        # every connection, open or new, hangs
     proxy.thaw()          # held bytes flow again
+    proxy.cut()           # the store is down: open connections reset, new ones closed at once
+    proxy.restore()
     proxy.stop()
 """
 
@@ -28,6 +30,7 @@ class FreezableProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self._closed = threading.Event()
+        self._cut = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
 
@@ -41,15 +44,30 @@ class FreezableProxy:
     def thaw(self) -> None:
         self._flowing.set()
 
+    def cut(self) -> None:
+        """Close every open connection and every new one at once (the store is down), until
+        :meth:`restore`."""
+        self._cut.set()
+        self._close_all()
+
+    def restore(self) -> None:
+        self._cut.clear()
+
+    def _close_all(self) -> None:
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
     def stop(self) -> None:
         self._closed.set()
         self._flowing.set()
         with contextlib.suppress(OSError):
             self._server.close()
-        with self._lock:
-            for s in self._sockets:
-                with contextlib.suppress(OSError):
-                    s.close()
+        self._close_all()
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -57,6 +75,9 @@ class FreezableProxy:
                 client, _ = self._server.accept()
             except OSError:
                 return
+            if self._cut.is_set():
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(self.upstream, timeout=5)
             except OSError:

@@ -28,10 +28,11 @@ outbox drain. :func:`check_promises` then checks, over what the receiver got:
 5. **in order**: no RECOVERED before its incident's DOWN.
 
 A violation names the seed; :func:`replay` re-runs one seed. What this does not exercise (real
-processes, SIGKILL, a hung PostgreSQL) is covered by example tests with real processes
-(``tests/integration/test_watchdog_processes.py``: SIGKILL mid-incident, the duplicate window;
-``test_watchdog_hung_store.py``: a frozen PostgreSQL); there is no generated real-process
-schedule yet.
+processes, SIGKILL and SIGSTOP, a hung PostgreSQL, a replica finding a lease that ran out under
+another's feet in wall time) is what :mod:`onceflow.testing.watchdog_process_faults` generates,
+checked by the same :func:`check_promises` (with its :class:`Timing`); example tests with real
+processes are in ``tests/integration/test_watchdog_processes.py`` and
+``test_watchdog_hung_store.py``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,22 @@ EVENT_KINDS = (
     "receiver_down",  # connection refused
     "receiver_up",
 )
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The settings a schedule ran with, which the promises' time bounds are made of."""
+
+    period: float = PERIOD
+    grace: float = GRACE
+    loop: float = LOOP
+    backoff_max: float = BACKOFF_MAX
+    lease: float = LEASE
+    #: Added to the paging bound: real processes' start-up and scheduling under load, a slow
+    #: receiver's queue (0 on the fake clock).
+    extra: float = 0.0
+    #: How long before a flapping check's FLAPPING message counts as its page (the flap window).
+    flap_window: float = 600.0
 
 
 class _Crash(BaseException):
@@ -154,6 +171,7 @@ class Outcome:
     unavailable: list[tuple[float, float]]  # receiver or all replicas unavailable
     ledger_out: list[tuple[float, float]]
     log: list[str] = field(default_factory=list)
+    timing: Timing = field(default_factory=Timing)
 
 
 class _Run:
@@ -506,9 +524,10 @@ def check_promises(o: Outcome) -> list[str]:
         if current and kinds[-1] == "recovery":
             out.append(f"{check} incident {incident} is down but its last message is RECOVERED")
     # 1. every long enough silence paged in time
-    slack = 2 * LOOP + BACKOFF_MAX + LEASE
+    tm = o.timing
+    slack = 2 * tm.loop + tm.backoff_max + tm.lease + tm.extra
     for check, last, end in o.silences:
-        due = last + PERIOD + GRACE
+        due = last + tm.period + tm.grace
         waited = sum(max(0.0, min(b, end) - max(a, last)) for a, b in o.unavailable)
         deadline = due + slack + waited
         if end < deadline:
@@ -528,7 +547,7 @@ def _paged(o: Outcome, alerts: list[dict[str, Any]], check: str, last: float, de
             continue
         if a["check"] == check and a["kind"] in ("down", "reminder", "flapping") and t >= last:
             return True
-        if a["check"] == check and a["kind"] == "flapping" and t >= last - 600:
+        if a["check"] == check and a["kind"] == "flapping" and t >= last - o.timing.flap_window:
             return True  # held as flapping: announced once for the whole window
     # A check still down (paged) from an earlier silence needs no new page.
     for a in alerts:
@@ -538,7 +557,7 @@ def _paged(o: Outcome, alerts: list[dict[str, Any]], check: str, last: float, de
                 for b in alerts
                 if b["check"] == check and b["incident"] == a["incident"] and b["kind"] == "recovery"
             ]
-            if not later or all((b.get("t") or 0) > last + PERIOD + GRACE for b in later):
+            if not later or all((b.get("t") or 0) > last + o.timing.period + o.timing.grace for b in later):
                 return True
     # Blind while the ledger was out: the blindness page stands in for the check's.
     blind_paged = any(
@@ -615,6 +634,7 @@ __all__ = [
     "Event",
     "Outcome",
     "Schedule",
+    "Timing",
     "check_promises",
     "generate",
     "replay",

@@ -59,6 +59,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +257,47 @@ def seconds(td: Any) -> float:
     return float(td.total_seconds()) if td is not None else 0.0
 
 
+def run_figures(
+    cluster: Any, runs: list[tuple[str, str]], per_run_dags: set[str], t0_wall: dt.datetime, wall: float,
+    parallelism: int,
+) -> tuple[dict[str, float], list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+    """The scheduling figures of a pass's ``(dag_id, run_id)`` runs, from the metadata DB (module doc).
+
+    ``per_run_dags``: the DAGs whose runs count in the per-run overhead (not the claim's). Also
+    returns the runs' rows (state, start, end) and their task instances' (task id, start), each
+    with its ``dag_id``, for what a side reads beyond the figures.
+    """
+    per_run: list[float] = []
+    busy = 0.0
+    last_end = t0_wall
+    run_rows: list[dict[str, Any]] = []
+    ti_rows: list[dict[str, Any]] = []
+    for d, r in runs:
+        [run] = cluster.query(
+            "SELECT state, start_date, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r", d=d, r=r
+        )
+        tis = cluster.query(
+            "SELECT task_id, start_date, COALESCE(duration, 0) AS duration FROM task_instance "
+            "WHERE dag_id = :d AND run_id = :r",
+            d=d, r=r,
+        )  # fmt: skip
+        work = sum(float(t["duration"]) for t in tis)
+        busy += work
+        last_end = max(last_end, run["end_date"])
+        run_wall = seconds(run["end_date"] - run["start_date"])
+        if d in per_run_dags and run_wall > 0:
+            per_run.append((run_wall - work) / run_wall)
+        run_rows.append({"dag_id": d, **run})
+        ti_rows += [{"dag_id": d, **t} for t in tis]
+    figures = {
+        "runs_wall": seconds(last_end - t0_wall),
+        "per_run_overhead": statistics.median(per_run) if per_run else float("nan"),
+        "overall_overhead": 1.0 - busy / (wall * parallelism),
+        "busy": busy,
+    }
+    return figures, run_rows, ti_rows
+
+
 def measure(
     cluster: Any, emulator: SheetsEmulator, sid: str, mode: str, urls: list[str], parallelism: int,
     timeout: float,
@@ -300,30 +342,18 @@ def measure(
         for r in chain_runs:
             cluster.wait_for_run(CHAIN, r["run_id"], timeout=600)
         dag_runs += [(CHAIN, r["run_id"]) for r in chain_runs]
-    per_run: list[float] = []
-    busy = 0.0
-    first_chain_start: dt.datetime | None = None
-    last_end = t0_wall
-    for d, r in dag_runs:
-        [run] = cluster.query(
-            "SELECT start_date, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r", d=d, r=r
-        )
-        tis = cluster.query(
-            "SELECT task_id, start_date, COALESCE(duration, 0) AS duration FROM task_instance "
-            "WHERE dag_id = :d AND run_id = :r",
-            d=d, r=r,
-        )  # fmt: skip
-        work = sum(float(t["duration"]) for t in tis)
-        busy += work
-        last_end = max(last_end, run["end_date"])
-        run_wall = seconds(run["end_date"] - run["start_date"])
-        if d != CLAIM and run_wall > 0:
-            per_run.append((run_wall - work) / run_wall)
-        for t in tis:
-            if d == CLAIM or t["task_id"] == "claim_batch" or t["start_date"] is None:
-                continue
-            if first_chain_start is None or t["start_date"] < first_chain_start:
-                first_chain_start = t["start_date"]
+    figures, _, tis = run_figures(
+        cluster, dag_runs, {d for d, _ in dag_runs if d != CLAIM}, t0_wall, wall, parallelism
+    )
+    # the claim's sheet calls all come before the first chain task starts (module doc)
+    first_chain_start = min(
+        (
+            t["start_date"]
+            for t in tis
+            if t["dag_id"] != CLAIM and t["task_id"] != "claim_batch" and t["start_date"] is not None
+        ),
+        default=None,
+    )
     boundary = first_chain_start.timestamp() if first_chain_start else float("inf")
     claim_events = [e for e in events if e.at + offset < boundary]
     chain_events = [e for e in events if e.at + offset >= boundary]
@@ -340,13 +370,10 @@ def measure(
         "done": done,
         "other": {s: sum(1 for v in final.values() if v == s) for s in set(final.values()) if s != "DONE"},
         "wall": wall,
-        "runs_wall": seconds(last_end - t0_wall),
         "trigger_s": trigger_s,
         "below_threshold": below,
         "per_min": 60.0 * done / wall,
-        "per_run_overhead": statistics.median(per_run) if per_run else float("nan"),
-        "overall_overhead": 1.0 - busy / (wall * parallelism),
-        "busy": busy,
+        **figures,
         "claim_per_article": {k: v / len(urls) for k, v in claim.items()},
         "chain_per_article": {k: v / max(done, 1) for k, v in chain.items()},
         "methods": counts,
@@ -368,25 +395,11 @@ def measure_empty(cluster: Any, urls: list[str], parallelism: int, timeout: floa
     for r in runs:
         cluster.wait_for_run(EMPTY_CHAIN, r, timeout=max(60.0, timeout - (time.monotonic() - started)))
     wall = time.monotonic() - started
-    per_run: list[float] = []
-    busy = 0.0
-    last_end = t0_wall
-    states: dict[str, int] = {}
-    for d, r in [(EMPTY_CLAIM, run_id), *[(EMPTY_CHAIN, r) for r in runs]]:
-        [run] = cluster.query(
-            "SELECT state, start_date, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r", d=d, r=r
-        )
-        states[run["state"]] = states.get(run["state"], 0) + 1
-        tis = cluster.query(
-            "SELECT COALESCE(duration, 0) AS duration FROM task_instance WHERE dag_id = :d AND run_id = :r",
-            d=d, r=r,
-        )  # fmt: skip
-        work = sum(float(t["duration"]) for t in tis)
-        busy += work
-        last_end = max(last_end, run["end_date"])
-        run_wall = seconds(run["end_date"] - run["start_date"])
-        if d == EMPTY_CHAIN and run_wall > 0:
-            per_run.append((run_wall - work) / run_wall)
+    figures, run_rows, _ = run_figures(
+        cluster, [(EMPTY_CLAIM, run_id), *[(EMPTY_CHAIN, r) for r in runs]], {EMPTY_CHAIN}, t0_wall, wall,
+        parallelism,
+    )  # fmt: skip
+    states = Counter(run["state"] for run in run_rows)
     done = states.get("success", 0) - 1  # the claim run's own success
     zero = {"reads": 0.0, "writes": 0.0, "gets": 0.0, "total": 0.0}
     return {
@@ -395,13 +408,10 @@ def measure_empty(cluster: Any, urls: list[str], parallelism: int, timeout: floa
         "done": done,
         "other": {s: c for s, c in states.items() if s != "success"},
         "wall": wall,
-        "runs_wall": seconds(last_end - t0_wall),
         "trigger_s": trigger_s,
         "below_threshold": 0,
         "per_min": 60.0 * done / wall,
-        "per_run_overhead": statistics.median(per_run) if per_run else float("nan"),
-        "overall_overhead": 1.0 - busy / (wall * parallelism),
-        "busy": busy,
+        **figures,
         "claim_per_article": zero,
         "chain_per_article": zero,
         "methods": {},

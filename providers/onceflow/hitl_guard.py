@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from onceflow.local_api_guard import ASGIApp, Message, Receive, Scope, Send
+from onceflow.local_api_guard import ASGIApp, Message, Receive, Scope, Send, send_response
 
 #: The param schema key that lists the options the field is required for.
 REQUIRED_FOR_KEY = "x-onceflow-required-for"
@@ -110,7 +110,9 @@ class RequiredForOptionGuard:
         body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
         problem = await _problem(match.groupdict(), body)
         if problem is not None:
-            await _refuse(send, problem)
+            await send_response(
+                send, REFUSAL_STATUS, b"application/json", json.dumps({"detail": problem}).encode()
+            )
             return
 
         async def replay() -> Message:
@@ -136,18 +138,3 @@ async def _problem(path: dict[str, str], body: bytes) -> str | None:
     )
     missing = missing_required(params or {}, chosen, answers)
     return refusal_text(missing, chosen) if missing else None
-
-
-async def _refuse(send: Send, text: str) -> None:
-    body = json.dumps({"detail": text}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": REFUSAL_STATUS,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

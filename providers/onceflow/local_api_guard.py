@@ -83,7 +83,10 @@ class LocalRunGuard:
                 if scope["type"] == "websocket":
                     await send({"type": "websocket.close", "code": 1008})
                 else:
-                    await _refuse(send, 421 if problem.startswith("Host") else 403, problem)
+                    status = 421 if problem.startswith("Host") else 403
+                    await send_response(
+                        send, status, b"text/plain; charset=utf-8", f"onceflow: {problem}\n".encode()
+                    )
                 return
         wants_page = scope["type"] == "http" and scope.get("method") == "GET"
         if self.ui_timezone and wants_page and "text/html" in headers.get("accept", ""):
@@ -143,16 +146,13 @@ class LocalRunGuard:
         await self.app(scope, receive, wrapped)
 
 
-async def _refuse(send: Send, status: int, text: str) -> None:
-    body = f"onceflow: {text}\n".encode()
+async def send_response(send: Send, status: int, content_type: bytes, body: bytes) -> None:
+    """Answer the request in the app's place with ``body`` whole: a guard's refusal."""
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", str(len(body)).encode()),
-            ],
+            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
         }
     )
     await send({"type": "http.response.body", "body": body})

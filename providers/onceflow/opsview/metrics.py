@@ -41,7 +41,7 @@ HELP = {
     "discovered_last_hour": "Work items created in the last hour (question 1).",
     "seconds_since_last_discovery": "Seconds since the newest work item of the kind was created (question 1).",
     "completed_last_hour": "Work items that reached done in the last hour.",
-    "eligible_items": "Pending items that may be claimed now (question 2).",
+    "eligible_items": "Items a claim may take now: pending and available, or leased with the lease run out (question 2).",
     "oldest_eligible_age_seconds": "Age of the oldest eligible item since its creation (question 2).",
     "lease_expiries_24h": "Lease expiries in the last 24 hours (question 3).",
     "lease_expiries_trailing_week_daily_mean": "Daily mean of lease expiries in the 7 days before the last 24 hours (question 3).",

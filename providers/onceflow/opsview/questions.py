@@ -9,8 +9,8 @@
 
 Each reads the ledger's tables through one connection and takes ``now`` (epoch seconds) from the
 caller, so the answer is a function of the stored state and the clock. Every query is bounded by
-a time window or by the live states, and has an index behind it (``ledger_v5``): the view stays
-fast as finished work piles up (``benchmarks/bench_ops_view.py``).
+a time window or by the live states, and has an index behind it (``ledger_v5``, ``ledger_v7``):
+the view stays fast as finished work piles up (``benchmarks/bench_ops_view.py``).
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ MIN_UNUSUAL = 3
 
 w, t, r, o = schema.work_items, schema.transitions, schema.results, schema.outbox
 # Written as literals, not bound parameters: SQLite uses a partial index only when the query's
-# WHERE names its predicate's very values (ix_work_items_eligible, ix_work_items_claim).
+# WHERE names its predicate's very values (ix_work_items_eligible, ix_work_items_leased).
 PENDING = sa.text("work_items.state = 'pending'")
+LEASED = sa.text("work_items.state = 'leased'")
 LIVE = sa.text("work_items.state IN ('pending', 'leased')")
 
 
@@ -78,6 +79,16 @@ def hour_bucket(conn: Connection, column: Any, since: float) -> Any:
     return sa.cast(sa.func.floor(offset), sa.Integer)
 
 
+def _fold(rows: Any, hours: int) -> dict[int, int]:
+    """Counts per hour bucket from ``(bucket, count)`` rows. The window is closed at ``now``, whose
+    own bucket (``hours``) is folded into the last hour."""
+    counts: dict[int, int] = {}
+    for b, n in rows:
+        i = min(int(b), hours - 1)
+        counts[i] = counts.get(i, 0) + int(n)
+    return counts
+
+
 def _series(counts: dict[int, int], hours: int) -> list[int]:
     return [counts.get(i, 0) for i in range(hours)]
 
@@ -89,7 +100,7 @@ def discovery(conn: Connection, now: float, hours: int = 48) -> dict[str, Any]:
     bucket is the hour up to ``now``.
     """
     since = now - hours * HOUR
-    created: dict[str, dict[int, int]] = {}
+    by_kind: dict[str, list[tuple[int, int]]] = {}
     bucket = hour_bucket(conn, w.c.created_at, since)
     rows = conn.execute(
         sa.select(w.c.kind, bucket.label("b"), sa.func.count())
@@ -97,12 +108,12 @@ def discovery(conn: Connection, now: float, hours: int = 48) -> dict[str, Any]:
         .group_by(w.c.kind, bucket)
     )
     for kind, b, n in rows:
-        created.setdefault(kind, {})[int(b)] = int(n)
+        by_kind.setdefault(kind, []).append((b, n))
+    created = {kind: _fold(found, hours) for kind, found in by_kind.items()}
     last = {kind: at for kind, at in conn.execute(NEWEST_PER_KIND)}
     done_bucket = hour_bucket(conn, t.c.at, since)
-    completed = {
-        int(b): int(n)
-        for b, n in conn.execute(
+    completed = _fold(
+        conn.execute(
             sa.select(done_bucket.label("b"), sa.func.count())
             .where(
                 t.c.to_state == states.DONE,
@@ -111,8 +122,9 @@ def discovery(conn: Connection, now: float, hours: int = 48) -> dict[str, Any]:
                 t.c.at <= now,
             )
             .group_by(done_bucket)
-        )
-    }
+        ),
+        hours,
+    )
     kinds = sorted(set(created) | set(last))
     per_kind = [
         {
@@ -138,38 +150,45 @@ def discovery(conn: Connection, now: float, hours: int = 48) -> dict[str, Any]:
 
 
 def oldest_eligible(conn: Connection, now: float) -> dict[str, Any]:
-    """Pending items that may be claimed now, per kind, lane, priority and required version.
+    """Items a claim may take now, per kind, lane, priority and required version: pending ones
+    whose ``available_at`` has passed, and leased ones whose lease ran out (their holder died; the
+    next claim takes them over, ``reclaim_expired``), as the claim's own WHERE has it.
 
     ``oldest_age_s`` counts from the item's creation, ``longest_wait_s`` from when it last became
-    available (a retry's backoff is not waiting). ``histogram`` counts the eligible items by age.
+    claimable (a retry's backoff is not waiting; an expired lease waits from its expiry).
+    ``histogram`` counts the eligible items by age.
     """
-    eligible = sa.and_(PENDING, w.c.available_at <= now)
     age = now - w.c.created_at
     bucket = sa.case(
         *[(age < upper, i) for i, (_, upper) in enumerate(AGE_BUCKETS[:-1])], else_=len(AGE_BUCKETS) - 1
     )
-    # One pass over the eligible items (index-only on ix_work_items_eligible): the groups and the
-    # age histogram are folded from the same rows.
     by_group: dict[tuple[Any, ...], list[float]] = {}
     counts: dict[int, int] = {}
-    for kind, lane, priority, version, b, n, oldest, waiting in conn.execute(
-        sa.select(
-            w.c.kind,
-            w.c.lane,
-            w.c.priority,
-            w.c.required_version,
-            bucket.label("b"),
-            sa.func.count(),
-            sa.func.min(w.c.created_at),
-            sa.func.min(w.c.available_at),
-        )
-        .where(eligible)
-        .group_by(w.c.kind, w.c.lane, w.c.priority, w.c.required_version, bucket)
+    # One pass over each partial index, the groups and the age histogram folded from the same rows:
+    # the pending items index-only on ix_work_items_eligible, the leased ones (a few: one per
+    # running attempt) on ix_work_items_leased.
+    for where, since in (
+        (sa.and_(PENDING, w.c.available_at <= now), w.c.available_at),
+        (sa.and_(LEASED, w.c.lease_expires_at <= now), w.c.lease_expires_at),
     ):
-        counts[int(b)] = counts.get(int(b), 0) + int(n)
-        acc = by_group.setdefault((kind, lane, int(priority), version), [0, oldest, waiting])
-        acc[0] += int(n)
-        acc[1], acc[2] = min(acc[1], oldest), min(acc[2], waiting)
+        for kind, lane, priority, version, b, n, oldest, waiting in conn.execute(
+            sa.select(
+                w.c.kind,
+                w.c.lane,
+                w.c.priority,
+                w.c.required_version,
+                bucket.label("b"),
+                sa.func.count(),
+                sa.func.min(w.c.created_at),
+                sa.func.min(since),
+            )
+            .where(where)
+            .group_by(w.c.kind, w.c.lane, w.c.priority, w.c.required_version, bucket)
+        ):
+            counts[int(b)] = counts.get(int(b), 0) + int(n)
+            acc = by_group.setdefault((kind, lane, int(priority), version), [0, oldest, waiting])
+            acc[0] += int(n)
+            acc[1], acc[2] = min(acc[1], oldest), min(acc[2], waiting)
     groups = [
         {
             "kind": kind,
@@ -206,14 +225,14 @@ def lease_expiries(conn: Connection, now: float, hours: int = 48) -> dict[str, A
     ).one()
     since = now - hours * HOUR
     bucket = hour_bucket(conn, t.c.at, since)
-    per_hour = {
-        int(b): int(n)
-        for b, n in conn.execute(
+    per_hour = _fold(
+        conn.execute(
             sa.select(bucket.label("b"), sa.func.count())
             .where(expired, t.c.at >= since, t.c.at <= now)
             .group_by(bucket)
-        )
-    }
+        ),
+        hours,
+    )
     by_event: dict[str, int] = dict(
         conn.execute(
             sa.select(t.c.event, sa.func.count())
@@ -335,9 +354,9 @@ def active_versions(conn: Connection, now: float, days: int = 7) -> dict[str, An
         )
 
     # Pending and leased apart: each matches a partial index (pending: ix_work_items_eligible,
-    # index-only; leased: ix_work_items_claim, a few heap reads), where `state IN (...)` over both
-    # made PostgreSQL read the whole table (420 ms of 100,000 items under load, against 20).
-    for live_state in (PENDING, sa.text("work_items.state = 'leased'")):
+    # leased: ix_work_items_leased, both index-only), where `state IN (...)` over both made
+    # PostgreSQL read the whole table (420 ms of 100,000 items under load, against 20).
+    for live_state in (PENDING, LEASED):
         for kind, version, n in conn.execute(
             sa.select(w.c.kind, w.c.required_version, sa.func.count())
             .where(live_state)

@@ -152,7 +152,9 @@ def seed_ledger(engine: sa.Engine, now: float) -> Expected:
             now - 300,
             required_version="v1",
             lease_owner="article_pipeline/sheet__r5__v1/1/fetch",
-            lease_expires_at=now + 600,
+            # an hour ahead, as the retries' backoff below: the page tests read these figures up
+            # to 10 minutes after seeding, and a lease that ran out is eligible (question 2)
+            lease_expires_at=now + HOUR,
         ),
     ]
     exp.oldest_by_group = {
@@ -183,7 +185,7 @@ def seed_ledger(engine: sa.Engine, now: float) -> Expected:
             now - 5 * HOUR,
             attempts=2,
             last_error_class="TransientHTTPError",
-            available_at=now + 300,
+            available_at=now + HOUR,
             updated_at=now - 100,
         )
         for i in range(3)

@@ -46,6 +46,7 @@ def _shape(engine: Engine) -> dict[str, Any]:
                     i["name"],
                     tuple(map(str, i.get("column_names") or ())),
                     tuple(map(str, i.get("expressions") or ())),
+                    sorted((k, tuple(v)) for k, v in (i.get("column_sorting") or {}).items()),
                     i["unique"],
                     sorted((k, str(v)) for k, v in (i.get("dialect_options") or {}).items()),
                 )
@@ -349,5 +350,62 @@ def test_ledger_v4_creates_the_checks_it_was_released_with_whatever_schema_says_
             " attempts, max_attempts, created_at, updated_at)"
             " VALUES ('archived:1', 'fetch', 'archived', 0, 0, 0, 0, 5, 0, 0)",
         )
+    finally:
+        engine.dispose()
+
+
+def test_ledger_v7_indexes_a_v6_ledger_with_data_and_goes_back(ledger_url, monkeypatch):
+    """ledger_v7 on a ledger at ledger_v6 holding live and finished items: it adds exactly the
+    leased-items index, the rows and the view's answers stay the same, a second run does nothing,
+    its downgrade gives back the ledger_v6 schema, and upgrading to the newest revision from there
+    ends exactly like a new ledger."""
+    from alembic import command
+
+    from onceflow.opsview import questions
+    from onceflow.testing import ops_view_state
+
+    engine = create_ledger_engine(ledger_url)
+    now = 1_764_000_000.0
+    try:
+        handwritten.migrate(engine, target=3)
+        assert migrations.migrate(engine, target="ledger_v6").after == "ledger_v6"
+        v6 = _shape(engine)
+        monkeypatch.setattr(ops_view_state, "create_ledger", lambda engine: None)  # stay at ledger_v6
+        ops_view_state.seed_ledger(engine, now)  # pending, leased, done and failed items; NULL versions
+
+        def state() -> tuple[Any, ...]:
+            with engine.connect() as conn:
+                rows = conn.exec_driver_sql("SELECT * FROM work_items ORDER BY id").all()
+                return rows, questions.all_questions(conn, now)
+
+        before = state()
+        assert before[1]["active_versions"]["versions"]  # (the seed has live items to count)
+        done = migrations.migrate(engine, target="ledger_v7")
+        assert (done.before, done.after, done.created) == ("ledger_v6", "ledger_v7", False)
+        v7 = _shape(engine)
+        indexes = {i[0]: i for i in v7["work_items"]["indexes"]}
+        assert indexes.pop("ix_work_items_leased")[1:4] == (("kind", "required_version"), (), [])
+        assert list(indexes.values()) == v6["work_items"]["indexes"]  # nothing else changed
+        assert {**v7, "work_items": None} == {**v6, "work_items": None}
+        assert {**v7["work_items"], "indexes": None} == {**v6["work_items"], "indexes": None}
+        with engine.connect() as conn:  # partial: the leased items only
+            if engine.dialect.name == "sqlite":
+                ddl = "SELECT sql FROM sqlite_master WHERE name = 'ix_work_items_leased'"
+            else:
+                ddl = "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_work_items_leased'"
+            assert "WHERE" in conn.exec_driver_sql(ddl).scalar_one()
+            assert "'leased'" in conn.exec_driver_sql(ddl).scalar_one()
+        assert state() == before
+        assert not migrations.migrate(engine, target="ledger_v7").changed
+
+        with engine.begin() as conn:  # the downgrade, as `alembic downgrade ledger_v6` runs it
+            command.downgrade(migrations._config(conn), "ledger_v6")
+        assert migrations.current_revision(engine) == "ledger_v6"
+        assert _shape(engine) == v6
+        assert state() == before
+
+        assert migrations.migrate(engine).after == migrations.head()
+        assert _shape(engine) == _fresh_shape(ledger_url, "fresh")
+        assert state() == before
     finally:
         engine.dispose()

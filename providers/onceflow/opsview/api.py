@@ -30,8 +30,10 @@ app = FastAPI(
     title="onceflow operations view",
     description="Is the business process progressing? The ledger's six questions, partitions, the "
     "sheet queue, published articles and the watchdog. Auth: Airflow's auth manager.",
+    # no schema or docs routes: FastAPI would serve them to anyone, past the auth manager
     docs_url=None,
     redoc_url=None,
+    openapi_url=None,
 )
 
 

@@ -48,6 +48,7 @@ def test_run_ids_are_quoted_in_links() -> None:
         (" JavaScript:alert(1)", False),
         ("data:text/html,<script>", False),
         ("//evil.example/", False),
+        ("/\\evil.example/", False),
         ("https://ok.example/\nx", False),
         ("vbscript:x", False),
         ("", False),

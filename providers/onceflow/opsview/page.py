@@ -24,7 +24,13 @@ REFRESH_S = 30
 
 def safe_href(url: Any) -> str | None:
     """``url`` if a browser may follow it from the page, else None (then it is shown as text)."""
-    if not isinstance(url, str) or not url or any(c in url for c in "\r\n\t") or url.startswith("//"):
+    # "//host" and "/\\host" (browsers read a backslash as a slash) leave Airflow for another site
+    if (
+        not isinstance(url, str)
+        or not url
+        or any(c in url for c in "\r\n\t")
+        or url.startswith(("//", "/\\"))
+    ):
         return None
     if url.startswith("/"):
         return url  # Airflow's own pages

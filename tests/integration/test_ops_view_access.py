@@ -33,6 +33,8 @@ def _requests() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    from airflow.api_fastapi.app import _AuthManagerState, init_auth_manager
+
     from onceflow.opsview import api, sources
 
     tmp = tmp_path_factory.mktemp("opsaccess")
@@ -45,6 +47,9 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("AIRFLOW_CONN_ONCEFLOW_LEDGER", json.dumps(conn))
         env.setenv("ONCEFLOW_DASHBOARD_DIR", str(tmp / "dashboard"))
+        # the configured auth manager, as the api-server starts it: it reads the tokens
+        env.setattr(_AuthManagerState, "instance", None)
+        init_auth_manager()
         sources.reset()
         yield TestClient(api.app)
     sources.reset()
@@ -85,3 +90,16 @@ def test_every_route_refuses_a_user_the_auth_manager_refuses(
         api.app.dependency_overrides.clear()
     assert answer.status_code == 403, (path, answer.text[:200])
     assert _refusal_only(answer.content)
+
+
+@pytest.mark.parametrize("token", ["caf\u00e9", "scrape-secret\u00ff", "x" * 300])
+def test_a_wrong_scrape_token_of_any_bytes_is_refused(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    """Not a 500: a header may carry any byte (Starlette reads it as latin-1)."""
+    monkeypatch.setenv("AIRFLOW__ONCEFLOW_OPS__METRICS_TOKEN", "scrape-secret")
+    answer = client.get("/metrics", headers={"Authorization": f"Bearer {token}".encode("latin-1")})
+    assert answer.status_code == 403, answer.text[:200]
+    assert _refusal_only(answer.content)
+    right = client.get("/metrics", headers={"Authorization": "Bearer scrape-secret"})
+    assert right.status_code == 200 and "# EOF" in right.text

@@ -64,4 +64,7 @@ def may_read(user: BaseUser, section: Section) -> bool:
 
 def token_matches(presented: str | None, configured: str) -> bool:
     """A constant-time comparison of the metrics token (never true when none is configured)."""
-    return bool(configured) and presented is not None and hmac.compare_digest(presented, configured)
+    if not configured or presented is None:
+        return False
+    # as bytes: compare_digest raises on a str with non-ASCII characters (a header may carry any)
+    return hmac.compare_digest(presented.encode(), configured.encode())

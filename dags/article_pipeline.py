@@ -43,13 +43,13 @@ the ledger (not from XCom): `fetch` (SSRF guard, size cap, pool `onceflow_fetch`
 >> `translate` (Apertium or Cloud Translation, pool `onceflow_translate`) >> `score` >>
 `check_score`: at or above the threshold (Variable `onceflow_score_threshold`, default 0.7)
 straight to `publish`; below it `polish` (the sheet's glossary, then score again) >>
-`check_polished`: still below, `mark_needs_review` (row NEEDS_REVIEW) >> `review`, a
+`check_polished`: still below, `mark_needs_review` (row NEEDS_REVIEW, through the outbox) >> `review`, a
 human-in-the-loop approval showing the text, the score and the source link (approve: publish;
 reject: the row ends REJECTED with the reviewer's note) >> `publish` (sanitized page,
 create-only: published once; its commit carries the row's DONE, score and link into the ledger's
 outbox) >> `write_back` (relays the sheet's pending write-backs, this row's among them).
 A retry repeats nothing the run already committed; a permanent failure (a blocked URL, a 404, an
-empty page) writes the row FAILED with the reason and is not retried; a transient one (timeout,
+empty page) commits the row's FAILED with the reason to the outbox, relays it, and is not retried; a transient one (timeout,
 5xx, 429) is retried with exponential backoff, after the server's Retry-After when it sent one.
 
 **Two lanes, two DAGs from this file.** `article_pipeline` takes new work (pool `onceflow_sheets`,

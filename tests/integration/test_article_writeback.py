@@ -282,29 +282,6 @@ def test_failed_from_either_in_flight_status_in_one_batch(sheets_emulator: Sheet
     assert _row(sheets_emulator, sid, tokens[0])["status"] == f"NEEDS_REVIEW #{tokens[0]}"
 
 
-def test_a_permanent_failure_after_an_approval_writes_failed_in_one_read_and_two_writes(
-    sheets_emulator: SheetsEmulator,
-) -> None:
-    """``ArticleStepOperator.record_invalid`` (a publish that fails permanently after the reviewer
-    approved: the row is NEEDS_REVIEW) moves the row FAILED with the reason in one write-back's
-    budget; it used to try PROCESSING first, one whole ``finish`` wasted on the wrong status."""
-    from onceflow.articles.publish import PublishConflict
-    from onceflow.operators.articles import PublishArticleOperator
-
-    sid, urls, tokens = _sheet(sheets_emulator, 2)
-    assert write_needs_review(_queue(sid), tokens[0], score=0.41, reason="score 0.41 below 0.60")
-    conf = {"claim_token": tokens[0], "spreadsheet_id": sid, "sheet": "queue", "processing_version": "v1"}
-    sheets_emulator.request_log.reset()
-    PublishArticleOperator(task_id="publish").record_invalid(
-        conf, PublishConflict("http://x/a", "ab" * 32, "cd" * 32)
-    )
-    assert _counted(sheets_emulator) == WRITE_BACK
-    row = _row(sheets_emulator, sid, tokens[0])
-    assert row["status"] == f"FAILED #{tokens[0]}" and row["url"] == urls[0]
-    assert str(row["reason"]).startswith("publish: a different page is already published at http://x/a")
-    assert _anchors(sheets_emulator, sid) == {tokens[1]}
-
-
 def test_a_row_given_up_after_its_re_drives_says_why_on_the_row(sheets_emulator: SheetsEmulator) -> None:
     """A transient error that outlives Airflow's retries and every re-drive (a 503 that never
     ends, a bad ``onceflow_translate`` connection): the row ends FAILED with the give-up and the

@@ -354,3 +354,27 @@ def test_airflows_outbox_relay_leaves_sheet_rows_to_the_sheet_relay(
     assert (report.relayed, report.errors) == (0, [])
     [row] = pending_rows(sqlite_ledger)
     assert row.target_type == SHEET_ROW and row.data["token"] == claim.token
+
+
+def test_a_status_batch_that_failed_unapplied_leaves_its_write_backs_pending_for_the_next_pass(
+    sheets_emulator: SheetsEmulator, sqlite_ledger: Ledger
+) -> None:
+    """A 500 on the relay's status batch, not applied: the rows still wait in PROCESSING. The
+    outbox rows used to be marked relayed ("not in a state to move"), and nothing wrote those
+    rows again (the fault schedules found it: seeds 14, 98, 115, 153, 166, 189 of 0-199)."""
+    sid, claims = _claimed(sheets_emulator, 2)
+    target = sheet_target(sid, "queue")
+    for claim in claims:
+        _publish(sqlite_ledger, target, claim)
+    sheets_emulator.faults.add("500", count=1, methods=["spreadsheets.batchUpdate"])
+    report = relay_sheet_rows(sqlite_ledger, lambda _sid, _tab: _queue(sheets_emulator, sid))
+    assert (report.relayed, report.written, report.left) == (0, [], [])
+    assert sorted(report.waiting) == sorted(c.token for c in claims) and report.errors
+    assert all(r["status"].startswith("PROCESSING #") for r in _rows(sheets_emulator, sid).values())
+    assert len(pending_sheet_rows(sqlite_ledger)) == 2, "kept for the next pass"
+
+    report = relay_sheet_rows(sqlite_ledger, lambda _sid, _tab: _queue(sheets_emulator, sid))
+    assert (report.relayed, sorted(report.written), report.errors) == (2, sorted(c.token for c in claims), [])
+    rows = _rows(sheets_emulator, sid)
+    assert {rows[c.token]["status"] for c in claims} == {f"DONE #{c.token}" for c in claims}
+    assert _anchors(sheets_emulator, sid) == []

@@ -1,5 +1,9 @@
 """The article chain's writes to its sheet row: DONE, NEEDS_REVIEW, REJECTED, FAILED.
 
+The chain itself commits these to the ledger's outbox (the ``*_fields`` here are their cells) and
+:mod:`onceflow.sheets.relay` writes them; the ``write_*`` functions write one row directly (an
+article published before the outbox, tests, tools).
+
 Every write finds the row by its claim token, through the row anchor the claim made (an editor may
 have inserted, deleted or sorted rows since), stores values RAW (a title or note starting with
 ``=``, ``+``, ``-`` or ``@`` stays text, never a formula), and moves the status with the fenced
@@ -106,15 +110,30 @@ def write_needs_review(queue: SheetQueue, token: str, *, score: float, reason: s
     anchor, the status moves in one fenced ``findReplace``. A repeat after the move reads 1 and
     writes nothing.
     """
-    fields = {"score": format_score(score), "reason": _reason(reason, "reason")}
+    fields = needs_review_fields(score=score, reason=reason)
     return _move_keeping_anchor(queue, token, fields, Status.PROCESSING, Status.NEEDS_REVIEW)
+
+
+def needs_review_fields(*, score: float, reason: str) -> dict[str, str]:
+    """The cells a NEEDS_REVIEW row gets: score and why it needs review."""
+    return {"score": format_score(score), "reason": _reason(reason, "reason")}
+
+
+def rejected_fields(*, note: str, score: float) -> dict[str, str]:
+    """The cells a REJECTED row gets: score, and the reviewer's note as its reason."""
+    reason = _reason(note, "note") if str(note).strip() else "rejected by the reviewer (no note given)"
+    return {"score": format_score(score), "reason": reason}
+
+
+def failed_fields(reason: str) -> dict[str, str]:
+    """The cell a FAILED row gets: the failure's reason, on one line."""
+    return {"reason": _reason(reason, "reason")}
 
 
 def write_rejected(queue: SheetQueue, token: str, *, note: str, score: float) -> bool:
     """The row of ``token``: the reviewer's note as its reason, then NEEDS_REVIEW -> REJECTED with
     its anchor removed. Costs 1 read + 2 writes."""
-    reason = _reason(note, "note") if str(note).strip() else "rejected by the reviewer (no note given)"
-    fields = {"score": format_score(score), "reason": reason}
+    fields = rejected_fields(note=note, score=score)
     return queue.finish(token, Status.REJECTED, fields, old=Status.NEEDS_REVIEW)
 
 
@@ -127,7 +146,7 @@ def write_failed(
     :param old: the status the row must be in; several (``(PROCESSING, NEEDS_REVIEW)``) ride as
         one fenced ``findReplace`` each in the same batch, at no extra cost.
     """
-    return queue.finish(token, Status.FAILED, {"reason": _reason(reason, "reason")}, old=old)
+    return queue.finish(token, Status.FAILED, failed_fields(reason), old=old)
 
 
 class _NotInState(Exception):

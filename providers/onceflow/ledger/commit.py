@@ -297,11 +297,26 @@ def fail(
     raise _refuse(engine, lease, item, now, "failure report")
 
 
-def mark_invalid(engine: Engine, lease: Lease, *, reason: str, now: float) -> None:
-    """The input is wrong: move to ``needs_correction`` with ``reason`` (no retry can help)."""
+def mark_invalid(
+    engine: Engine,
+    lease: Lease,
+    *,
+    reason: str,
+    now: float,
+    step: str = "",
+    follow_ups: Sequence[FollowUp] = (),
+) -> None:
+    """The input is wrong: move to ``needs_correction`` with ``reason`` (no retry can help).
+
+    :param follow_ups: written in the same transaction (the row's FAILED for the sheet relay), so
+        a try whose lease was taken over writes none of them.
+    """
+    specs = [f.resolved(lease.work_key, step, lease.worker_version, lease.token) for f in follow_ups]
     with engine.begin() as conn:
         item = items.lock_item(conn, lease.work_key)
         if item is not None and item["state"] == states.LEASED and item["fencing_token"] == lease.token:
+            for spec in specs:
+                write_follow_up(conn, spec, work_key=lease.work_key, step=step, now=now, actor=states.WORKER)
             items.apply(
                 conn,
                 item,

@@ -241,9 +241,14 @@ class Ledger:
             self.engine, lease, error=error, now=self.clock.now(), backoff_seconds=backoff_seconds
         )
 
-    def mark_invalid(self, lease: Lease, reason: str) -> None:
-        """Permanent input problem: ``needs_correction`` with ``reason``."""
-        commit.mark_invalid(self.engine, lease, reason=reason, now=self.clock.now())
+    def mark_invalid(
+        self, lease: Lease, reason: str, *, step: str = "", follow_ups: Sequence[FollowUp] = ()
+    ) -> None:
+        """Permanent input problem: ``needs_correction`` with ``reason``, and ``follow_ups`` (of
+        ``step``) in the same transaction."""
+        commit.mark_invalid(
+            self.engine, lease, reason=reason, now=self.clock.now(), step=step, follow_ups=follow_ups
+        )
 
     # -- operators and the reconciler --------------------------------------------------------
     def transition(self, work_key: str, event: str, actor: str, reason: str | None = None) -> WorkItem:

@@ -162,6 +162,7 @@ def run_keyed_step(
     reuse_prefix: str = "",
     shutdown: GracefulShutdown | None = None,
     follow_ups: Callable[[Any], Sequence[FollowUp]] | None = None,
+    invalid_follow_ups: Callable[[InvalidInput], Sequence[FollowUp]] | None = None,
 ) -> StepOutcome:
     """Run ``work`` once for ``work_key`` under a ledger lease and commit its result (see module).
 
@@ -169,6 +170,8 @@ def run_keyed_step(
     :param shutdown: requested when the task is being stopped: the lease goes back at once.
     :param follow_ups: the follow-ups of a result (given the payload ``work`` returned), committed
         in the result's transaction: a try whose lease was taken over commits neither.
+    :param invalid_follow_ups: likewise for an :class:`InvalidInput` (given the error), committed
+        with the item's ``needs_correction`` (the row's FAILED).
     :raises LeaseHeld: another attempt's lease is current (it is still working).
     :raises StaleFenceError: this attempt's lease was taken over before it committed.
     :raises ShutdownRequested: shutdown was requested; the lease was handed back, nothing committed.
@@ -195,7 +198,12 @@ def run_keyed_step(
             if isinstance(exc, InvalidInput):
                 # a newer attempt owns the item (refusal recorded): say so instead of the verdict,
                 # which is no longer this attempt's to give (its caller would write it to the row)
-                ledger.mark_invalid(lease, str(exc) or type(exc).__name__)
+                ledger.mark_invalid(
+                    lease,
+                    str(exc) or type(exc).__name__,
+                    step=step,
+                    follow_ups=invalid_follow_ups(exc) if invalid_follow_ups else (),
+                )
             else:
                 with contextlib.suppress(StaleFenceError):
                     ledger.fail(lease, exc, backoff_seconds=0)  # the Airflow task's retry owns the timing

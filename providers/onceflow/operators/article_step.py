@@ -14,8 +14,9 @@
   attempt's lease is still current (a killed try: wait for its expiry, holding no slot), and when
   a server asked to be retried after a given time (``Retry-After``);
 * on :class:`~onceflow.ledger.steps.InvalidInput` (the ledger moved the item to
-  ``needs_correction``) fails without a retry; a :class:`PermanentStepError` also writes the row
-  FAILED with its reason.
+  ``needs_correction``) fails without a retry; a :class:`PermanentStepError` also commits the
+  row's FAILED with its reason to the ledger's outbox, in the ``needs_correction`` transaction
+  (a try whose lease was taken over commits neither), and relays it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from onceflow.articles.chain import StepRun
     from onceflow.ledger.core import Ledger
     from onceflow.ledger.models import FollowUp
+    from onceflow.sheets.model import Status
+    from onceflow.sheets.relay import SheetRelayReport
     from onceflow.shutdown import GracefulShutdown
 
 
@@ -42,6 +45,28 @@ def claimed_queue(conf: dict[str, Any]) -> Any:
 
     hook = SheetQueueHook(spreadsheet_id=conf.get("spreadsheet_id"), sheet=conf.get("sheet"))
     return hook.queue(str(conf.get("processing_version", "v1")))
+
+
+def row_status(
+    run: StepRun, status: Status, fields: dict[str, str], old: Sequence[Status] | None = None
+) -> FollowUp:
+    """The ``sheet_row`` follow-up that moves the run's row to ``status`` with ``fields`` (only
+    while its URL still names the run's article), for the sheet relay."""
+    from onceflow.sheets.model import Status
+    from onceflow.sheets.relay import queue_target, row_write
+
+    old = old or (Status.PROCESSING, Status.NEEDS_REVIEW)
+    target = queue_target(claimed_queue(run.conf))
+    return row_write(target, str(run.conf["claim_token"]), status, fields, old=old, row_key=run.row_key)
+
+
+def relay_claimed_sheet(ledger: Ledger, conf: dict[str, Any]) -> SheetRelayReport:
+    """Relay the pending write-backs of the run's queue sheet, this row's among them (1 read + 2
+    writes for all of them, :mod:`onceflow.sheets.relay`)."""
+    from onceflow.sheets.relay import queue_target, relay_sheet_rows
+
+    queue = claimed_queue(conf)
+    return relay_sheet_rows(ledger, lambda _sid, _tab: queue, target=queue_target(queue))
 
 
 def run_claim_conf(
@@ -117,6 +142,9 @@ class ArticleStepOperator(BaseOperator):
     step: str = ""
     #: The package extra the step's libraries come from (checked first, so a missing one is named).
     requires_extra: str | None = "articles"
+    #: Relay the sheet's pending write-backs once the result is committed (a step whose
+    #: follow-ups move the row); a failed pass raises ``TransientStepError`` (Airflow's retry).
+    relays: bool = False
     ui_color = "#e8f7e4"
 
     def __init__(
@@ -152,6 +180,18 @@ class ArticleStepOperator(BaseOperator):
     def follow_ups(self, run: StepRun, result: dict[str, Any], context: Context) -> Sequence[FollowUp]:
         """What must follow ``result``, committed in its ledger transaction (none by default)."""
         return ()
+
+    def invalid_follow_ups(self, run: StepRun, exc: Exception) -> Sequence[FollowUp]:
+        """What must follow a permanent failure, committed with the item's ``needs_correction``:
+        the row FAILED with the reason, from PROCESSING or (after an approval) NEEDS_REVIEW."""
+        from onceflow.articles.errors import PermanentStepError
+        from onceflow.articles.writeback import failed_fields
+        from onceflow.sheets.model import Status
+
+        if not isinstance(exc, PermanentStepError):
+            return ()
+        reason = exc.reason if exc.reason.startswith(f"{self.step}") else f"{self.step}: {exc.reason}"
+        return [row_status(run, Status.FAILED, failed_fields(reason))]
 
     def execute(self, context: Context) -> Any:
         return self._execute(context, waits=0)
@@ -208,9 +248,10 @@ class ArticleStepOperator(BaseOperator):
                 payload={k: conf[k] for k in RUN_CONF_KEYS if k in conf},
                 shutdown=self._shutdown,
                 follow_ups=lambda result: self.follow_ups(run, result, context),
+                invalid_follow_ups=lambda exc: self.invalid_follow_ups(run, exc),
             )
         except InvalidInput as exc:
-            self.record_invalid(conf, exc)
+            self.record_invalid(ledger, conf, exc)
             raise AirflowFailException(str(exc)) from exc  # recorded in the ledger; a retry cannot help
         except WrongVersion as exc:
             self._wait_for_version(exc)
@@ -223,37 +264,39 @@ class ArticleStepOperator(BaseOperator):
                 raise  # Airflow's retry, with its exponential backoff
             self._wait(exc, float(exc.retry_after), waits)
         chain.checkpoint(f"{self.step}.committed")
+        if self.relays:
+            report = relay_claimed_sheet(ledger, conf)
+            if report.errors:
+                raise TransientStepError(f"write-back relay: {report.errors[0]}", step=self.step)
         if outcome.repeated:
             self.log.info(
                 "ledger already holds %s's result (token %s): nothing repeated", self.step, outcome.token
             )
         return dict(outcome.payload)
 
-    def record_invalid(self, conf: dict[str, Any], exc: Exception) -> None:
-        """A permanent step failure: write the row FAILED with the reason (the editor's place).
+    def record_invalid(self, ledger: Ledger, conf: dict[str, Any], exc: Exception) -> None:
+        """A permanent step failure: relay the row's FAILED (committed to the outbox with the
+        item's ``needs_correction``) to the sheet, the editor's place.
 
-        The ledger already holds the reason (``needs_correction``); if the sheet write fails too,
-        ``sheet_reconcile`` carries that reason to the row later.
+        If the relay fails, the row waits in the outbox for the next pass (``sheet_claim``'s);
+        the task fails without a retry either way.
         """
         from onceflow.articles.errors import PermanentStepError
 
         if not isinstance(exc, PermanentStepError):
             return
-        from onceflow.articles.writeback import write_failed
-        from onceflow.sheets.model import Status
-
-        reason = exc.reason if exc.reason.startswith(f"{self.step}") else f"{self.step}: {exc.reason}"
+        token = str(conf["claim_token"])
         try:
-            # PROCESSING, or NEEDS_REVIEW when the failure came after a reviewer's approval: both
-            # fenced moves ride in one batch (1 read + 2 writes), and a row carries one status
-            old = (Status.PROCESSING, Status.NEEDS_REVIEW)
-            if write_failed(claimed_queue(conf), str(conf["claim_token"]), reason=reason, old=old):
-                return
-            self.log.warning(
-                "the row of claim %s was in neither state: FAILED not written", conf["claim_token"]
-            )
+            report = relay_claimed_sheet(ledger, conf)
         except Exception:
-            self.log.exception("could not write FAILED to the row; sheet_reconcile will")
+            self.log.exception("could not relay the row's FAILED; the next relay pass will")
+            return
+        if report.errors:
+            self.log.warning("FAILED of claim %s not relayed yet: %s", token, report.errors[0])
+        elif token in report.left:
+            self.log.warning(
+                "the row of claim %s was not in flight for its article: FAILED not written", token
+            )
 
     def _wait(self, exc: Exception, seconds: float, waits: int) -> NoReturn:
         """Defer ``seconds`` (holding no slot), then run the step again; past ``max_waits``, raise."""

@@ -15,7 +15,13 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import BaseOperator, Param
 
 from onceflow.hitl_guard import REQUIRED_FOR_KEY
-from onceflow.operators.article_step import ArticleStepOperator, claimed_queue, run_claim_conf, step_run
+from onceflow.operators.article_step import (
+    ArticleStepOperator,
+    claimed_queue,
+    row_status,
+    run_claim_conf,
+    step_run,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -221,29 +227,23 @@ class ScoreBranchOperator(BaseBranchOperator):
         return branch
 
 
-class MarkNeedsReviewOperator(BaseOperator):
-    """The row goes to NEEDS_REVIEW with the score and why, before the run waits for a reviewer."""
+class MarkNeedsReviewOperator(ArticleStepOperator):
+    """The row goes to NEEDS_REVIEW with the score and why, before the run waits for a reviewer.
 
-    template_fields: Sequence[str] = ("threshold",)
+    A ledger step: its result and the row's NEEDS_REVIEW (a ``sheet_row`` follow-up, the anchor
+    kept) commit together, then the sheet relay writes it; a retry after the commit only relays.
+    """
 
-    def __init__(
-        self,
-        *,
-        threshold: float | str = THRESHOLD_TEMPLATE,
-        ledger_conn_id: str = "onceflow_ledger",
-        lane: str = "new",
-        **kwargs: Any,
-    ) -> None:
+    step = "mark_needs_review"
+    relays = True
+    template_fields: Sequence[str] = (*ArticleStepOperator.template_fields, "threshold")
+
+    def __init__(self, *, threshold: float | str = THRESHOLD_TEMPLATE, **kwargs: Any) -> None:
         kwargs.setdefault("pool", "onceflow_sheets")
         super().__init__(**kwargs)
         self.threshold = threshold
-        self.ledger_conn_id = ledger_conn_id
-        self.lane = lane
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        from onceflow.articles.writeback import write_needs_review
-
-        run = _run_view(self, context, self.ledger_conn_id, self.lane)
+    def work(self, run: StepRun, context: Context) -> dict[str, Any]:
         from onceflow.articles.chain import final_parts, why_below
 
         polished = run.result("polish")
@@ -251,14 +251,14 @@ class MarkNeedsReviewOperator(BaseOperator):
         reason = (
             f"score {float(polished['value']):.2f} below {float(self.threshold):.2f} after polish: {reasons}"
         )
-        # idempotent: a retry writes the same status and reason to the same row (found by token)
-        write_needs_review(
-            claimed_queue(run.conf),
-            str(run.conf["claim_token"]),
-            score=float(polished["value"]),
-            reason=reason,
-        )
-        return {"status": "NEEDS_REVIEW", "reason": reason}
+        return {"status": "NEEDS_REVIEW", "reason": reason, "score": float(polished["value"])}
+
+    def follow_ups(self, run: StepRun, result: dict[str, Any], context: Context) -> Sequence[Any]:
+        from onceflow.articles.writeback import needs_review_fields
+        from onceflow.sheets.model import Status
+
+        fields = needs_review_fields(score=float(result["score"]), reason=str(result["reason"]))
+        return [row_status(run, Status.NEEDS_REVIEW, fields, old=(Status.PROCESSING,))]
 
 
 class ArticleReviewOperator(ApprovalOperator):
@@ -309,21 +309,48 @@ class ArticleReviewOperator(ApprovalOperator):
         return super().execute(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        """Resume after the reviewer answered: a rejection writes REJECTED with the note; an approval lets the chain publish."""
-        from onceflow.articles.writeback import write_rejected
-
+        """Resume after the reviewer answered: a rejection commits the decision and the row's
+        REJECTED with the note (one ledger transaction, ledger step ``review``) and relays it; an
+        approval lets the chain publish."""
         chosen = (event.get("chosen_options") or [None])[0] if "error" not in event else None
         if chosen == self.REJECT:
-            run = _run_view(self, context, self.ledger_conn_id, self.lane)
             note = (
                 str((event.get("params_input") or {}).get("note") or "").strip() or "rejected by the reviewer"
             )
-            value = float(run.result("polish")["value"])
             who = responder_name(event) or ""
-            write_rejected(
-                claimed_queue(run.conf),
-                str(run.conf["claim_token"]),
-                note=f"{note} ({who})" if who else note,
-                score=value,
-            )
+            self._reject(context, f"{note} ({who})" if who else note)
         return super().execute_complete(context, event)
+
+    def _reject(self, context: Context, note: str) -> None:
+        from onceflow.articles.writeback import rejected_fields
+        from onceflow.ledger.steps import run_keyed_step
+        from onceflow.operators.article_step import relay_claimed_sheet
+        from onceflow.sheets.keys import RUN_CONF_KEYS
+        from onceflow.sheets.ledger_link import KIND
+        from onceflow.sheets.model import Status
+
+        run = _run_view(self, context, self.ledger_conn_id, self.lane)
+        score = float(run.result("polish")["value"])
+        write = row_status(
+            run, Status.REJECTED, rejected_fields(note=note, score=score), old=(Status.NEEDS_REVIEW,)
+        )
+        ti = context["ti"]
+        run_keyed_step(
+            run.ledger,
+            kind=KIND,
+            work_key=run.work_key,
+            step="review",
+            owner=f"{ti.dag_id}/{ti.run_id}/{ti.try_number}/{ti.task_id}",
+            worker_version=run.version,
+            work=lambda _lease: {"decision": "rejected", "note": note, "score": score},
+            reuse_prefix=run.reuse_prefix,
+            payload={k: run.conf[k] for k in RUN_CONF_KEYS if k in run.conf},
+            follow_ups=lambda _result: [write],
+        )
+        try:  # the decision is committed: a relay that fails leaves the row to the next pass
+            report = relay_claimed_sheet(run.ledger, run.conf)
+        except Exception:
+            self.log.exception("could not relay the row's REJECTED; the next relay pass will")
+            return
+        if report.errors:
+            self.log.warning("REJECTED not relayed yet: %s", report.errors[0])

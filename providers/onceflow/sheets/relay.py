@@ -1,8 +1,12 @@
 """The sheet relay: row write-backs committed to the ledger's outbox, written to the sheet in batches.
 
-A step that finishes a row (``publish``: DONE, link, score) commits its result and a ``sheet_row``
-follow-up, "row of claim T on sheet S: DONE with these fields", in **one ledger transaction**
-(:meth:`~onceflow.ledger.core.Ledger.commit_result`). So
+Every status the article chain gives a row leaves this way: a step that finishes a row
+(``publish``: DONE, link, score) commits its result and a ``sheet_row`` follow-up, "row of claim T
+on sheet S: DONE with these fields", in **one ledger transaction**
+(:meth:`~onceflow.ledger.core.Ledger.commit_result`); a permanent step failure commits the row's
+FAILED with the item's ``needs_correction`` (:meth:`~onceflow.ledger.core.Ledger.mark_invalid`);
+``mark_needs_review`` (NEEDS_REVIEW, the anchor kept) and a reviewer's rejection (REJECTED) are
+ledger steps that commit theirs with their result. So
 
 * a try whose lease was taken over cannot reach the sheet: its commit is refused, and with it its
   write-back;
@@ -31,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from onceflow.sheets import settle
-from onceflow.sheets.model import Status
+from onceflow.sheets.model import Status, status_value
 from onceflow.sheets.validation import judge_url
 
 if TYPE_CHECKING:
@@ -74,11 +78,12 @@ def row_write(
 
     :param old: the statuses the row may be in (each a fenced ``findReplace`` in the batch).
     :param row_key: the article the write is for: a row whose URL now names another is not finished.
-    :raises ValueError: ``status`` is not final (the relay moves rows to final statuses only).
+    :raises ValueError: ``status`` is neither final nor NEEDS_REVIEW (the one move in flight the
+        relay makes, keeping the row's anchor).
     """
     from onceflow.ledger.models import FollowUp
 
-    if status not in settle.FINAL_STATUSES:
+    if status not in settle.SETTLED_STATUSES:
         raise ValueError(f"{status.value} is not a final status")
     payload = {
         "token": token,
@@ -117,6 +122,8 @@ class SheetRelayReport:
     written: list[str] = field(default_factory=list)
     #: tokens whose row was not in a state to move (removed, finished otherwise, its URL changed)
     left: list[str] = field(default_factory=list)
+    #: tokens whose row is still waiting for its move (a 5xx, a quota refusal): left pending
+    waiting: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     #: Sheets requests per API method, over every sheet of the pass
     requests: Counter[str] = field(default_factory=Counter)
@@ -157,19 +164,40 @@ def relay_sheet_rows(
             if queue is not None:
                 report.requests.update(queue.transport.calls)
         for token, ok in outcome.items():
-            (report.written if ok else report.left).append(token)
-        report.relayed += outbox.mark_relayed(ledger, [row.id for row in rows])
+            (report.written if ok else report.waiting if ok is None else report.left).append(token)
+        done = [row.id for row in rows if outcome.get(str(row.data.get("token"))) is not None]
+        report.relayed += outbox.mark_relayed(ledger, done)
+        if report.waiting:
+            error = f"not applied, the rows still wait for it: {sorted(report.waiting)}"
+            outbox.mark_failed_delivery(ledger, [row.id for row in rows if row.id not in done], error)
+            report.errors.append(f"{sheet}: {error}")
     return report
 
 
-def settle_rows(queue: SheetQueue, writes: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
-    """Each write's row moved to its status with its fields; per token, whether it now is.
+def settle_rows(queue: SheetQueue, writes: Sequence[Mapping[str, Any]]) -> dict[str, bool | None]:
+    """Each write's row moved to its status with its fields; per token, whether it now is, or
+    ``None`` when its row still waits for the move in the state it was asked from (the batch was
+    not applied: a 5xx, a quota refusal), so the write stays pending. Telling that apart from "not
+    in a state to move" costs one read, only when some move did not happen.
 
-    Writes of one token after the first are the same article's later commits: the newest wins
-    (the row takes one final status). Writes that may come from the same statuses share one
-    :func:`~onceflow.sheets.settle.finish_many` (in practice all: 1 read + 2 writes).
+    Writes of one token after the first are the same article's later commits, oldest first
+    (NEEDS_REVIEW, then the reviewer's REJECTED or the approved DONE): the newest wins, and may
+    also move the row from where the older ones started when none of them reached the sheet yet
+    (PROCESSING -> REJECTED when the NEEDS_REVIEW before it is pending too). Writes that may come
+    from the same statuses share one :func:`~onceflow.sheets.settle.finish_many` (in practice all
+    of one kind: 1 read + 2 writes).
     """
-    latest = {str(w["token"]): w for w in writes}
+    latest: dict[str, dict[str, Any]] = {}
+    for w in writes:
+        token, olds = str(w["token"]), list(w.get("old") or (Status.PROCESSING.value,))
+        before = latest.get(token)
+        if before is not None and before["status"] in olds:  # the older write leads into this one
+            olds = sorted({*olds, *before["old"]})
+        latest[token] = {
+            **w,
+            "old": olds,
+            "fields": {**(before or {}).get("fields", {}), **(w.get("fields") or {})},
+        }
     keys = {token: w.get("row_key") for token, w in latest.items()}
 
     def same(row: Row) -> bool:
@@ -178,10 +206,18 @@ def settle_rows(queue: SheetQueue, writes: Sequence[Mapping[str, Any]]) -> dict[
 
     groups: dict[frozenset[Status], list[settle.Finish]] = {}
     for token, w in latest.items():
-        olds = frozenset(Status(v) for v in w.get("old") or (Status.PROCESSING.value,))
-        groups.setdefault(olds, []).append((token, Status(w["status"]), dict(w.get("fields") or {})))
-    outcome: dict[str, bool] = {}
-    for olds, finishes in groups.items():
-        done = settle.finish_many(queue, finishes, olds, same=same)
+        froms = frozenset(Status(v) for v in w["old"])
+        groups.setdefault(froms, []).append((token, Status(w["status"]), dict(w["fields"])))
+    outcome: dict[str, bool | None] = {}
+    for froms, finishes in groups.items():
+        done = settle.finish_many(queue, finishes, froms, same=same)
         outcome.update({token: ok for (token, _, _), ok in zip(finishes, done, strict=True)})
+    missed = [token for token, ok in outcome.items() if not ok]
+    if missed:
+        snapshot = queue.snapshot()
+        for token in missed:
+            asked = {status_value(Status(v), token) for v in latest[token]["old"]}
+            rows = snapshot.rows_with_token(token)
+            if len(rows) == 1 and rows[0].status_cell.raw in asked and same(rows[0]):
+                outcome[token] = None
     return outcome

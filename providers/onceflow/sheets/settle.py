@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 #: (NEEDS_REVIEW is not: the reviewer's decision is still to be written through the anchor)
 FINAL_STATUSES = frozenset({Status.DONE, Status.INVALID, Status.DUPLICATE, Status.FAILED, Status.REJECTED})
 
+#: what :func:`finish_many` may move a row to: a final status, or NEEDS_REVIEW (its anchor kept)
+SETTLED_STATUSES = FINAL_STATUSES | {Status.NEEDS_REVIEW}
+
 #: one item to finish: (claim token, final status, fields to write first or ``None``)
 Finish = tuple[str, Status, "dict[str, str] | None"]
 
@@ -48,7 +51,8 @@ def finish_many(
     *,
     same: Callable[[Row], bool] | None = None,
 ) -> list[bool]:
-    """Write each row's fields, then move it ``old`` -> its final status and drop its anchor.
+    """Write each row's fields, then move it ``old`` -> its final status and drop its anchor
+    (NEEDS_REVIEW too, keeping the anchor: the reviewer's decision is written through it).
 
     Fields go first, through the anchor (it is gone after the transition), and only into a row
     still carrying the token in ``old``: a row another writer already finished keeps its cells.
@@ -64,12 +68,12 @@ def finish_many(
         flight); a row it refuses gets no fields, no transition and keeps its anchor.
     :return: per item, whether its row is now in its final status (also when an earlier,
         ambiguous attempt had moved it).
-    :raises ValueError: a status that is not final.
+    :raises ValueError: a status that is neither final nor NEEDS_REVIEW.
     """
     if not items:
         return []
     for _, new, _ in items:
-        if new not in FINAL_STATUSES:
+        if new not in SETTLED_STATUSES:
             raise ValueError(f"{new.value} is not a final status; use SheetQueue.transition")
     olds = frozenset({old} if isinstance(old, Status) else old)
     if not olds:
@@ -118,7 +122,7 @@ def finish_many(
     order = sorted(olds, key=lambda st: st.value)  # a fixed order: a resent batch is the same batch
     going = [item for item in items if item[0] not in refused]
     moves = [(token, was, new) for token, new, _ in going for was in order]
-    deletions = [anchors.delete(anchors.lookup(token)) for token, _, _ in going]
+    deletions = [anchors.delete(anchors.lookup(token)) for token, new, _ in going if new in FINAL_STATUSES]
     # the row read above was the item's, but the editor may type another URL in before the move
     # lands: position-aimed guards in the same atomic batch say whether, at that moment, the row
     # there held the new status *and* the URL read (any 0 is settled by reading back, below)
@@ -154,7 +158,8 @@ def finish_many(
         if token in unsure and now and same is not None and not same(now[0]):
             back = was.get(token) or Status.PROCESSING
             log.warning("row %s of %s now holds %r: %s undone", now[0].number, token, now[0].url, new.value)
-            _undo(queue, columns, now[0], token, new, back, (fields or {}).get("published_url", ""))
+            link = (fields or {}).get("published_url", "")
+            _undo(queue, columns, now[0], token, new, back, link, anchor=new in FINAL_STATUSES)
             out.append(False)
             continue
         out.append(token not in refused and (ok or bool(now)))
@@ -190,13 +195,16 @@ def _undo(
     back: Status,
     link: str,
     tries: int = 3,
+    *,
+    anchor: bool = True,
 ) -> bool:
     """Put a row moved to ``new`` beside a URL that is no longer its article back in flight.
 
     One batch aimed at the row's position: ``<new> #token`` -> ``<back> #token`` (conditional), a
     fresh anchor at the same position (it lands on the row the move changed, as a claim's does)
     and the link cleared (conditional on being ours). If rows moved first, the move misses: the
-    anchor goes again by its id and the row is read again.
+    anchor goes again by its id and the row is read again. ``anchor=False``: the row kept its
+    anchor (NEEDS_REVIEW), none is made.
     """
     for _ in range(tries):
         requests = [
@@ -205,8 +213,9 @@ def _undo(
                 status_value(new, token),
                 status_value(back, token),
             ),
-            anchors.create(queue.sheet_id(), row.number, token),
         ]
+        if anchor:
+            requests.append(anchors.create(queue.sheet_id(), row.number, token))
         if link and columns.has("published_url"):
             requests.append(queue._find_replace(queue._cell(row.number, columns["published_url"]), link, ""))
         send = functools.partial(queue.transport.batch_update, requests)
@@ -216,7 +225,7 @@ def _undo(
             replies = []
         if replies and _occurrences(replies[0]) == 1:
             return True
-        created = anchors.created_id(replies[1]) if len(replies) > 1 else None
+        created = anchors.created_id(replies[1]) if anchor and len(replies) > 1 else None
         if created is not None:
             queue.cleanup([anchors.delete(anchors.by_id(created))])
         rows = [r for r in queue.snapshot().rows_with_token(token) if r.status is new]

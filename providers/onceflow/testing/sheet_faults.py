@@ -4,13 +4,17 @@ In the spirit of Jepsen: :func:`generate` turns a seed into a schedule of claime
 (insert, delete, sort, a new URL typed into a row, a status typed over), faults of the Sheets
 emulator (a reply lost after the write was applied, which httplib2 answers by sending the request
 again; a 500 after apply; 429; 500; slow replies), the developer-metadata cap closing in, an edit
-that lands between a write-back's read and its write, and workers that crash at named points or
-are paused past their lease; :func:`run_schedule` plays it against a running Sheets emulator
+that lands between a write-back's read and its write, and workers that commit every row status
+(DONE, FAILED, NEEDS_REVIEW, REJECTED) to the ledger's outbox with their step and relay it, send
+articles to review (approved or rejected), crash at named points (between a commit and its relay,
+inside a relay after its sheet batch) or are paused past their lease; :func:`run_schedule` plays it against a running Sheets emulator
 (real google-api-python-client over HTTP) and a real ledger, then drives every row to rest as
 ``sheet_reconcile`` and the article chain would, and :func:`check` states what must hold:
 
 * no article published twice, and every DONE row beside the URL whose article was published for
-  it (its link is that article's), agreeing with the ledger (a FAILED row's item is not done);
+  it (its link is that article's), agreeing with the ledger (a FAILED row's item is not done; a
+  REJECTED row's article was rejected in the ledger and not published), and no write-back left
+  waiting in the outbox;
 * every row at rest is final (or a status onceflow never touches), every PROCESSING row in the
   sheet during the run carries a token some claim handed out, and none is left in flight;
 * at every step, at most one row anchor per token (resends must not eat the metadata room) and
@@ -70,6 +74,11 @@ STEPS = (
 EDITS = ("insert", "delete", "sort", "new_url", "status")
 FAULTS = ("apply_then_drop", "apply_then_fail", "429", "500", "latency")
 CRASH_POINTS = ("after_lease", "after_publish", "after_commit")
+#: a reviewer's decisions, and where a ``review`` step's worker may die (None: it does not)
+REVIEWS = ("approve", "reject")
+REVIEW_CRASHES = (None, "after_commit", "after_relay_batch")
+#: the default probability of ``review`` steps in a schedule
+REVIEW = 0.5
 
 
 class ScheduleFailed(AssertionError):
@@ -82,10 +91,15 @@ class Step:
     args: dict[str, Any] = field(default_factory=dict)
 
 
-def generate(seed: int, *, rows: int = 6, steps: int = 12, moved: float = 0.0) -> list[Step]:
+def generate(
+    seed: int, *, rows: int = 6, steps: int = 12, moved: float = 0.0, review: float = REVIEW
+) -> list[Step]:
     """The schedule of ``seed``: a pure function of it, so a failing seed replays exactly.
 
     :param moved: the probability that the schedule also has a ``resend_moved`` step.
+    :param review: the probability that it has one or two ``review`` steps (an article sent to
+        review, then approved or rejected; a crash between a commit and its relay, or inside the
+        relay after its sheet batch).
     """
     rng = random.Random(seed)
     out: list[Step] = []
@@ -115,6 +129,11 @@ def generate(seed: int, *, rows: int = 6, steps: int = 12, moved: float = 0.0) -
     if draw.random() < moved:
         args = {"limit": draw.randint(1, rows), "again": draw.choice(("insert", "delete", "none"))}
         out.insert(draw.randint(0, len(out)), Step("resend_moved", {**args, "n": draw.randint(0, 10**6)}))
+    draw = random.Random(f"review-{seed}")
+    if draw.random() < review:
+        for _ in range(draw.randint(1, 2)):
+            decided = {"decision": draw.choice(REVIEWS), "crash": draw.choice(REVIEW_CRASHES)}
+            out.insert(draw.randint(0, len(out)), Step("review", decided))
     return out
 
 
@@ -187,6 +206,8 @@ class Run:
     handed: dict[str, Claim] = field(default_factory=dict)
     published: Counter[str] = field(default_factory=Counter)
     tokens_seen: set[str] = field(default_factory=set)
+    #: the reviewer's decision per claim token sent to review
+    reviews: dict[str, str] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
 
@@ -218,6 +239,7 @@ def run_schedule(
     steps: int = 12,
     clients: tuple[Any, Any] | None = None,
     moved: float = 0.0,
+    review: float = REVIEW,
 ) -> Run:
     """Play schedule ``seed`` against ``emulator`` (a running
     :class:`~onceflow.testing.sheets_fixtures.SheetsEmulator`) and ``ledger``; bring every row to
@@ -226,6 +248,7 @@ def run_schedule(
     :param clients: the workers' and the editor's services (:func:`services`), reused across
         schedules; made afresh when not given.
     :param moved: the probability of a ``resend_moved`` step (see the module docstring).
+    :param review: the probability of ``review`` steps (:func:`generate`).
     """
     from onceflow.sheets.model import Snapshot, Status
     from onceflow.sheets.protocol import SheetQueue
@@ -367,9 +390,18 @@ def run_schedule(
             transport.arm_second(None)
 
     def work(token: str, *, crash: str | None = None, stale: bool = False, at: float = 0.0) -> None:
-        _work(run, queue, ledger, run.handed[token], crash=crash, stale=stale, at=at)
+        _work(
+            run,
+            queue,
+            ledger,
+            run.handed[token],
+            crash=crash,
+            stale=stale,
+            at=at,
+            review=run.reviews.get(token),
+        )
 
-    for i, step in enumerate(generate(seed, rows=rows, steps=steps, moved=moved)):
+    for i, step in enumerate(generate(seed, rows=rows, steps=steps, moved=moved, review=review)):
         run.log.append(f"{i}: {step.kind} {step.args}")
         try:
             if step.kind == "claim":
@@ -414,6 +446,10 @@ def run_schedule(
                     work(pending.pop(rng.randrange(len(pending))))
                 finally:
                     transport.armed.clear()
+            elif step.kind == "review" and pending:
+                token = pending.pop(rng.randrange(len(pending)))
+                run.reviews[token] = step.args["decision"]
+                work(token, crash=step.args["crash"])
             elif step.kind in ("work", "crash", "stale") and pending:
                 token = pending.pop(rng.randrange(len(pending)))
                 if step.kind == "crash":
@@ -431,6 +467,7 @@ def run_schedule(
     store.metadata_limit = METADATA_LIMIT
     rest = time.time() + 7200  # every lease taken before now has expired
     for _ in range(6):
+        _relay(run, queue, ledger)  # sheet_claim's wake-up relays what waits, then claims
         claim(rows * 2)
         snapshot = Snapshot.from_values(values())
         in_flight = [
@@ -464,13 +501,14 @@ def run_schedule(
         observe("at rest")
     queue.sweep_anchors()  # sheet_reconcile's sweep: anchors of rows the editor finished or retyped
     run.tokens_seen -= transport.minted  # made by a claim's re-token: run at rest, as reconcile does
-    check(run, Snapshot.from_values(values()), book, ledger)
+    check(run, Snapshot.from_values(values()), book, ledger, target=f"{sid}/queue")
     if run.violations:
         raise ScheduleFailed(
             f"seed {seed}: "
             + "; ".join(run.violations)
             + f"\nreplay: python -m onceflow.testing.sheet_faults --seed {seed}"
             + (f" --moved {moved}" if moved else "")
+            + (f" --review {review}" if review != REVIEW else "")
             + "\nschedule:\n  "
             + "\n  ".join(run.log)
         )
@@ -486,23 +524,97 @@ def _adopted_claim(token: str, key: str, row: Any) -> Claim:
     return Claim(token, key, row.url, pipeline_run_id(key, "v1"), row.number, datetime.now(timezone.utc))
 
 
+def _relay(run: Run, queue: SheetQueue, ledger: Ledger, *, crash: str | None = None) -> bool:
+    """A pass of the sheet relay over the queue's tab (the chain's, or ``sheet_claim``'s wake-up).
+
+    ``crash="after_relay_batch"``: the relaying process dies after its sheet batches applied and
+    before it marked the outbox rows relayed.
+    """
+    from onceflow.ledger.outbox import pending_sheet_rows
+    from onceflow.sheets.relay import queue_target, relay_sheet_rows, settle_rows
+
+    if crash == "after_relay_batch":
+        settle_rows(queue, [row.data for row in pending_sheet_rows(ledger, queue_target(queue))])
+        raise _Crash
+    report = relay_sheet_rows(ledger, lambda _sid, _tab: queue, target=queue_target(queue))
+    if report.errors:
+        run.log.append(f"relay left rows pending: {report.errors[0][:80]}")
+    return not report.errors
+
+
 def _work(
-    run: Run, queue: SheetQueue, ledger: Ledger, claim: Claim, *, crash: str | None, stale: bool, at: float
+    run: Run,
+    queue: SheetQueue,
+    ledger: Ledger,
+    claim: Claim,
+    *,
+    crash: str | None,
+    stale: bool,
+    at: float,
+    review: str | None = None,
 ) -> None:
-    """What the article chain does for one claim: a fenced keyed step that publishes (create-only)
-    and commits, then the write-back; a permanent error's FAILED as ``ArticleStepOperator`` writes
-    it. ``stale``: this try is paused past its lease, a newer try takes the item over and finishes,
-    then this one fails permanently."""
+    """What the article chain does for one claim, every row status through the ledger's outbox:
+    with ``review``, ``mark_needs_review`` commits NEEDS_REVIEW and relays it, and the reviewer's
+    ``reject`` commits REJECTED (then relayed) or ``approve`` goes on; a fenced keyed step
+    publishes (create-only) and commits the row's DONE, or on a permanent error the item's
+    ``needs_correction`` with the row's FAILED, then relays as ``write_back`` and
+    ``ArticleStepOperator`` do. ``stale``: this try is paused past its lease, a newer try takes the
+    item over and commits its DONE (relayed later, by its ``write_back``), then this one fails
+    permanently. ``crash``: the worker dies at a named point (``after_commit``: between a commit
+    and its relay, the first commit's under review; ``after_relay_batch``: inside the last relay,
+    see :func:`_relay`)."""
     from onceflow.articles.errors import PermanentStepError
-    from onceflow.articles.writeback import write_done, write_failed
+    from onceflow.articles.writeback import done_fields, failed_fields, needs_review_fields, rejected_fields
     from onceflow.ledger import Ledger as LedgerClass
     from onceflow.ledger.steps import InvalidInput, run_keyed_step
     from onceflow.sheets.ledger_link import KIND, work_key
     from onceflow.sheets.model import Status
+    from onceflow.sheets.relay import queue_target, row_write
     from onceflow.testing.clock import FakeClock
 
     key = work_key(claim.row_key)
     clocked = ledger if not at else LedgerClass(ledger.engine, clock=FakeClock(start=at), migrate=False)
+    target = queue_target(queue)
+
+    def write(status: Status, fields: dict[str, str], *old: Status) -> Any:
+        olds = old or (Status.PROCESSING, Status.NEEDS_REVIEW)
+        return row_write(target, claim.token, status, fields, old=olds, row_key=claim.row_key)
+
+    def failed(exc: Exception) -> list[Any]:
+        return [write(Status.FAILED, failed_fields(str(exc)))]
+
+    def step(
+        name: str, work: Callable[[Any], Any], follow: Any, on: Ledger = clocked, owner: str = ""
+    ) -> Any:
+        # a run per claim: a retry of this claim's run reuses what it committed, another claim of
+        # the same article (re-claimed after the editor typed NEW) does its steps again
+        mine = f"try-{claim.token}-"
+        return run_keyed_step(on, kind=KIND, work_key=key, step=name, owner=f"{mine}{owner or at}",
+                              worker_version="v1", work=work, lease_seconds=60, reuse_prefix=mine,
+                              follow_ups=lambda _result: [follow], invalid_follow_ups=failed)  # fmt: skip
+
+    done = write(Status.DONE, done_fields(score=0.9, published_url=link(claim.row_key), run_id=claim.run_id))
+    if review:
+        low = needs_review_fields(score=0.41, reason="score 0.41 below 0.70 after polish")
+        step(
+            "mark_needs_review",
+            lambda _lease: {"score": 0.41},
+            write(Status.NEEDS_REVIEW, low, Status.PROCESSING),
+        )
+        if crash == "after_commit":
+            raise _Crash
+        if not _relay(run, queue, ledger):  # the task fails and is retried: no review before its row says so
+            run.log.append(f"mark_needs_review of {claim.token} failed: its relay did not go through")
+            return
+        if review == "reject":
+            no = rejected_fields(note="wrong register", score=0.41)
+            step(
+                "review",
+                lambda _lease: {"decision": "rejected"},
+                write(Status.REJECTED, no, Status.NEEDS_REVIEW),
+            )
+            _relay(run, queue, ledger, crash=crash)
+            return
 
     def publish(lease: Any) -> dict[str, Any]:
         if crash == "after_lease":
@@ -513,24 +625,14 @@ def _work(
             raise _Crash
         if stale:
             later = LedgerClass(ledger.engine, clock=FakeClock(start=time.time() + 3600), migrate=False)
-            newer = run_keyed_step(later, kind=KIND, work_key=key, step="publish", owner="newer-try",
-                                   worker_version="v1", work=lambda _l: {"link": link(claim.row_key)}, lease_seconds=60)  # fmt: skip
-            write_done(
-                queue,
-                claim.token,
-                score=0.9,
-                published_url=newer.payload["link"],
-                run_id="newer",
-                row_key=claim.row_key,
-            )
+            step("publish", lambda _l: {"link": link(claim.row_key)}, done, on=later, owner="newer")
             raise PermanentStepError("too slow", step="publish")
         return {"link": link(claim.row_key)}
 
     try:
-        outcome = run_keyed_step(clocked, kind=KIND, work_key=key, step="publish", owner=f"try-{claim.token}-{at}",
-                                 worker_version="v1", work=publish, lease_seconds=60)  # fmt: skip
-    except InvalidInput as err:
-        write_failed(queue, claim.token, reason=str(err), old=(Status.PROCESSING, Status.NEEDS_REVIEW))
+        step("publish", publish, done)
+    except InvalidInput:
+        _relay(run, queue, ledger)  # the FAILED committed with needs_correction (ArticleStepOperator)
         return
     except Exception as err:
         if isinstance(err, _Crash) or isinstance(err.__cause__, _Crash):
@@ -539,19 +641,17 @@ def _work(
         return
     if crash == "after_commit":
         raise _Crash
-    write_done(
-        queue,
-        claim.token,
-        score=0.9,
-        published_url=outcome.payload["link"],
-        run_id=claim.run_id,
-        row_key=claim.row_key,
-    )
+    _relay(run, queue, ledger, crash=crash)  # write_back
 
 
-def check(run: Run, snapshot: Any, book: Any, ledger: Ledger) -> None:
-    """The promises over the final sheet, ledger and publications (appends to ``run.violations``)."""
+def check(run: Run, snapshot: Any, book: Any, ledger: Ledger, target: str | None = None) -> None:
+    """The promises over the final sheet, ledger and publications (appends to ``run.violations``).
+
+    :param target: the queue's outbox target (``<spreadsheet id>/<tab>``): at rest none of its
+        write-backs may still wait in the outbox.
+    """
     from onceflow.ledger.errors import UnknownWorkItem
+    from onceflow.ledger.outbox import pending_sheet_rows
     from onceflow.sheets.ledger_link import work_key
     from onceflow.sheets.model import Status
     from onceflow.sheets.validation import judge_url
@@ -579,11 +679,22 @@ def check(run: Run, snapshot: Any, book: Any, ledger: Ledger) -> None:
                 run.violations.append(
                     f"row {row.number} FAILED while its article was published and committed"
                 )
+        elif row.status is Status.REJECTED and verdict.key:
+            decided = [r for r in ledger.results(work_key(verdict.key)) if r.step == "review"]
+            if not decided or verdict.key in run.published:
+                run.violations.append(
+                    f"row {row.number} REJECTED beside {row.url!r}, whose article was "
+                    + ("published" if decided else "never rejected in the ledger")
+                )
         elif row.status in (Status.PROCESSING, Status.NEEDS_REVIEW, Status.NEW):
             run.violations.append(f"row {row.number} not at rest: {row.status_cell.raw!r} beside {row.url!r}")
     orphans = sorted(run.tokens_seen - set(run.handed))
     if orphans:
         run.violations.append(f"rows PROCESSING under tokens no claim handed out: {orphans}")
+    if target is not None:
+        waiting = [r.data.get("token") for r in pending_sheet_rows(ledger, target)]
+        if waiting:
+            run.violations.append(f"write-backs committed and never relayed: {waiting}")
     left = [m.value for m in book.all_metadata() if m.key == "onceflow.claim"]
     if left:
         run.violations.append(f"row anchors left at rest: {left}")
@@ -601,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--moved", type=float, default=0.0, help="probability of a resend_moved step")
+    parser.add_argument("--review", type=float, default=REVIEW, help="probability of review steps")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         emulator = SheetsEmulator(state=None)
@@ -609,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
             ledger = Ledger(engine)
             clients = services(emulator)
             for seed in range(args.seed, args.seed + args.count):
-                run_schedule(emulator, ledger, seed, clients=clients, moved=args.moved)
+                run_schedule(emulator, ledger, seed, clients=clients, moved=args.moved, review=args.review)
                 print(f"seed {seed}: ok")
         except ScheduleFailed as err:
             print(err)

@@ -15,8 +15,8 @@ DOC_MD = """
 
 Every five minutes: a deferrable `NewRowsSensor` waits in the triggerer (holding no worker or pool
 slot) until the queue tab has NEW rows, then `SheetClaimOperator` claims up to `max_rows` of them
-**in the sheet first** (one `spreadsheets.get` for the tab ids, one read, one conditional
-`batchUpdate`; a verification read when rows moved) and only then creates one `article_pipeline`
+**in the sheet first** (one read, a `spreadsheets.get` bringing the tab id with the values, and
+one conditional `batchUpdate`; a verification read when rows moved) and only then creates one `article_pipeline`
 run per claimed row, with the deterministic run id `sheet__<row key>__<processing version>`. The
 claim token carries the processing version, so `sheet_reconcile` repairs the claim under it. A
 run that already exists counts as success when its conf carries this claim's token; when it

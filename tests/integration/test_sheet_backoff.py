@@ -31,6 +31,8 @@ HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
 BATCH_UPDATE = "spreadsheets.batchUpdate"
 WRITE_BY_FILTER = "values.batchUpdateByDataFilter"
 BATCH_GET = "values.batchGet"
+#: the claim's read: the tab id and its values in one spreadsheets.get
+CLAIM_READ = "spreadsheets.get"
 
 
 class RecordingSleep:
@@ -185,14 +187,14 @@ def test_a_429_without_retry_after_still_backs_off(sheets_emulator: SheetsEmulat
     assert refusal.value.retry_after is None  # the emulator sent no Retry-After header
     log.reset()
 
-    sheets_emulator.faults.add("429", count=4, retry_after=None, methods=[BATCH_GET])
+    sheets_emulator.faults.add("429", count=4, retry_after=None, methods=[CLAIM_READ])
     result = queue.claim(5)
     assert len(result.claims) == 5
     assert len(sleep.slept) == 4 and sum(sleep.slept) > 0
     for slept, cap in zip(sleep.slept, [0.1, 0.2, 0.4, 0.8], strict=True):
         assert 0 < slept <= cap
     assert len(set(sleep.slept)) == 4
-    pairs = _retries(log.timeline, BATCH_GET)
+    pairs = _retries(log.timeline, CLAIM_READ)
     assert len(pairs) == 4 and all(refused.retry_after is None for refused, _ in pairs)
     for (refused, retried), slept in zip(pairs, sleep.slept, strict=True):
         assert retried.at - refused.at >= slept
@@ -226,8 +228,8 @@ def test_an_exhausted_retry_budget_names_the_method_and_the_429(sheets_emulator:
     with pytest.raises(QuotaExhausted, match=r"last Retry-After 1 s\): values.batchUpdateByDataFilter: 429 "):
         queue.write_fields(result.claims[0].token, {"score": "0.5"})
     sheets_emulator.faults.clear()
-    sheets_emulator.faults.add("429", retry_after=None, methods=[BATCH_GET])
-    with pytest.raises(QuotaExhausted, match=r"last Retry-After none\): values.batchGet: 429 "):
+    sheets_emulator.faults.add("429", retry_after=None, methods=[CLAIM_READ])
+    with pytest.raises(QuotaExhausted, match=r"last Retry-After none\): spreadsheets.get: 429 "):
         queue.claim(5)
     sheets_emulator.faults.clear()
     _assert_exactly_once(sheets_emulator, queue, result.claims, 20)

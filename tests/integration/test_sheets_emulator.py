@@ -79,6 +79,90 @@ def test_spreadsheets_get_lists_sheets_with_grid_sizes(sheets_emulator: SheetsEm
     assert hook.get_sheet_titles(sid) == ["Queue", "Audit"]
 
 
+def test_spreadsheets_get_with_ranges_and_a_fields_mask_gives_ids_and_cells_as_entered(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    """Google's documented call shape for tab ids and values in one read: ``ranges`` limits the
+    reply to the sheets (and parts) the ranges touch, a ``fields`` mask listing grid data returns
+    it without ``includeGridData``, and keeps only the masked fields."""
+    sid = sheets_emulator.create_spreadsheet("book", sheets={"Queue": [], "Audit": [["x"]]})
+    service = sheets_emulator.hook().get_conn()
+    body = [{"range": "Queue!A1", "values": [["url", "status", "n", "", "true"], [], ["=1+1", "", 0.5]]}]
+    service.spreadsheets().values().batchUpdate(
+        spreadsheetId=sid, body={"valueInputOption": "USER_ENTERED", "data": body}
+    ).execute()
+    mask = "sheets(properties(sheetId,title),data(rowData(values(userEnteredValue))))"
+
+    reply = service.spreadsheets().get(spreadsheetId=sid, ranges=["Queue"], fields=mask).execute()
+
+    entered = [{"userEnteredValue": {"stringValue": v}} for v in ("url", "status", "n")]
+    assert reply == {
+        "sheets": [
+            {
+                "properties": {"sheetId": 0, "title": "Queue"},
+                "data": [
+                    {
+                        "rowData": [
+                            {"values": [*entered, {}, {"userEnteredValue": {"boolValue": True}}]},
+                            {},
+                            {
+                                "values": [
+                                    {"userEnteredValue": {"formulaValue": "=1+1"}},
+                                    {},
+                                    {"userEnteredValue": {"numberValue": 0.5}},
+                                ]
+                            },
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
+    # a range inside the tab: its GridData starts there (zero-based; omitted when 0)
+    starts = "sheets(data(startRow,startColumn,rowData(values(userEnteredValue))))"
+    part = service.spreadsheets().get(spreadsheetId=sid, ranges=["Queue!B3:C3"], fields=starts).execute()
+    assert part["sheets"][0]["data"] == [
+        {
+            "startRow": 2,
+            "startColumn": 1,
+            "rowData": [{"values": [{}, {"userEnteredValue": {"numberValue": 0.5}}]}],
+        }
+    ]
+    # the mask decides: without grid data in it, includeGridData is ignored
+    ids = (
+        service.spreadsheets()
+        .get(spreadsheetId=sid, includeGridData=True, fields="sheets.properties(sheetId,title)")
+        .execute()
+    )
+    assert ids == {
+        "sheets": [
+            {"properties": {"sheetId": 0, "title": "Queue"}},
+            {"properties": {"sheetId": 1, "title": "Audit"}},
+        ]
+    }
+    # no mask: includeGridData adds every cell field and the dimension sizes
+    full = (
+        service.spreadsheets().get(spreadsheetId=sid, ranges=["Audit!A1:B2"], includeGridData=True).execute()
+    )
+    [grid] = full["sheets"][0]["data"]
+    assert grid["rowData"] == [
+        {
+            "values": [
+                {
+                    "userEnteredValue": {"stringValue": "x"},
+                    "effectiveValue": {"stringValue": "x"},
+                    "formattedValue": "x",
+                }
+            ]
+        }
+    ]
+    assert (len(grid["rowMetadata"]), len(grid["columnMetadata"])) == (2, 2)
+    assert "data" not in service.spreadsheets().get(spreadsheetId=sid).execute()["sheets"][0]
+    with pytest.raises(HttpError) as refused:
+        service.spreadsheets().get(spreadsheetId=sid, fields="sheets(properties").execute()
+    assert refused.value.resp.status == 400
+
+
 def test_values_get_trims_trailing_empty_rows_and_columns(sheets_emulator: SheetsEmulator) -> None:
     sid = _queue(sheets_emulator, [["a", "", "c", ""], ["", ""], ["x"], ["", "", ""], []])
     service = sheets_emulator.hook().get_conn()

@@ -179,9 +179,19 @@ class SheetQueue:
     def _read(self, ranges: list[str]) -> list[list[list[Any]]]:
         return self._idempotent(lambda: self.transport.read(ranges))
 
-    def snapshot(self) -> Snapshot:
-        """One consistent read of the whole queue tab: one request, whatever the sheet size."""
-        snapshot = Snapshot.from_values(self._read([a1_sheet(self.sheet)])[0])
+    def snapshot(self, *, with_id: bool = False) -> Snapshot:
+        """One consistent read of the whole queue tab: one request, whatever the sheet size.
+
+        :param with_id: read the tab's id in the same request (one ``spreadsheets.get`` with the
+            values in its grid data, instead of a ``values.batchGet``): the claim's read, so the
+            id its conditional writes address is the one of the tab its values came from.
+        """
+        if with_id:
+            found, values = self._idempotent(lambda: self.transport.read_with_ids(a1_sheet(self.sheet)))
+            self._sheet_ids = {**(self._sheet_ids or {}), **found}
+        else:
+            values = self._read([a1_sheet(self.sheet)])[0]
+        snapshot = Snapshot.from_values(values)
         self._columns = snapshot.columns
         return snapshot
 
@@ -313,7 +323,7 @@ class SheetQueue:
 
     def _claim_once(self, limit: int, *, squeezed: bool = False) -> ClaimResult:
         result = ClaimResult()
-        snapshot = self.snapshot()
+        snapshot = self.snapshot(with_id=True)
         if snapshot.columns is None or limit <= 0:
             return result
         good, bad = self._pick_targets(snapshot, limit)

@@ -31,6 +31,10 @@ class SheetsTransport(Protocol):
     def read(self, ranges: list[str]) -> list[list[list[Any]]]:
         """``values.batchGet`` with ``valueRenderOption=FORMULA``: values per range."""
 
+    def read_with_ids(self, range_: str) -> tuple[dict[str, int], list[list[Any]]]:
+        """``spreadsheets.get`` of ``range_`` with its grid data: its tab's title -> sheetId, and
+        its values as ``read`` gives them."""
+
     def batch_update(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``spreadsheets.batchUpdate``: the replies, one per request, in order."""
 
@@ -48,6 +52,20 @@ class SheetsTransport(Protocol):
 
     def search_metadata(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``developerMetadata.search``: the matching DeveloperMetadata entries."""
+
+
+#: the claim's read: the tab's id and title, and each cell as entered (``read_with_ids``)
+GRID_FIELDS = "sheets(properties(sheetId,title),data(rowData(values(userEnteredValue))))"
+
+
+def _entered(cell: dict[str, Any]) -> Any:
+    """A ``CellData``'s ``userEnteredValue`` as ``values.batchGet`` with ``FORMULA`` renders it
+    ("" for an empty cell)."""
+    value = cell.get("userEnteredValue") or {}
+    for kind in ("formulaValue", "stringValue", "numberValue", "boolValue"):
+        if kind in value:
+            return value[kind]
+    return ""
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -108,6 +126,29 @@ class GoogleSheetsTransport:
             self._sheets.get(spreadsheetId=self.spreadsheet_id, fields="sheets.properties(sheetId,title)"),
         )
         return {s["properties"]["title"]: int(s["properties"]["sheetId"]) for s in response.get("sheets", [])}
+
+    def read_with_ids(self, range_: str) -> tuple[dict[str, int], list[list[Any]]]:
+        """The tab id and the values of ``range_`` in one ``spreadsheets.get``: ``ranges`` limits
+        the reply to that tab and range, the ``fields`` mask to the tab's id and title and each
+        cell's ``userEnteredValue`` (what the editor typed: a formula's text, never its result),
+        which is what ``values.batchGet`` with ``FORMULA`` returns; trailing empty cells and rows
+        are left out, as that call does."""
+        response = self._execute(
+            "spreadsheets.get",
+            self._sheets.get(spreadsheetId=self.spreadsheet_id, ranges=[range_], fields=GRID_FIELDS),
+        )
+        ids: dict[str, int] = {}
+        values: list[list[Any]] = []
+        for sheet in response.get("sheets", []):
+            ids[sheet["properties"]["title"]] = int(sheet["properties"]["sheetId"])
+            for data in sheet.get("data", [])[:1]:
+                values = [[_entered(c) for c in row.get("values", [])] for row in data.get("rowData", [])]
+        for row in values:
+            while row and row[-1] == "":
+                row.pop()
+        while values and not values[-1]:
+            values.pop()
+        return ids, values
 
     def read(self, ranges: list[str]) -> list[list[list[Any]]]:
         """The values of ``ranges`` (one ``values.batchGet``)."""

@@ -109,7 +109,13 @@ def generate(
             out.append(Step(kind, {"limit": rng.randint(1, rows)}))
         elif kind == "fault":
             method = rng.choice(
-                ["spreadsheets.batchUpdate", "values.batchGet", "values.batchUpdateByDataFilter"]
+                # spreadsheets.get: the claim's read (tab id and values); values.batchGet: read-backs
+                [
+                    "spreadsheets.batchUpdate",
+                    "spreadsheets.get",
+                    "values.batchGet",
+                    "values.batchUpdateByDataFilter",
+                ]
             )
             out.append(Step(kind, {"fault": rng.choice(FAULTS), "method": method}))
         elif kind == "cap":

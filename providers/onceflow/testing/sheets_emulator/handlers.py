@@ -192,14 +192,23 @@ def _updated_data(write: Write, req: ApiRequest) -> dict[str, Any]:
 
 
 def spreadsheets_get(store: Store, req: ApiRequest) -> dict[str, Any]:
+    """The Spreadsheet, limited to the sheets ``ranges`` touch, with their grid data when asked
+    (``includeGridData``, or a ``fields`` mask that lists it), then cut to ``fields``
+    (:mod:`~onceflow.testing.sheets_emulator.grid`)."""
+    from onceflow.testing.sheets_emulator import grid
+
     book = store.get(req.spreadsheet_id)
+    mask = grid.parse_mask(req.param("fields")) if req.param("fields") else None
     resource = book.resource()
     ranges = req.params.get("ranges") or []
     if ranges:
         # Only the sheets the ranges touch are returned, as Google does.
         wanted = {book.resolve(r).sheet.sheet_id for r in ranges}
         resource["sheets"] = [s for s in resource["sheets"] if s["properties"]["sheetId"] in wanted]
-    return resource
+    if grid.wants_grid_data(mask, req.flag("includeGridData")):
+        grid.with_grid_data(book, resource, ranges)
+    out: dict[str, Any] = grid.apply_mask(resource, mask)
+    return out
 
 
 def spreadsheets_create(store: Store, req: ApiRequest) -> dict[str, Any]:

@@ -1,12 +1,13 @@
 """Sheet claims: the batched conditional protocol against the naive read-then-write protocol.
 
-Run: ``.venv/bin/python benchmarks/bench_sheet_claims.py [--quick] [--quota-seconds S] [--quota-only]``
+Run: ``.venv/bin/python benchmarks/bench_sheet_claims.py [--quick | --tiny] [--quota-seconds S] [--quota-only]``
+(``--tiny``: 100 rows, batch 1 and 10, no race and no quota run; a check that it runs, seconds)
 
 Both protocols talk to the Sheets API emulator over HTTP through the real google-api-python-client,
 and every request is counted by the emulator's request log. Each protocol wake-up is what one
-``claim_rows`` task does: a fresh :class:`~onceflow.sheets.protocol.SheetQueue`, so the
-``spreadsheets.get`` it pays for the tab ids (a read under Google's quota) is counted with the
-rest. Printed, with the load average beside each section:
+``claim_rows`` task does: a fresh :class:`~onceflow.sheets.protocol.SheetQueue`, whose one read
+(a ``spreadsheets.get`` bringing the tab id with the values) is counted with the rest. Printed,
+with the load average beside each section:
 
 1. requests per claimed row (reads and writes, every request of the wake-up) at batch sizes 1, 10,
    100 and sheet sizes 100 to 50,000 rows, and the claims per minute each protocol can reach under
@@ -21,7 +22,11 @@ rest. Printed, with the load average beside each section:
 4. end to end under the same quota: each claimed row also runs what ``article_pipeline``'s first
    task does with the sheet (``write_fields``, its check on the same read); the naive side reads the row and
    writes its fields by row number. Rows/min measured, and the steady state computed from the
-   measured requests per row.
+   measured requests per row;
+5. Sheets requests per article, counted: the claim's share (a wake-up of K), the write-back
+   relay's (K rows' DONE committed to a ledger's outbox as ``publish`` commits them, then one
+   pass with a fresh queue as ``write_back`` makes it), and the first task's ``write_fields``;
+   and the articles/min ceiling each total allows under 60 reads + 60 writes per minute.
 
 The naive protocol is the one from the seed post: read the sheet, then ``values.update`` the status
 cell of each row picked to ``PROCESSING`` (last writer wins, no token). Under quota both sides use
@@ -304,6 +309,76 @@ def first_task(queue: SheetQueue, claim: Claim) -> None:
     task.write_fields(claim.token, fields, check=same_article)
 
 
+def _publish_done(ledger: Any, target: str, claim: Claim) -> None:
+    """``publish``'s commit of ``claim``: its result and the row's DONE in one transaction."""
+    from onceflow.ledger.steps import run_keyed_step
+    from onceflow.sheets.ledger_link import work_key
+    from onceflow.sheets.relay import row_write
+
+    fields = {
+        "score": "0.90",
+        "published_url": f"https://pub.example/{claim.row_key}",
+        "run_id": claim.run_id,
+    }
+    write = row_write(target, claim.token, Status.DONE, fields, row_key=claim.row_key)
+    run_keyed_step(
+        ledger, kind="article", work_key=work_key(claim.row_key), step="publish", owner="bench",
+        worker_version="v1", work=lambda _lease: {"url": fields["published_url"]},
+        follow_ups=lambda _result: [write],
+    )  # fmt: skip
+
+
+def relay_cost(server: SheetsEmulatorServer, batch: int) -> tuple[float, float]:
+    """Requests per article of the write-back relay: ``batch`` claimed rows' DONE committed to a
+    SQLite ledger's outbox, then one relay pass with a fresh queue: (reads, writes)."""
+    import tempfile
+
+    from onceflow.ledger import Ledger, create_ledger_engine
+    from onceflow.sheets.relay import relay_sheet_rows, sheet_target
+
+    sid = seed(server, batch)
+    claims = SheetQueue(GoogleSheetsTransport(anonymous_service(server.endpoint), sid), spread=1).claim(batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = create_ledger_engine(f"sqlite:///{tmp}/ledger.db")
+        try:
+            ledger = Ledger(engine)
+            for claim in claims.claims:
+                _publish_done(ledger, sheet_target(sid, "queue"), claim)
+            server.request_log.reset()
+            queue = SheetQueue(GoogleSheetsTransport(anonymous_service(server.endpoint), sid))
+            report = relay_sheet_rows(ledger, lambda _sid, _tab: queue)
+        finally:
+            engine.dispose()
+    assert sorted(report.written) == sorted(c.token for c in claims.claims), report
+    log = server.request_log
+    return log.reads / batch, log.writes / batch
+
+
+def per_article(server: SheetsEmulatorServer, batches: list[int], task: tuple[float, float]) -> None:
+    """Sheets requests per article (claim + write-back relay, each batched at K; + the first task)."""
+    print(
+        "Sheets requests per article, counted: claim wake-ups of K, write-back relay passes of K"
+        f" (spreadsheets.get included), article_pipeline's first task; ceilings under 60 reads + 60"
+        f" writes per minute; {load()}"
+    )
+    print(
+        f"{'K':>4} | {'claim r/w':>11} | {'relay r/w':>11} | {'claim+write-back r/w':>20} {'art/min':>8} |"
+        f" {'+ first task r/w':>16} {'art/min':>8}"
+    )
+    for batch in batches:
+        claim = measure(server, max(100, 2 * batch), batch, 2)["protocol"]
+        c = (claim["reads_per_claim"], claim["writes_per_claim"])
+        r = relay_cost(server, batch)
+        both = (c[0] + r[0], c[1] + r[1])
+        every = (both[0] + task[0], both[1] + task[1])
+        print(
+            f"{batch:>4} | {c[0]:>5.2f}/{c[1]:<5.2f} | {r[0]:>5.2f}/{r[1]:<5.2f} |"
+            f" {both[0]:>10.2f}/{both[1]:<9.2f} {rate(*both):>8.0f} |"
+            f" {every[0]:>7.2f}/{every[1]:<8.2f} {rate(*every):>8.1f}",
+            flush=True,
+        )
+
+
 def first_task_cost(server: SheetsEmulatorServer, claims: int = 10) -> tuple[float, float]:
     """Requests per row of :func:`first_task`, without a quota: (reads, writes)."""
     sid = seed(server, 100)
@@ -453,14 +528,15 @@ def measure_under_quota(
     task_r, task_w = task
     print()
     print(
-        f"End to end, computed from requests per row: the claim's share plus the first task"
-        f" (measured: {task_r:.2f} reads + {task_w:.2f} writes per row; naive 1 + 1)"
+        f"End to end, computed from requests per row: the claim's share (1 read + 1 write per wake-up)"
+        f" plus the first task (measured: {task_r:.2f} reads + {task_w:.2f} writes per row; naive 1 + 1);"
+        " the write-back relay's share is in the per-article section"
     )
     print(f"{'batch':>5} | {'protocol claims/min':>19} | {'protocol rows/min':>17} | {'naive rows/min':>14}")
     for batch in (1, 10, 50, 100):
         print(
-            f"{batch:>5} | {rate(2 / batch, 1 / batch):>19,.0f} |"
-            f" {rate(2 / batch + task_r, 1 / batch + task_w):>17.1f} | {rate(1 / batch + 1, 2.0):>14.1f}"
+            f"{batch:>5} | {rate(1 / batch, 1 / batch):>19,.0f} |"
+            f" {rate(1 / batch + task_r, 1 / batch + task_w):>17.1f} | {rate(1 / batch + 1, 2.0):>14.1f}"
         )
 
 
@@ -475,10 +551,14 @@ def main() -> None:
         default=None,
         help="wall time of each measured run under the enforced quota (default 60, 20 with --quick; 0 skips it)",
     )
+    parser.add_argument(
+        "--tiny", action="store_true", help="100 rows, batch 1 and 10, no race, no quota run: proves it runs"
+    )
     parser.add_argument("--quota-only", action="store_true", help="only the measured-under-quota section")
     parser.add_argument("--e2e-batch", type=int, default=10, help="batch of the end-to-end run (default 10)")
     args = parser.parse_args()
     quota_seconds = args.quota_seconds if args.quota_seconds is not None else (20.0 if args.quick else 60.0)
+    quota_seconds = 0.0 if args.tiny else quota_seconds
     if args.quota_only:
         if quota_seconds <= 0:
             parser.error("--quota-only needs --quota-seconds > 0")
@@ -486,7 +566,8 @@ def main() -> None:
             task = first_task_cost(server)
         measure_under_quota(quota_seconds, [1, 10, 100], args.e2e_batch, task)
         return
-    sizes = [100, 1_000] if args.quick else [100, 1_000, 10_000, 50_000]
+    sizes = [100] if args.tiny else [100, 1_000] if args.quick else [100, 1_000, 10_000, 50_000]
+    batches = [1, 10] if args.tiny else [1, 10, 100]
     server = emulator().start()
     try:
         print(
@@ -498,7 +579,7 @@ def main() -> None:
             f" {'naive r/w per claim':>20} {'claims/min':>10} | {'ratio':>6} | {'s/wake-up p/n':>14}"
         )
         for rows in sizes:
-            for batch in (1, 10, 100):
+            for batch in batches:
                 if batch > rows:
                     continue
                 wakeups = max(1, min(5, rows // batch))
@@ -514,8 +595,9 @@ def main() -> None:
                     flush=True,
                 )
         print()
-        print(f"Two claimers racing over 200 NEW rows, batch 20; {load()}")
-        for name in ("protocol", "naive"):
+        for name in () if args.tiny else ("protocol", "naive"):
+            if name == "protocol":
+                print(f"Two claimers racing over 200 NEW rows, batch 20; {load()}")
             made, twice = race(server, name)
             log = server.request_log
             print(
@@ -532,6 +614,8 @@ def main() -> None:
             f"article_pipeline's first task (write_fields with its check): {task[0]:.1f} reads + {task[1]:.1f}"
             " writes per row"
         )
+        print()
+        per_article(server, [1, 10] if args.tiny else [1, 10, 50], task)
     finally:
         server.stop()
     if quota_seconds > 0:

@@ -22,7 +22,8 @@ outbox drain. :func:`check_promises` then checks, over what the receiver got:
    period + grace + two loops + the time the receiver or every replica was unavailable + the
    longest backoff + one lease;
 2. **one key per message**: a check's incident never has two keys for one kind and channel;
-3. **no duplicate without a crash**: a key arrives twice only if a replica crashed while sending it;
+3. **no duplicate without a crash**: a key arrives twice only if a replica crashed while sending it
+   (or, replicas in threads, other replicas' slow requests ran its lease out: a pause mid-send);
 4. **the last word is right**: the last message of an incident that was paged is RECOVERED,
    unless it is the check's current incident and the check is still down;
 5. **in order**: no RECOVERED before its incident's DOWN.
@@ -184,6 +185,9 @@ class _Run:
         self.receipts: list[tuple[float, str]] = []
         self.receipt_lock = threading.Lock()
         self.slow = 0.0
+        self.sender_of: dict[str, int] = {}  # idempotency key -> thread that sent it
+        self.advanced: dict[object, float] = {}  # thread (or "all") -> fake seconds its receipts added
+        self.sending = threading.local()  # a replica thread's last clock read and current lease
         self.receiver.on_accept(self._accepted)
         self.ledger_url = f"sqlite:///{workdir / 'ledger.db'}"
         self.world = sa.create_engine(self.ledger_url)
@@ -207,10 +211,24 @@ class _Run:
     # -- parts ---------------------------------------------------------------------------
 
     def _accepted(self, headers: dict[str, str]) -> None:
-        if self.slow:
-            self.clock.advance(self.slow)
+        key = headers.get("Idempotency-Key", "")
         with self.receipt_lock:
-            self.receipts.append((self.clock.now() - T0, headers.get("Idempotency-Key", "")))
+            if self.slow:
+                self.clock.advance(self.slow)
+                sender = self.sender_of.get(key)
+                self.advanced["all"] = self.advanced.get("all", 0.0) + self.slow
+                self.advanced[sender] = self.advanced.get(sender, 0.0) + self.slow
+            self.receipts.append((self.clock.now() - T0, key))
+
+    def _advanced(self) -> tuple[float, float]:
+        """Fake seconds the slow receiver has added: in all, and for this thread's requests."""
+        with self.receipt_lock:
+            return self.advanced.get("all", 0.0), self.advanced.get(threading.get_ident(), 0.0)
+
+    def _read_clock(self) -> float:
+        """A replica's clock: also notes what the receiver had added when the replica read it."""
+        self.sending.read_mark = self._advanced()
+        return self.clock.now()
 
     def config(self, i: int) -> WatchdogConfig:
         checks = {
@@ -244,20 +262,43 @@ class _Run:
         )
 
     def _start(self, i: int) -> Watchdog:
-        wd = Watchdog(self.config(i), clock=self.clock.now)
+        wd = Watchdog(self.config(i), clock=self._read_clock)
         run = self
 
         for outbox in (wd.outbox, wd.local_outbox):
             original = outbox._send
 
+            def lease(*args: Any, _orig: Any = outbox._lease) -> dict[str, Any] | None:
+                row = _orig(*args)
+                if row is not None and getattr(run.sending, "lease", None) is None:
+                    run.sending.lease = (row["lease_until"], getattr(run.sending, "read_mark", (0.0, 0.0)))
+                return row
+
             def send(channel: str, key: str, payload: dict[str, Any], _orig: Any = original) -> None:
+                held, run.sending.lease = getattr(run.sending, "lease", None), None
+                with run.receipt_lock:
+                    run.sender_of[key] = threading.get_ident()
                 _orig(channel, key, payload)
+                ids = payload["onceflow"].get("alert_ids") or [key]
+                if held is not None:
+                    lease_until, (all_then, mine_then) = held
+                    all_now, mine_now = run._advanced()
+                    others = (all_now - all_then) - (mine_now - mine_then)
+                    if run.clock.now() > lease_until >= run.clock.now() - others:
+                        # Replicas in threads: other replicas' slow requests, served while this
+                        # one's clock read, lease and send waited for the GIL, moved the shared
+                        # fake clock past this lease. A real sender is not held up by others'
+                        # requests, so this is a pause mid-send, where at-least-once may resend:
+                        # excused like a crash. A lease run out by this replica's own sends
+                        # (defect 3: one clock read per burst) is not excused.
+                        run.crashed_keys.update([key, *ids])
+                        run.log.append(f"t={run.clock.now() - T0:.1f} r{i} {key}: lease outrun by others")
                 if i in run.crash_next:
                     run.crash_next.discard(i)
-                    ids = payload["onceflow"].get("alert_ids") or [key]
                     run.crashed_keys.update([key, *ids])
                     raise _Crash(f"r{i} killed after {key} was accepted")
 
+            outbox._lease = lease  # type: ignore[method-assign,assignment]
             outbox._send = send  # type: ignore[method-assign]
         self._apply_ledger(wd)
         return wd

@@ -116,3 +116,24 @@ def test_settings_split_the_table_list(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("AIRFLOW__ONCEFLOW_OPS__TABLES", " daily_sales, returns ,")
     assert Settings.from_airflow().tables == ("daily_sales", "returns")
+
+
+def test_rows_claimed_before_their_run_exists_render_without_links() -> None:
+    """Claim first, then the run: a PROCESSING or NEEDS_REVIEW row may have no run id yet. The
+    page rendered such a queue as a 500 (strict template, no ``run_url`` key), seen in make run."""
+    from onceflow.opsview import access
+    from onceflow.opsview.queue import sheet_queue
+
+    values = [
+        ["url", "status", "reason", "run_id", "score", "published_url"],
+        ["https://example.test/a", "PROCESSING #20261202T000000Z-0000000001-v1", "", "", "", ""],
+        ["https://example.test/b", "NEEDS_REVIEW #20261202T000000Z-0000000002-v1", "low", "", "0.5", ""],
+        ["https://example.test/c", "PROCESSING #20261202T000000Z-0000000003-v1", "", "sheet__c__v1", "", ""],
+    ]
+    queue = sheet_queue(values, {}, 1_800_000_000.0)
+    docs: dict[str, object] = {s.name: {"forbidden": True} for s in access.SECTIONS}
+    docs["queue"] = queue
+    html = page.render(docs, 1_800_000_000.0)
+    assert "https://example.test/a" in html and "https://example.test/b" in html
+    assert "no run id" in html  # the review row says why it has no review link
+    assert html.count("sheet__c__v1") >= 1  # the row with a run still links it

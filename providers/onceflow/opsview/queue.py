@@ -78,7 +78,11 @@ def sheet_queue(values: list[list[Any]], first_seen: dict[str, float], now: floa
         if status in reasons:
             reasons[status][row.get("reason") or "(no reason)"] += 1
         run_id = row.get("run_id").strip()
-        entry: dict[str, Any] = {"row": row.number, "url": row.url, "run_id": run_id or None}
+        # A row claimed but whose run is not created yet (claim first, then the run) has no run
+        # id: its links are None, never missing (the page's template is strict).
+        entry: dict[str, Any] = {"row": row.number, "url": row.url, "run_id": run_id or None, "run_url": None}
+        if row.status is Status.NEEDS_REVIEW:
+            entry["review_url"] = None
         if run_id:
             ref = TaskRef(ARTICLE_DAG, run_id)
             entry["run_url"] = ref.run_url

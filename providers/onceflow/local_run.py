@@ -23,6 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from onceflow.pools import pools_import_json
 from onceflow.shutdown import GracefulShutdown
@@ -624,6 +625,10 @@ def _banner(
     # yesterday is loaded by the scheduled run: a backfill over it would make one run fewer
     last = dt.date.today() - dt.timedelta(days=2)
     first = dt.date.today() - dt.timedelta(days=cfg.demo_days)
+    # The CLI line below runs outside make run's environment, where [core] default_timezone is
+    # UTC: a bare date would be 01:00 local and skip the first day. Local midnight with its offset.
+    zone = ZoneInfo(tz)
+    first_at, last_at = (dt.datetime.combine(d, dt.time(), zone).isoformat() for d in (first, last))
     sheet = f"http://127.0.0.1:{emulator_port}/view/{DEMO_SPREADSHEET_ID}"
     site = f"http://127.0.0.1:{site_port}"
     return f"""
@@ -674,7 +679,7 @@ Load the earlier demo days (the scheduled run loads yesterday): in the UI, daily
 Trigger -> Backfill, from {first} 00:00 to {last} 00:00 (the UI is in {tz}, as the sales days
 are; both days included: one run per day), or:
   AIRFLOW_HOME={airflow_home} .venv/bin/airflow backfill create --dag-id daily_sales \\
-      --from-date {first} --to-date {last}
+      --from-date {first_at} --to-date {last_at}
 Backfilled days record no missed deadline: their 07:00 passed before they ran.
 
 Ctrl-C stops everything.

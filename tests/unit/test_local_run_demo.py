@@ -185,3 +185,34 @@ def test_the_ui_login_is_this_users_with_a_password_made_once_per_home(tmp_path:
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == f"{user}:admin"
     banner = local_run._banner(cfg, "http://localhost:8080", 8090, 8765, (user, password))
     assert password in banner and f"user {user!r}" in banner
+
+
+def test_the_banners_backfill_command_loads_every_demo_day_from_a_utc_cli(tmp_path: Path) -> None:
+    """The banner's CLI line runs outside ``make run`` (``[core] default_timezone`` UTC there): its
+    dates must carry the business offset, or the first demo day is skipped (a bare date is 01:00)."""
+    import datetime as dt
+    import re
+    import shlex
+
+    from airflow._shared.timezones.timezone import parse
+    from airflow.sdk import CronDataIntervalTimetable
+    from airflow.serialization.encoders import coerce_to_core_timetable
+    from airflow.timetables.base import TimeRestriction
+
+    from onceflow.sales.config import SalesConfig
+
+    cfg = _config(tmp_path)
+    banner = local_run._banner(cfg, "http://localhost:8080", 8081, 8765)
+    command = re.search(r"airflow backfill create (.*?--to-date \S+)", banner.replace("\\\n", " "), re.S)
+    assert command is not None, banner
+    args = shlex.split(command.group(1))
+    from_date, to_date = args[args.index("--from-date") + 1], args[args.index("--to-date") + 1]
+    tz = SalesConfig.from_env().timezone
+    core = coerce_to_core_timetable(CronDataIntervalTimetable("0 0 * * *", timezone=tz))
+    info = core.next_dagrun_info(
+        last_automated_data_interval=None,
+        restriction=TimeRestriction(earliest=parse(from_date), latest=parse(to_date), catchup=True),
+    )
+    assert info is not None and info.data_interval is not None, (from_date, to_date)
+    first_day = dt.date.today() - dt.timedelta(days=cfg.demo_days)
+    assert info.data_interval.start.in_timezone(tz).date() == first_day, (from_date, to_date)

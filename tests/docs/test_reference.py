@@ -89,3 +89,72 @@ def test_the_environment_scan_finds_variables_in_code_comments_and_dag_docs(tmp_
         ("ONCEFLOW_BAR", ""),
         ("ONCEFLOW_FOO_DIR", "Set `ONCEFLOW_FOO_DIR` to the folder the report goes to."),
     ]
+
+
+def _dynamic_env_names(source: str) -> list[str]:
+    """Strings that build an ``ONCEFLOW_*`` name at run time (the reference's scan sees only whole names)."""
+    import ast
+    import re
+
+    name = re.compile(r"(?<![A-Za-z0-9_])ONCEFLOW_[A-Z0-9_]*")
+    found: dict[int, str] = {}  # by node: ast.walk meets an f-string's parts twice
+
+    def check(node: ast.expr, continued: bool) -> None:
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            return
+        for m in name.finditer(text := node.value):
+            rest = text[m.end() : m.end() + 1]
+            if rest == "*":  # prose about the family: ``ONCEFLOW_*``
+                continue
+            if m.group(0).endswith("_") or rest in ("{", "%") or (continued and m.end() == len(text)):
+                found[id(node)] = text
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.JoinedStr):
+            for part, after in zip(node.values, [*node.values[1:], None], strict=True):
+                check(part, continued=after is not None)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)):
+            check(node.left, continued=True)
+        elif isinstance(node, ast.Constant):
+            check(node, continued=False)
+    return list(found.values())
+
+
+def test_the_dynamic_name_guard_sees_names_built_at_run_time() -> None:
+    built = 'import os\nk = "X"\nos.environ.get(f"ONCEFLOW_{k}_DIR")\nos.environ["ONCEFLOW_SALES" + k]\n'
+    built += 'os.getenv("ONCEFLOW_%s" % k)\nos.getenv("ONCEFLOW_{}".format(k))\n'
+    assert len(_dynamic_env_names(built)) == 4
+    whole = (
+        'import os\nos.environ.get("ONCEFLOW_BAR")\nX = f"ONCEFLOW_BAR={1}"\n"""the ``ONCEFLOW_*`` ones"""\n'
+    )
+    assert _dynamic_env_names(whole) == []
+
+
+def test_no_onceflow_environment_variable_name_is_built_at_run_time() -> None:
+    """Every ``ONCEFLOW_*`` name is written out whole in the source, so the reference's scan finds it."""
+    found = {
+        path.relative_to(REPO_ROOT).as_posix(): names
+        for path in sorted((REPO_ROOT / "providers").rglob("*.py"))
+        if (names := _dynamic_env_names(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}
+
+
+def test_every_onceflow_variable_in_the_package_is_in_the_built_settings_page(site_dir: Path) -> None:
+    """Checked against the built page with a scan of its own (the strings of the syntax tree), not
+    the generator's text scan, so a name the generator missed fails here."""
+    import ast
+    import re
+
+    name = re.compile(r"(?<![A-Za-z0-9_])ONCEFLOW_[A-Z0-9][A-Z0-9_]*[A-Z0-9](?![A-Za-z0-9_])")
+    names = {
+        m.group(0)
+        for path in (REPO_ROOT / "providers").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        for m in name.finditer(node.value)
+    }
+    assert "ONCEFLOW_BUSINESS_TZ" in names  # the scan works
+    conn_ids = {c.conn_id.upper() for c in reference_tables.connections(REPO_ROOT)}
+    page = (site_dir / "reference" / "settings.html").read_text(encoding="utf-8")
+    assert sorted(n for n in names - conn_ids if f"<code>{n}</code>" not in page) == []

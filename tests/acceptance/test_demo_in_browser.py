@@ -182,7 +182,15 @@ def _approve_with_no_note(page: Any, ui: str) -> None:
     # Reject with the note left empty is refused where the reviewer looks (the "Response failed"
     # toast says why; onceflow.hitl_guard) and the review keeps waiting
     page.get_by_role("button", name="Reject").click()
-    page.get_by_text(re.compile(r"Reject needs 'note'")).first.wait_for(timeout=60_000)
+    refusal = page.get_by_text(re.compile(r"Reject needs 'note'")).first
+    refusal.wait_for(timeout=60_000)
+    # The error toast lies over the form's buttons and does not time out while the pointer is on
+    # it: the reviewer closes it (or moves away and it goes) before the next click.
+    close = page.locator('[data-scope="toast"] [data-part="close-trigger"]')
+    if close.count():
+        close.first.click()
+    page.mouse.move(0, 0)
+    refusal.wait_for(state="hidden", timeout=60_000)
     assert approve.is_enabled()
     approve.click()
     time.sleep(2)  # the answer is checked where it lands: the row (below)

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import sqlalchemy as sa
 
-from onceflow.testing.alert_receiver import read_records
-from onceflow.testing.ports import free_port
+from onceflow.testing.alert_receiver import AlertReceiverProcess, read_records
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -49,52 +48,17 @@ max_lag_seconds = 30
 """
 
 
-class Receiver:
-    """``python -m onceflow.testing.alert_receiver`` as a process that can be killed and restarted."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.port = free_port()
-        self.store = tmp_path / "received.jsonl"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "onceflow.testing.alert_receiver",
-                "--port",
-                str(self.port),
-                "--store",
-                str(self.store),
-            ],
-            stdout=subprocess.PIPE,
-        )
-        assert self.proc.stdout is not None
-        assert b"alert receiver on" in self.proc.stdout.readline()  # listening
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def alerts(self) -> list[tuple[str, str, int]]:
-        return [
-            (
-                r["message"]["onceflow"]["check"],
-                r["message"]["onceflow"]["kind"],
-                r["message"]["onceflow"]["incident"],
-            )
-            for r in read_records(self.store)
-            if r["kind"] == "webhook" and not r.get("refused")
-        ]
+def alerts(receiver: AlertReceiverProcess) -> list[tuple[str, str, int]]:
+    """(check, kind, incident) of each webhook the receiver accepted."""
+    return [
+        (m["onceflow"]["check"], m["onceflow"]["kind"], m["onceflow"]["incident"])
+        for m in receiver.webhooks()
+    ]
 
 
 @pytest.fixture
-def receiver(tmp_path: Path) -> Iterator[Receiver]:
-    r = Receiver(tmp_path)
-    r.start()
+def receiver(tmp_path: Path) -> Iterator[AlertReceiverProcess]:
+    r = AlertReceiverProcess(tmp_path / "received.jsonl").start()
     yield r
     r.kill()
 
@@ -172,18 +136,18 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, logs: Pa
 
 
 def test_two_replicas_at_once_send_one_alert_per_incident(
-    postgres_url: str, receiver: Receiver, watchdogs: Callable[..., Any], tmp_path: Path
+    postgres_url: str, receiver: AlertReceiverProcess, watchdogs: Callable[..., Any], tmp_path: Path
 ) -> None:
     beat(postgres_url, "r1")
     for name in ("a", "b", "c"):
         watchdogs(postgres_url, receiver.port, name)
-    wait_until(lambda: ("heartbeat", "down", 1) in receiver.alerts(), 60, "the down alert", tmp_path)
+    wait_until(lambda: ("heartbeat", "down", 1) in alerts(receiver), 60, "the down alert", tmp_path)
     time.sleep(3)  # several more passes of every replica: nothing more may arrive
     beat(postgres_url, "r2")
-    wait_until(lambda: ("heartbeat", "recovery", 1) in receiver.alerts(), 60, "the recovery", tmp_path)
-    wait_until(lambda: ("heartbeat", "down", 2) in receiver.alerts(), 60, "the second incident", tmp_path)
+    wait_until(lambda: ("heartbeat", "recovery", 1) in alerts(receiver), 60, "the recovery", tmp_path)
+    wait_until(lambda: ("heartbeat", "down", 2) in alerts(receiver), 60, "the second incident", tmp_path)
     time.sleep(3)
-    assert receiver.alerts() == [
+    assert alerts(receiver) == [
         ("heartbeat", "down", 1),
         ("heartbeat", "recovery", 1),
         ("heartbeat", "down", 2),
@@ -194,7 +158,7 @@ def test_two_replicas_at_once_send_one_alert_per_incident(
 
 
 def test_a_watchdog_killed_mid_incident_neither_repeats_nor_forgets(
-    postgres_url: str, receiver: Receiver, watchdogs: Callable[..., Any], tmp_path: Path
+    postgres_url: str, receiver: AlertReceiverProcess, watchdogs: Callable[..., Any], tmp_path: Path
 ) -> None:
     beat(postgres_url, "r1")
     receiver.kill()  # the alert is queued but cannot be delivered
@@ -207,17 +171,17 @@ def test_a_watchdog_killed_mid_incident_neither_repeats_nor_forgets(
     assert [r["state"] for r in outbox(postgres_url)] == ["queued"]
     receiver.start()
     watchdogs(postgres_url, receiver.port, "a")  # the same replica, restarted: same state_dir
-    wait_until(lambda: receiver.alerts(), 60, "the queued alert", tmp_path)
+    wait_until(lambda: alerts(receiver), 60, "the queued alert", tmp_path)
     time.sleep(3)
-    assert receiver.alerts() == [("heartbeat", "down", 1)]
+    assert alerts(receiver) == [("heartbeat", "down", 1)]
     assert [r["state"] for r in outbox(postgres_url)] == ["sent"]
     beat(postgres_url, "r2")  # the incident was not forgotten: its recovery follows
-    wait_until(lambda: len(receiver.alerts()) == 2, 60, "the recovery", tmp_path)
-    assert receiver.alerts()[-1] == ("heartbeat", "recovery", 1)
+    wait_until(lambda: len(alerts(receiver)) == 2, 60, "the recovery", tmp_path)
+    assert alerts(receiver)[-1] == ("heartbeat", "recovery", 1)
 
 
 def test_a_receiver_down_then_back_gets_the_alert_once_late(
-    postgres_url: str, receiver: Receiver, watchdogs: Callable[..., Any], tmp_path: Path
+    postgres_url: str, receiver: AlertReceiverProcess, watchdogs: Callable[..., Any], tmp_path: Path
 ) -> None:
     beat(postgres_url, "r1")
     receiver.kill()
@@ -227,15 +191,15 @@ def test_a_receiver_down_then_back_gets_the_alert_once_late(
         lambda: "ALERT NOT DELIVERED" in (tmp_path / "a.log").read_text(), 60, "the loud log line", tmp_path
     )
     receiver.start()
-    wait_until(lambda: receiver.alerts(), 60, "the late alert", tmp_path)
+    wait_until(lambda: alerts(receiver), 60, "the late alert", tmp_path)
     time.sleep(3)
-    assert receiver.alerts() == [("heartbeat", "down", 1)]
+    assert alerts(receiver) == [("heartbeat", "down", 1)]
     [row] = outbox(postgres_url)
     assert row["state"] == "sent" and row["attempts"] >= 4
 
 
 def test_an_unreachable_ledger_is_a_blindness_incident(
-    postgres_url: str, receiver: Receiver, watchdogs: Callable[..., Any], tmp_path: Path
+    postgres_url: str, receiver: AlertReceiverProcess, watchdogs: Callable[..., Any], tmp_path: Path
 ) -> None:
     db = sa.engine.make_url(postgres_url).database
     admin = sa.create_engine(postgres_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
@@ -250,7 +214,7 @@ def test_an_unreachable_ledger_is_a_blindness_incident(
         )
     try:
         blind = wait_until(
-            lambda: [a for a in receiver.alerts() if a[0] == "watchdog.blind.ledger"],
+            lambda: [a for a in alerts(receiver) if a[0] == "watchdog.blind.ledger"],
             60,
             "the blindness alert",
             tmp_path,
@@ -265,7 +229,7 @@ def test_an_unreachable_ledger_is_a_blindness_incident(
         with admin.connect() as conn:
             conn.execute(sa.text(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true'))
     wait_until(
-        lambda: ("watchdog.blind.ledger", "recovery", 1) in receiver.alerts(), 60, "sight again", tmp_path
+        lambda: ("watchdog.blind.ledger", "recovery", 1) in alerts(receiver), 60, "sight again", tmp_path
     )
     admin.dispose()
 

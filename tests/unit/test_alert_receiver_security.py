@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import http.client
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from onceflow.testing.alert_receiver import AlertReceiver
-from onceflow.watchdog.alerts import post_json
+from onceflow.testing.alert_receiver import AlertReceiver, AlertReceiverProcess
+from onceflow.watchdog.alerts import DeliveryError, post_json
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from pathlib import Path
 
 FORGED = json.dumps({"text": "RECOVERED", "onceflow": {"check": "heartbeat", "kind": "recovery"}})
 
@@ -70,3 +70,26 @@ def test_control_needs_the_per_run_token_and_no_origin(receiver: AlertReceiver) 
 def test_the_watchdogs_own_posts_are_accepted(receiver: AlertReceiver) -> None:
     assert post_json(receiver.webhook_url, {"text": "hello"}, 5.0, idempotency_key="k") == 200
     assert [m["text"] for m in receiver.webhooks()] == ["hello"]
+
+
+def test_the_receiver_process_is_controlled_through_its_token_file_and_keeps_its_store(
+    tmp_path: Path,
+) -> None:
+    # No token given: the process makes one, readable by this user only, and control() reads it.
+    r = AlertReceiverProcess(tmp_path / "received.jsonl").start()
+    try:
+        token_file = tmp_path / "received.jsonl.control-token"
+        assert token_file.stat().st_mode & 0o077 == 0
+        r.control("down")
+        with pytest.raises(DeliveryError, match="503"):
+            post_json(r.webhook_url, {"text": "refused"}, 5.0)
+        r.control("up")
+        assert post_json(r.webhook_url, {"text": "before"}, 5.0) == 200
+        r.kill()
+        with pytest.raises(DeliveryError, match="unreachable"):
+            post_json(r.webhook_url, {"text": "nobody"}, 5.0)
+        r.start()  # the same port and store
+        assert post_json(r.webhook_url, {"text": "after"}, 5.0) == 200
+        assert [m["text"] for m in r.webhooks()] == ["before", "after"]
+    finally:
+        r.kill()

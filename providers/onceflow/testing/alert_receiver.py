@@ -1,7 +1,8 @@
 """A local stand-in for Slack incoming webhooks and healthchecks.io pings, for tests and ``make run``.
 
 ``python -m onceflow.testing.alert_receiver --port 8765 --store alerts.jsonl`` (or
-:class:`AlertReceiver` in a thread) answers:
+:class:`AlertReceiver` in a thread, or :class:`AlertReceiverProcess`: that command as a process a
+test can kill and restart on its port) answers:
 
 * ``POST /webhook``: a Slack-compatible message (``{"text": ...}``), recorded, 200 ``ok``;
 * ``GET|POST /ping/<uuid>``, ``/ping/<uuid>/start``, ``/ping/<uuid>/fail`` (``?rid=<run id>``):
@@ -30,12 +31,15 @@ import contextlib
 import hmac
 import json
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
+from urllib.request import Request, urlopen
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -199,7 +203,19 @@ class _Server(ThreadingHTTPServer):
             f.flush()
 
 
-class AlertReceiver:
+class _Recorded:
+    store: Path
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record in the store, refused ones included."""
+        return read_records(self.store)
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        """The accepted webhook messages, in order."""
+        return [r["message"] for r in self.records() if r["kind"] == "webhook" and not r.get("refused")]
+
+
+class AlertReceiver(_Recorded):
     """The receiver in a thread of this process: ``.url``, ``.webhook_url``, ``.ping_url(uuid)``."""
 
     def __init__(self, store: str | Path, port: int = 0, control_token: str | None = None) -> None:
@@ -231,15 +247,65 @@ class AlertReceiver:
         """Call ``hook(headers)`` in the handler thread before each webhook is accepted (tests)."""
         self._server.on_accept = hook
 
-    def records(self) -> list[dict[str, Any]]:
-        return read_records(self.store)
-
-    def webhooks(self) -> list[dict[str, Any]]:
-        return [r["message"] for r in self.records() if r["kind"] == "webhook" and not r.get("refused")]
-
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class AlertReceiverProcess(_Recorded):
+    """``python -m onceflow.testing.alert_receiver`` as a process: killed (connection refused) and
+    started again on the same port and store, or driven through ``/control``.
+
+    :param control_token: passed on the command line; by default the process makes its own and
+        :meth:`control` reads it from ``<store>.control-token``, as a developer would.
+    """
+
+    def __init__(self, store: str | Path, port: int | None = None, control_token: str | None = None) -> None:
+        from onceflow.testing.ports import free_port
+
+        self.store = Path(store)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.webhook_url = f"{self.url}/webhook"
+        self.control_token = control_token
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> AlertReceiverProcess:
+        """Start it and return once it listens (its first line is printed after the bind)."""
+        token = ["--control-token", self.control_token] if self.control_token else []
+        command = [
+            sys.executable,
+            "-m",
+            "onceflow.testing.alert_receiver",
+            "--port",
+            str(self.port),
+            "--store",
+            str(self.store),
+            *token,
+        ]
+        with Path(f"{self.store}.log").open("ab") as log:  # a crash's traceback, across restarts
+            self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        self.proc.stdout.close()
+        if b"alert receiver on" not in line:
+            self.kill()
+            raise RuntimeError(f"the alert receiver did not start: {line!r} (see {self.store}.log)")
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: whatever it was answering is cut off; its store keeps what it recorded."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def control(self, path: str) -> None:
+        """``POST /control/<path>`` (``down``, ``up``, ``delay?seconds=0.9``) with the token."""
+        token = self.control_token or Path(f"{self.store}.control-token").read_text()
+        request = Request(f"{self.url}/control/{path}", data=b"", headers={"X-Control-Token": token})
+        with urlopen(request, timeout=10) as response:
+            response.read()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -60,15 +60,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from onceflow.testing.alert_receiver import read_records
-from onceflow.testing.ports import free_port
+from onceflow.testing.alert_receiver import AlertReceiverProcess, read_records
 from onceflow.testing.tcp_proxy import FreezableProxy
 from onceflow.testing.watchdog_faults import Event, Outcome, Timing, check_promises
 from onceflow.watchdog.alerts import LEASE_MARGIN_SECONDS
@@ -253,51 +251,6 @@ def _mixed(seed: int, rng: random.Random, duration: float = 24.0) -> ProcessSche
 # -- running -----------------------------------------------------------------------------------
 
 
-class _Receiver:
-    def __init__(self, store: Path) -> None:
-        self.store = store
-        self.port = free_port()
-        self.token = os.urandom(12).hex()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "onceflow.testing.alert_receiver",
-                "--port",
-                str(self.port),
-                "--store",
-                str(self.store),
-                "--control-token",
-                self.token,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if b"alert receiver on" not in line:
-            raise RuntimeError(f"the alert receiver did not start: {line!r}")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def control(self, path: str) -> None:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/control/{path}",
-            data=b"",
-            method="POST",
-            headers={"X-Control-Token": self.token},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            response.read()
-
-
 # The same program as ``python -m onceflow.watchdog`` (its main, re-executing itself the same way).
 _GATED = """
 import pathlib, sys, time
@@ -394,7 +347,7 @@ class _Run:
         self.proxy = FreezableProxy(self.url.host or "127.0.0.1", self.url.port or 5432).start()
         proxied = self.url.set(host="127.0.0.1", port=self.proxy.port)
         self.proxied = proxied.render_as_string(hide_password=False)
-        self.receiver = _Receiver(workdir / "received.jsonl")
+        self.receiver = AlertReceiverProcess(workdir / "received.jsonl", control_token=os.urandom(12).hex())
         self.receiver.start()
         self.receiver_state = "up"
         self.slow = 0.0

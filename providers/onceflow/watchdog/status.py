@@ -54,7 +54,12 @@ def collect(wd: Watchdog) -> dict[str, Any]:
     try:
         stored = incidents.read_all(wd.ledger)
         with wd.ledger.connect() as conn:
-            last_beat = conn.execute(sa.select(sa.func.max(heartbeats.c.started_at))).scalar()
+            # Each heartbeat check's own newest beat, read as the check reads it (its dag_id's).
+            last_beat = {
+                check.name: conn.execute(_newest_beat(check.options.get("dag_id"))).scalar()
+                for check in wd.config.checks
+                if check.kind == "heartbeat"
+            }
             recent = {
                 check.name: [
                     {"at": r.at, "from": r.from_state, "to": r.to_state, "incident": r.incident}
@@ -82,11 +87,16 @@ def collect(wd: Watchdog) -> dict[str, Any]:
             "flips": recent.get(check.name, []),
         }
         if check.kind == "heartbeat":
-            entry["last_beat"] = last_beat
+            entry["last_beat"] = last_beat[check.name]
         report["checks"][check.name] = entry
         if inc is not None and inc.state != UP:
             report["open_incidents"].append(check.name)
     return report
+
+
+def _newest_beat(dag_id: str | None) -> sa.Select[tuple[float]]:
+    query = sa.select(sa.func.max(heartbeats.c.started_at))
+    return query if not dag_id else query.where(heartbeats.c.dag_id == dag_id)
 
 
 def exit_code(report: dict[str, Any]) -> int:

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+import pytest
+
 from onceflow.ledger.db import create_ledger_engine
 from onceflow.watchdog.local import demo_config
 from onceflow.watchdog.schema import ensure_schema, heartbeats
@@ -56,3 +58,72 @@ def test_a_skewed_host_clock_does_not_call_a_fresh_beat_dead(tmp_path: Path) -> 
             timeout=120,
         )
         assert (once.returncode, once.stdout) == (0, "heartbeat: up\n"), (skew, once.stdout, once.stderr)
+
+
+def test_a_ledger_clock_read_that_fails_makes_the_pass_blind_not_judged_by_the_host_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger's clock read fails once (a connection cut as the pass starts, the store back a
+    moment later) on a host whose clock runs an hour ahead. The pass used to go on with this
+    host's clock and page a fresh beat as an hour old; it is blind instead, and the next pass
+    judges by the ledger's clock again."""
+    from types import SimpleNamespace
+
+    from onceflow.ledger.clock import DatabaseClock
+    from onceflow.testing.alert_receiver import AlertReceiver
+    from onceflow.watchdog import runner
+    from onceflow.watchdog.config import parse_config
+
+    real = time.time
+    monkeypatch.setattr(
+        runner,
+        "time",
+        SimpleNamespace(time=lambda: real() + 3600, monotonic=time.monotonic, sleep=time.sleep),
+    )
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    engine = create_ledger_engine(ledger)
+    ensure_schema(engine, [heartbeats])
+    with engine.begin() as conn:
+        conn.execute(
+            heartbeats.insert().values(
+                run_id="fresh",
+                dag_id="heartbeat",
+                scheduled_at=real(),
+                started_at=real(),
+                lag_seconds=0.0,
+                try_number=1,
+            )
+        )
+    engine.dispose()
+    receiver = AlertReceiver(tmp_path / "received.jsonl").start()
+    try:
+        wd = runner.Watchdog(
+            parse_config(
+                {
+                    "ledger_url": ledger,
+                    "state_dir": str(tmp_path / "state"),
+                    "alerts": {"webhook_url": receiver.webhook_url},
+                    "checks": {"heartbeat": {"period_seconds": 60, "grace_seconds": 60}},
+                }
+            )
+        )
+        database = DatabaseClock(wd.ledger)
+        reads = iter([RuntimeError("connection cut")])
+
+        class FlakyClock:
+            def now(self) -> float:
+                failure = next(reads, None)
+                if failure is not None:
+                    raise failure
+                return database.now()
+
+        wd._db_clock = FlakyClock()  # type: ignore[assignment]
+        first = wd.run_once()
+        second = wd.run_once()
+        # Judged down on the host's clock, the row was due an hour later; the next pass found the
+        # beat fresh and sent "RECOVERED: it was down for -120 s" (a fresh beat, an hour ahead).
+        assert [m["text"].splitlines()[:3] for m in receiver.webhooks()] == []
+        assert (list(first.blind), first.states) == (["ledger"], {})
+        assert second.states == {"heartbeat": "up"}
+    finally:
+        receiver.stop()

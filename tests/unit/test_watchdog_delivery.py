@@ -49,7 +49,7 @@ def config(
     )
 
 
-def beat(tmp_path: Path, run_id: str, at: float) -> None:
+def beat(tmp_path: Path, run_id: str, at: float, dag_id: str = "heartbeat") -> None:
     import sqlalchemy as sa
 
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
@@ -58,7 +58,7 @@ def beat(tmp_path: Path, run_id: str, at: float) -> None:
         conn.execute(
             heartbeats.insert().values(
                 run_id=run_id,
-                dag_id="heartbeat",
+                dag_id=dag_id,
                 scheduled_at=at,
                 started_at=at,
                 lag_seconds=0.0,
@@ -155,3 +155,134 @@ def test_blindness_alerts_never_reuse_an_idempotency_key(tmp_path: Path, receive
     down = [k for k in keys if "/down/" in k]
     assert len(down) == 3, keys
     assert len(set(down)) == 3, down
+
+
+class _Killed(BaseException):
+    """A replica's death after the receiver accepted (past every ``except Exception``)."""
+
+
+def _kill_after_send(wd: Watchdog) -> None:
+    real = wd.outbox._send
+
+    def send(channel: str, key: str, payload: dict[str, Any]) -> None:
+        real(channel, key, payload)
+        raise _Killed(key)
+
+    wd.outbox._send = send  # type: ignore[method-assign]
+
+
+def test_a_group_resent_after_a_crash_keeps_its_idempotency_key(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    """Replica a sends a and b down as one group, the receiver accepts, a dies before marking it.
+    When b resends it, c has just gone down. The group goes again as it was, under its key (a
+    receiver that drops repeated keys drops it), and c alone. It used to be regrouped as a+b+c
+    under a new key, which no receiver can tell from a new message."""
+    clock = FakeClock(T0)
+    checks = {
+        n: {"kind": "heartbeat", "dag_id": dag, "period_seconds": 60, "grace_seconds": 60}
+        for n, dag in (("a", "heartbeat"), ("b", "heartbeat"), ("c", "c"))
+    }
+    beat(tmp_path, "r1", T0)
+    beat(tmp_path, "c1", T0 + 16, dag_id="c")  # c goes down at T0 + 136
+    a = Watchdog(config(tmp_path, receiver, "a", {n: checks[n] for n in "ab"}), clock=clock.now)
+    a.run_once()
+    clock.set(T0 + 125)
+    _kill_after_send(a)
+    with pytest.raises(_Killed):
+        a.run_once()
+    b = Watchdog(config(tmp_path, receiver, "b", checks), clock=clock.now)
+    clock.set(T0 + 136)  # a's lease (send timeout 5 s + 5 s) has run out
+    b.run_once()
+    got = [(w["idempotency_key"], w["message"]["onceflow"].get("alert_ids")) for w in webhooks(receiver)]
+    group = ["a/1/down/webhook", "b/1/down/webhook"]
+    assert got == [
+        ("a/1/down/webhook+1", group),  # a's send, accepted before a died
+        ("a/1/down/webhook+1", group),  # the repeat of the crash window, under the same key
+        ("c/1/down/webhook", None),
+    ], got
+
+
+def test_a_group_leased_slowly_is_not_sent_again_by_another_replica(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    """12 checks down at once, one group; the store takes a second per lease, so leasing the
+    group takes longer than a lease lasts (send timeout 2 + 5 s). A second replica passing while
+    the group's message is on its way must find the leases held: they are renewed as the send
+    starts. They used to end 7 s after the first clock read, and the second replica resent them."""
+    clock = FakeClock(T0)
+    checks = {
+        f"c{i:02d}": {"kind": "heartbeat", "period_seconds": 60, "grace_seconds": 60} for i in range(12)
+    }
+    beat(tmp_path, "r1", T0)
+    a = Watchdog(config(tmp_path, receiver, "a", checks, send_timeout_seconds=2), clock=clock.now)
+    b = Watchdog(config(tmp_path, receiver, "b", checks, send_timeout_seconds=2), clock=clock.now)
+    a.run_once()
+    lease = a.outbox._lease
+
+    def slow_lease(*args: Any) -> Any:
+        clock.advance(1.0)  # a store answering each statement in a second
+        return lease(*args)
+
+    a.outbox._lease = slow_lease  # type: ignore[method-assign,assignment]
+    passes: list[Any] = []
+
+    def second_replica_passes(_headers: dict[str, str]) -> None:
+        if not passes:  # a's message, on its way: b passes (its own send, if any, comes here too)
+            passes.append(b.run_once())
+
+    receiver.on_accept(second_replica_passes)
+    clock.set(T0 + 125)
+    a.run_once()
+    receiver.on_accept(None)
+    assert passes, "the second replica never passed during the send"
+    ids = [
+        i
+        for w in webhooks(receiver)
+        for i in w["message"]["onceflow"].get("alert_ids", [w["idempotency_key"]])
+    ]
+    assert sorted(ids) == sorted(f"c{i:02d}/1/down/webhook" for i in range(12)), ids
+
+
+def test_a_hung_receiver_costs_a_pass_one_send_deadline_not_one_per_alert(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    """A webhook that accepts connections and never answers, five alerts queued, no grouping:
+    after the first send runs out its deadline, the rest wait for the next pass. Five deadlines in
+    a row used to hold the pass (with 2 x loop + 30 s of budget and 5 s deadlines, 13 alerts make
+    it a blind pass, and the process re-executes itself every three budgets)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])  # read nothing, answer nothing
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    clock = FakeClock(T0)
+    checks = {f"c{i}": {"kind": "heartbeat", "period_seconds": 60, "grace_seconds": 60} for i in range(5)}
+    beat(tmp_path, "r1", T0)
+    cfg = config(tmp_path, receiver, "a", checks, send_timeout_seconds=0.3, group_max=1)
+    hung = f"http://127.0.0.1:{listener.getsockname()[1]}/webhook"
+    wd = Watchdog(
+        dataclasses.replace(cfg, alerts=dataclasses.replace(cfg.alerts, webhook_url=hung)), clock=clock.now
+    )
+    try:
+        wd.run_once()
+        clock.set(T0 + 125)
+        assert wd.run_once().states == dict.fromkeys(checks, "down")
+        assert len(held) == 1
+        clock.advance(5)
+        wd.run_once()  # the next pass tries the next alert (the first waits out its backoff)
+        assert len(held) == 2
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()

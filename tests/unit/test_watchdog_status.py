@@ -138,3 +138,67 @@ def test_once_over_a_corrupt_state_file_moves_it_aside_and_says_so(
     assert wd.run_once().states == {"a": "up"}
     assert list((tmp_path / "state").glob("watchdog-local.db.corrupt-*"))
     assert "moved to" in caplog.text and "started a new one" in caplog.text
+
+
+def test_a_check_that_dies_after_flapping_is_paged_not_held_for_the_window(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    """Damping holds a flapping check's down for at most period + grace: one that then stays
+    down is dead, and is paged. It used to stay held until its flips aged out of the window (up
+    to an hour by default) with nothing sent after the FLAPPING message."""
+    clock = FakeClock(T0)
+    flap = checks_of("f", period_seconds=10, grace_seconds=0, flap_threshold=2, flap_window_seconds=3600)
+    wd = Watchdog(config(tmp_path, receiver, flap), clock=clock.now)
+    for _ in range(3):  # down and up three times: the third is held as flapping
+        beat(tmp_path, "f", clock.now())
+        wd.run_once()
+        clock.advance(20)
+        wd.run_once()
+        clock.advance(1)
+    assert [m["onceflow"]["kind"] for m in receiver.webhooks()][-1] == "flapping"
+    last_beat = clock.now() - 21
+    for _ in range(4):  # no beat any more: it died
+        clock.advance(5)
+        wd.run_once()
+    final = receiver.webhooks()[-1]["onceflow"]
+    assert (final["kind"], final["state"]) == ("down", "down")
+    # Down at last beat + 10 s, first seen by the pass 20 s after the beat, held until 10 s
+    # past down, paged by the first pass after that.
+    assert final["queued_at"] <= last_beat + 20 + 10 + 5
+
+
+def test_a_stuck_pass_reported_before_a_restart_recovers_at_the_next_processes_first_pass(
+    tmp_path: Path, receiver: AlertReceiver
+) -> None:
+    """The monitor pages watchdog.blind.pass, then the process re-executes itself (or is killed):
+    its monitor never sees the pass end. The next process clears it after its first pass; before,
+    nothing did, so status said blind (exit 3) for ever and no RECOVERED was sent."""
+    import time
+
+    from onceflow.watchdog.runner import PassMonitor
+
+    clock = FakeClock(T0)
+    beat(tmp_path, "a", T0)
+    wd = Watchdog(config(tmp_path, receiver, checks_of("a")), clock=clock.now)
+    wd.run_once()
+    wd.pass_started = time.monotonic() - 1000  # a pass stuck for 1,000 s
+    PassMonitor(wd).check()
+    assert list(collect(wd)["blind"]) == ["watchdog.blind.pass"]
+    again = Watchdog(config(tmp_path, receiver, checks_of("a")), clock=clock.now)  # same state file
+    assert exit_code(collect(again)) == 3
+    again.run_once()
+    assert collect(again)["blind"] == {} and exit_code(collect(again)) == 0
+    kinds = [(m["onceflow"]["check"], m["onceflow"]["kind"]) for m in receiver.webhooks()]
+    assert kinds == [("watchdog.blind.pass", "down"), ("watchdog.blind.pass", "recovery")]
+
+
+def test_health_judges_the_loops_age_by_the_monotonic_clock(tmp_path: Path, receiver: AlertReceiver) -> None:
+    """The host clock stepping an hour ahead (NTP, a resumed VM) is not a stale loop."""
+    from onceflow.watchdog.status import health
+
+    clock = FakeClock(T0)
+    beat(tmp_path, "a", T0)
+    wd = Watchdog(config(tmp_path, receiver, checks_of("a")), clock=clock.now)
+    wd.run_once()
+    clock.advance(3600)
+    assert health(wd) == (True, "ok")

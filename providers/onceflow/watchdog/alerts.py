@@ -13,19 +13,27 @@ Delivery promises, per check and channel:
   up", instead of both (the queued, unleased down row is marked ``superseded`` in the recovery's
   transaction).
 * **At most once without a crash.** :meth:`Outbox.deliver` leases one row (or one group) at a
-  time, reading the clock when that send starts, under a fresh lease token; every send has a total
+  time under a fresh lease token, and renews the leases with the clock read as the send starts
+  (leasing a group's rows one by one takes time on a slow store); every send has a total
   deadline (``send_timeout_seconds``, webhook and SMTP alike) shorter than the lease; "mark sent"
   is ``UPDATE ... WHERE lease_owner = <token>``, so a replica whose lease was taken over cannot
   mark, and a lease cannot expire while its send is still running.
 * **At least once.** A failure reschedules with exponential backoff; after ``max_attempts`` a
-  CRITICAL log line says the alert is stuck, and delivery goes on at the longest backoff.
+  CRITICAL log line says the alert is stuck, and delivery goes on at the longest backoff. After a
+  failed send, the rest of that channel waits for the next pass: a receiver that hangs costs a
+  pass one deadline, not one per queued alert.
 
 The one window for a repeat: the receiver accepted, then the watchdog died (or its store hung past
-the lease) before "mark sent" committed. Webhooks carry the key in ``Idempotency-Key`` and the
-payload (e-mails in ``Message-ID``) so a receiver can drop that repeat.
+the lease) before "mark sent" committed, or the receiver took the message after the send's
+deadline. Webhooks carry the key in ``Idempotency-Key`` and the payload (e-mails in
+``Message-ID``) so a receiver can drop that repeat: a row is always resent under the key of its
+first try (a group's rows as that group, see below).
 
 **Grouping**: down alerts of one channel that are due together (queued in one pass, or within
-``group_wait_seconds``) go out as one message listing them, up to ``group_max``.
+``group_wait_seconds``) go out as one message listing them, up to ``group_max``, under the first
+member's key plus ``+<n>``. Only rows never tried form a group; the group's key and members are
+written into their rows as its send starts, and a retry sends the members still queued, all
+leased together or not at all, under that key.
 
 **Untrusted text**: reasons and evidence carry values from outside (a sheet cell, an HTTP answer).
 Each channel's text neutralises them (:func:`neutralise`): newlines and control characters
@@ -263,44 +271,57 @@ class Outbox:
 
     # -- delivery ----------------------------------------------------------------------------
 
-    def deliver(self, engine: Engine, clock: Callable[[], float] | float) -> int:
+    def deliver(
+        self, engine: Engine, clock: Callable[[], float] | float, *, failed_channels: set[str] | None = None
+    ) -> int:
         """Send every due row, one lease at a time; return how many rows were accepted.
 
         Never raises for a receiver's failure (a store's failure does raise: the caller turns it
         into blindness). ``clock`` is read when each send starts.
+
+        :param failed_channels: channels to leave alone, and where a failed send adds its channel:
+            after one failure the rest of that channel waits for the next pass, so a receiver
+            that hangs costs a pass one send deadline, not one per queued alert (a pass shares the
+            set between the ledger's outbox and the local one).
         """
         now_fn: Callable[[], float] = clock if callable(clock) else (lambda: float(clock))
+        failed = set() if failed_channels is None else failed_channels
         tried: set[int] = set()
         sent = 0
         while True:
             now = now_fn()
-            ids = [i for i in self._due(engine, now) if i not in tried]
-            if not ids:
+            due = [r for r in self._due(engine, now) if r.id not in tried and r.channel not in failed]
+            if not due:
                 return sent
             token = f"{self.owner}#{uuid.uuid4().hex[:12]}"
-            first = self._lease(engine, ids[0], token, now)
-            tried.add(ids[0])
-            if first is None:
+            ids = self._take(engine, due, token, now)
+            tried.update(ids or [due[0].id])
+            if not ids:
                 continue  # another replica is sending it
-            group = [first]
-            if first["kind"] == "down" and self.config.group_max > 1:
-                for other in self._group_candidates(engine, first, now):
-                    if len(group) >= self.config.group_max:
-                        break
-                    row = self._lease(engine, other, token, now)
-                    tried.add(other)
-                    if row is not None:
-                        group.append(row)
-            sent += self._send_group(engine, group, token, now_fn)
+            started = self._start_send(engine, ids, token, now_fn())
+            if started is None:
+                continue  # the leases ran out while they were being taken (a slow store)
+            rows, key = started
+            if self._send_group(engine, rows, key, token, now_fn):
+                sent += len(rows)
+            else:
+                failed.add(rows[0]["channel"])
 
-    def _due(self, engine: Engine, now: float) -> list[int]:
+    def _due(self, engine: Engine, now: float) -> list[Any]:
         """Queued rows that may be sent now, oldest first: due, not leased, and with no earlier
         queued row of the same check and channel (that one goes first, whatever its backoff)."""
         c = alerts.c
         with engine.connect() as conn:
             rows = conn.execute(
                 sa.select(
-                    c.id, c.check_name, c.channel, c.kind, c.created_at, c.next_attempt_at, c.lease_until
+                    c.id,
+                    c.check_name,
+                    c.channel,
+                    c.kind,
+                    c.attempts,
+                    c.created_at,
+                    c.next_attempt_at,
+                    c.lease_until,
                 )
                 .where(c.state == QUEUED)
                 .order_by(c.id)
@@ -316,87 +337,153 @@ class Outbox:
             leased = r.lease_until is not None and r.lease_until >= now
             waiting = r.kind == "down" and r.created_at + wait > now
             if r.next_attempt_at <= now and not leased and not waiting:
-                due.append(r.id)
+                due.append(r)
         return due
 
-    def _group_candidates(self, engine: Engine, first: dict[str, Any], now: float) -> list[int]:
-        return [i for i in self._due(engine, now) if i != first["id"] and self._same_group(engine, i, first)]
+    def _take(self, engine: Engine, due: list[Any], token: str, now: float) -> list[int]:
+        """Lease the first due row and what goes with it; return the ids leased under ``token``.
 
-    @staticmethod
-    def _same_group(engine: Engine, alert_id: int, first: dict[str, Any]) -> bool:
-        with engine.connect() as conn:
-            row = conn.execute(
-                sa.select(alerts.c.kind, alerts.c.channel).where(alerts.c.id == alert_id)
-            ).one()
-        return bool(row.kind == "down" and row.channel == first["channel"])
-
-    def _lease(self, engine: Engine, alert_id: int, token: str, now: float) -> dict[str, Any] | None:
-        hold = self.config.send_timeout + LEASE_MARGIN_SECONDS
-        with engine.begin() as conn:
-            result = conn.execute(
-                alerts.update()
-                .where(
-                    alerts.c.id == alert_id,
-                    alerts.c.state == QUEUED,
-                    sa.or_(alerts.c.lease_until.is_(None), alerts.c.lease_until < now),
+        A row whose send was started before keeps the company it had: alone, or the group its
+        payload names (all of that group's rows still queued, or none), so a repeat carries the
+        first try's Idempotency-Key. Rows never tried join a new group (down alerts, one channel).
+        """
+        first = due[0]
+        if first.attempts:
+            with engine.connect() as conn:
+                payload = json.loads(
+                    conn.execute(sa.select(alerts.c.payload).where(alerts.c.id == first.id)).scalar_one()
                 )
-                .values(lease_owner=token, lease_until=now + hold)
+            if "group" in payload:
+                return self._lease_all(engine, payload["group"]["ids"], token, now)
+        if self._lease(engine, first.id, token, now) is None:
+            return []
+        ids = [first.id]
+        if first.kind == "down" and not first.attempts and self.config.group_max > 1:
+            for r in due[1:]:
+                if len(ids) >= self.config.group_max:
+                    break
+                fresh = r.kind == "down" and r.channel == first.channel and not r.attempts
+                if fresh and self._lease(engine, r.id, token, now) is not None:
+                    ids.append(r.id)
+        return ids
+
+    def _lease(self, engine: Engine, alert_id: int, token: str, now: float) -> int | None:
+        with engine.begin() as conn:
+            return self._lease_where(conn, alerts.c.id == alert_id, token, now) or None
+
+    def _lease_all(self, engine: Engine, ids: list[int], token: str, now: float) -> list[int]:
+        """Lease every still-queued row of ``ids`` in one transaction, or none of them."""
+        with engine.connect() as conn, conn.begin() as tx:
+            leased = self._lease_where(conn, alerts.c.id.in_(ids), token, now)
+            queued = conn.execute(
+                sa.select(alerts.c.id).where(alerts.c.id.in_(ids), alerts.c.state == QUEUED)
+            ).scalars()
+            queued_ids = sorted(queued)
+            if leased != len(queued_ids):  # another replica holds some of them: its send goes on
+                tx.rollback()
+                return []
+        return queued_ids
+
+    def _lease_where(self, conn: Connection, which: Any, token: str, now: float) -> int:
+        hold = self.config.send_timeout + LEASE_MARGIN_SECONDS
+        free = sa.or_(alerts.c.lease_until.is_(None), alerts.c.lease_until < now)
+        result = conn.execute(
+            alerts.update()
+            .where(which, alerts.c.state == QUEUED, free)
+            .values(lease_owner=token, lease_until=now + hold)
+        )
+        return int(result.rowcount)
+
+    def _start_send(
+        self, engine: Engine, ids: list[int], token: str, now: float
+    ) -> tuple[list[dict[str, Any]], str] | None:
+        """Renew the leases with the clock read as the send starts (taking a group's leases took
+        time), count the attempt, and fix a new group's key in its rows; return the rows still
+        held and the Idempotency-Key, or ``None`` if none is held any more."""
+        hold = self.config.send_timeout + LEASE_MARGIN_SECONDS
+        mine = (alerts.c.id.in_(ids), alerts.c.lease_owner == token, alerts.c.state == QUEUED)
+        with engine.begin() as conn:
+            conn.execute(
+                alerts.update().where(*mine).values(lease_until=now + hold, attempts=alerts.c.attempts + 1)
             )
-            if result.rowcount != 1:
+            rows = [
+                dict(r._mapping) for r in conn.execute(sa.select(alerts).where(*mine).order_by(alerts.c.id))
+            ]
+            if not rows:
                 return None
-            return dict(conn.execute(sa.select(alerts).where(alerts.c.id == alert_id)).one()._mapping)
+            payloads = [json.loads(r["payload"]) for r in rows]
+            pinned = payloads[0].get("group")
+            if pinned is None and len(rows) == 1:
+                return rows, rows[0]["dedup_key"]
+            key = pinned["key"] if pinned else f"{rows[0]['dedup_key']}+{len(rows) - 1}"
+            for row, payload in zip(rows, payloads, strict=True):
+                if "group" not in payload:
+                    payload["group"] = {"key": key, "ids": [r["id"] for r in rows]}
+                    row["payload"] = json.dumps(payload, default=str)
+                    conn.execute(
+                        alerts.update().where(alerts.c.id == row["id"]).values(payload=row["payload"])
+                    )
+        return rows, key
 
     def _send_group(
-        self, engine: Engine, group: list[dict[str, Any]], token: str, now_fn: Callable[[], float]
-    ) -> int:
+        self, engine: Engine, group: list[dict[str, Any]], key: str, token: str, now_fn: Callable[[], float]
+    ) -> bool:
+        """Send the rows as one message under ``key``; mark them sent (or failed) under ``token``."""
         payloads = [json.loads(r["payload"]) for r in group]
-        payload = payloads[0] if len(group) == 1 else render_group(payloads)
-        key = group[0]["dedup_key"] if len(group) == 1 else f"{group[0]['dedup_key']}+{len(group) - 1}"
+        single = len(group) == 1 and key == group[0]["dedup_key"]
+        payload = payloads[0] if single else render_group(payloads)
+        payload.pop("group", None)
         try:
             self._send(group[0]["channel"], key, payload)
         except Exception as exc:  # a receiver's failure must never stop the watchdog
-            for row in group:
-                self._failed(engine, row, token, exc, now_fn())
-            return 0
+            self._failed(engine, group, token, exc, now_fn())
+            return False
         done = now_fn()
-        marked = 0
         with engine.begin() as conn:
-            for row in group:
-                marked += conn.execute(
-                    alerts.update()
-                    .where(alerts.c.id == row["id"], alerts.c.lease_owner == token, alerts.c.state == QUEUED)
-                    .values(state=SENT, sent_at=done, attempts=row["attempts"] + 1, lease_until=None)
-                ).rowcount
+            marked = conn.execute(
+                alerts.update()
+                .where(
+                    alerts.c.id.in_([r["id"] for r in group]),
+                    alerts.c.lease_owner == token,
+                    alerts.c.state == QUEUED,
+                )
+                .values(state=SENT, sent_at=done, lease_until=None)
+            ).rowcount
         if marked != len(group):
             log.error("alert %s sent, but its lease was taken over before it was marked sent", key)
-        log.info("alert %s sent (attempt %d)", key, group[0]["attempts"] + 1)
-        return len(group)
+        log.info("alert %s sent (attempt %d)", key, group[0]["attempts"])
+        return True
 
-    def _failed(self, engine: Engine, row: dict[str, Any], token: str, exc: Exception, now: float) -> None:
-        attempts = row["attempts"] + 1
+    def _failed(
+        self, engine: Engine, group: list[dict[str, Any]], token: str, exc: Exception, now: float
+    ) -> None:
+        attempts = group[0]["attempts"]  # sends started, this one included
         delay = min(self.config.backoff_seconds * 2 ** (attempts - 1), self.config.backoff_max_seconds)
         error = redact_text(repr(exc))
         with engine.begin() as conn:
             conn.execute(
                 alerts.update()
-                .where(alerts.c.id == row["id"], alerts.c.lease_owner == token)
-                .values(
-                    attempts=attempts, next_attempt_at=now + delay, lease_until=None, last_error=error[:2000]
+                .where(alerts.c.id.in_([r["id"] for r in group]), alerts.c.lease_owner == token)
+                .values(next_attempt_at=now + delay, lease_until=None, last_error=error[:2000])
+            )
+        for row in group:
+            if attempts >= self.config.max_attempts:
+                log.critical(
+                    "ALERT NOT DELIVERED: %s failed %d times (last: %s); retrying every %.0f s. Message: %s",
+                    row["dedup_key"],
+                    attempts,
+                    error,
+                    delay,
+                    redact_text(json.loads(row["payload"])["text"]),
                 )
-            )
-        if attempts >= self.config.max_attempts:
-            log.critical(
-                "ALERT NOT DELIVERED: %s failed %d times (last: %s); retrying every %.0f s. Message: %s",
-                row["dedup_key"],
-                attempts,
-                error,
-                delay,
-                redact_text(json.loads(row["payload"])["text"]),
-            )
-        else:
-            log.warning(
-                "alert %s: attempt %d failed (%s); next in %.0f s", row["dedup_key"], attempts, error, delay
-            )
+            else:
+                log.warning(
+                    "alert %s: attempt %d failed (%s); next in %.0f s",
+                    row["dedup_key"],
+                    attempts,
+                    error,
+                    delay,
+                )
 
     def _send(self, channel: str, key: str, payload: dict[str, Any]) -> None:
         if channel == WEBHOOK:
@@ -438,13 +525,13 @@ class Outbox:
             except (OSError, smtplib.SMTPException) as exc:
                 if watch.expired.is_set():
                     raise DeliveryError(
-                        f"SMTP {redact_url(self.config.smtp_url)}: not done within {timeout:.0f} s"
+                        f"SMTP {redact_url(self.config.smtp_url)}: not done within {timeout:g} s"
                     ) from exc
                 raise DeliveryError(
                     f"SMTP {redact_url(self.config.smtp_url)}: {redact_text(str(exc))}"
                 ) from exc
         if watch.expired.is_set():
-            raise DeliveryError(f"SMTP {redact_url(self.config.smtp_url)}: not done within {timeout:.0f} s")
+            raise DeliveryError(f"SMTP {redact_url(self.config.smtp_url)}: not done within {timeout:g} s")
         if refused:
             log.critical("alert %s: the SMTP server refused recipients %s", key, refused)
 
@@ -521,10 +608,10 @@ def http_request(
             status = int(response.status)
         except (OSError, http.client.HTTPException) as exc:
             if watch.expired.is_set():
-                raise DeliveryError(f"{shown}: no complete answer within {timeout:.0f} s") from exc
+                raise DeliveryError(f"{shown}: no complete answer within {timeout:g} s") from exc
             raise DeliveryError(f"{shown} unreachable: {redact_text(str(exc))}") from exc
         finally:
             conn.close()
     if watch.expired.is_set():  # the shutdown ended the answer early: it was not given in time
-        raise DeliveryError(f"{shown}: no complete answer within {timeout:.0f} s")
+        raise DeliveryError(f"{shown}: no complete answer within {timeout:g} s")
     return status, data

@@ -251,7 +251,10 @@ def _plan(
 
     A flapping check's new incident is recorded unalerted and announced once as ``flapping``
     (the caller turns this step's ``down`` into it); while it keeps flapping nothing more is
-    paged; when the flips age out of the window and it is still down, the down alert goes out.
+    paged. Damping holds a down for at most ``period + grace`` past its ``since``: a check still
+    down then has stopped flapping and is dead, and its down alert goes out (as it does when the
+    flips age out of the window first). Holding it for the window would leave a check that died
+    minutes after a flapping spell unpaged for up to the whole window.
     """
     silenced = check.silenced_at(now) is not None
     if target == DOWN:
@@ -269,7 +272,8 @@ def _plan(
                 },
                 None if silenced else "down",
             )
-        if silenced or (flapping and not current.alerted):
+        held = flapping and not current.alerted and now < current.since + check.period + check.grace
+        if silenced or held:
             return None, None
         if not current.alerted:  # the silence ended with the check still down: page now
             return {"alerted": True, "last_alert_at": now}, "down"

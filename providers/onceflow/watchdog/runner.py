@@ -104,6 +104,8 @@ class Watchdog:
         self.pass_started: float | None = None
         self.pass_phase = "idle"
         self.last_pass: dict[str, Any] = {}
+        #: When the last finished pass started (monotonic: /health's age survives clock steps).
+        self.last_pass_monotonic: float | None = None
         self._local_lock = threading.Lock()
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.local, scope = open_state_file(config.state_dir / LOCAL_DB)
@@ -139,13 +141,11 @@ class Watchdog:
         return self._warehouse
 
     def _database_now(self) -> float:
-        try:
-            if self._db_clock is None:
-                self._db_clock = DatabaseClock(self.ledger)
-            return self._db_clock.now()
-        except Exception as exc:  # blind: the runner reports it; judge locally meanwhile
-            log.warning("ledger clock unreadable (%s); using this host's clock", _short(exc))
-            return time.time()
+        # No fallback to this host's clock: a pass (or a lease) on a skewed host clock would judge
+        # fresh beats dead, or write leases already expired; unreadable, the pass is blind.
+        if self._db_clock is None:
+            self._db_clock = DatabaseClock(self.ledger)
+        return self._db_clock.now()
 
     # -- one pass ----------------------------------------------------------------------------
 
@@ -156,6 +156,7 @@ class Watchdog:
             result = self._pass(only_due=only_due)
         finally:
             elapsed = time.monotonic() - (self.pass_started or time.monotonic())
+            self.last_pass_monotonic = self.pass_started
             self.pass_started, self.pass_phase = None, "idle"
         self.last_pass = {
             "started_at": started_at,
@@ -170,10 +171,11 @@ class Watchdog:
         return result
 
     def _pass(self, *, only_due: bool) -> PassResult:
-        self.pass_phase = "reading the ledger clock"
-        now = self.clock()
         result = PassResult()
+        now = self.local_clock()
         try:
+            self.pass_phase = "reading the ledger clock"
+            now = self.clock()
             self.pass_phase = "probing the ledger"
             ledger: Engine | None = self.ledger
             with ledger.connect() as conn:  # type: ignore[union-attr]
@@ -181,6 +183,7 @@ class Watchdog:
         except Exception as exc:
             ledger = None
             self._blind("ledger", f"ledger database unreachable: {_short(exc)}", now, result)
+        failed_channels: set[str] = set()  # a channel that failed once waits for the next pass
         if ledger is not None:
             for check in self.config.checks:
                 # Ledger/warehouse reads are cheap: judged every pass, so an alert comes within
@@ -205,21 +208,24 @@ class Watchdog:
                 result.states[check.name] = stored.state
             self.pass_phase = "delivering alerts"
             try:
-                self.outbox.deliver(ledger, self.clock)
+                self.outbox.deliver(ledger, self.clock, failed_channels=failed_channels)
             except Exception as exc:
                 self._blind("ledger", f"alert outbox unreachable: {_short(exc)}", now, result)
             if "ledger" not in result.blind:
                 # Only a whole pass clears it: a ledger that answers SELECT 1 but refuses writes
                 # (read-only standby, full disk) would otherwise flip late -> up every pass, never down.
                 self._clear_blind("ledger", now)
+        # This pass got here: a stuck pass reported by the monitor of an earlier process (it
+        # re-executed itself, or was restarted) is over; that monitor never saw it end.
+        self._clear_blind("pass", self.local_clock())
         self.pass_phase = "delivering blindness alerts"
-        self.deliver_local()
+        self.deliver_local(failed_channels)
         return result
 
-    def deliver_local(self) -> None:
+    def deliver_local(self, failed_channels: set[str] | None = None) -> None:
         """Deliver this replica's own (blindness) alerts; the monitor thread calls it too."""
         with self._local_lock:
-            self.local_outbox.deliver(self.local, self.local_clock)
+            self.local_outbox.deliver(self.local, self.local_clock, failed_channels=failed_channels)
 
     def _evaluate(self, check: CheckConfig, ledger: Engine, now: float) -> Verdict:
         if check.kind == "heartbeat":

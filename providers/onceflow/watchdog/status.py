@@ -115,7 +115,8 @@ def health(wd: Watchdog) -> tuple[bool, str]:
         return False, "no pass finished yet"
     if wd.last_pass["blind"]:
         return False, f"blind: {', '.join(sorted(wd.last_pass['blind']))}"
-    age = wd.local_clock() - wd.last_pass["started_at"]
+    # Monotonic: a step of the host clock neither fakes a stale loop nor hides one.
+    age = time.monotonic() - (wd.last_pass_monotonic or 0.0)
     if age > wd.config.loop_seconds + 2 * budget:
         return False, f"the last pass started {age:.0f} s ago"
     return True, "ok"

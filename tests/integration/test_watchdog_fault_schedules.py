@@ -3,7 +3,7 @@
 100 schedules here, thousands in ``make test-slow``; a failing one names its seed, and
 ``replay(seed, tmp_path)`` runs exactly that schedule again. Each schedule is real SQLite files, a
 real HTTP receiver and in-process replicas on one fake clock (see the module's docstring for the
-faults and the five promises).
+faults and the six promises).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from onceflow.testing.watchdog_faults import (
     generate,
     replay_many,
     run_schedule,
+    status_problems,
 )
 
 if TYPE_CHECKING:
@@ -79,3 +80,34 @@ def test_each_promise_check_can_fail(tmp_path: Path) -> None:
     # nothing paged for a long silence
     silent = [(base.schedule.checks[0], 0.0, 10_000.0)]
     assert any("no page" in p for p in broken(messages=[], silences=silent))
+    # a repeat of the crash window, but in a group under another key: no receiver can drop it
+    facts = {k: v for k, v in down.items() if k not in ("key", "t")}
+    regrouped = {"key": f"{down['key']}+1", "t": down["t"] + 1, "kind": "group", "alerts": [facts]}
+    assert any(
+        "under another Idempotency-Key" in p
+        for p in broken(messages=[*base.messages, regrouped], crashed_keys={down["key"]})
+    )
+    # a check's next incident arriving before the last word of the one before
+    later, recovery = next(
+        (b, a)
+        for a in base.messages
+        for b in base.messages
+        if a["kind"] == "recovery"
+        and b["check"] == a["check"] == base.schedule.checks[1]
+        and b["incident"] > a["incident"]
+    )
+    swapped = [m for m in base.messages if m["key"] != recovery["key"]]
+    swapped.insert(swapped.index(later) + 1, recovery)
+    assert any(f"{recovery['key']} arrived after {later['key']}" in p for p in broken(messages=swapped))
+    # a blindness incident left DOWN
+    blind = {"key": "watchdog.blind.ledger/0123456789ab.1/down/webhook", "t": 5.0}
+    blind |= {"check": "watchdog.blind.ledger", "kind": "down", "incident": 1, "state": "down"}
+    assert any("last message is down" in p for p in broken(messages=[*base.messages, blind]))
+    # a settled replica's status still blind, or a check's last beat another DAG's
+    report = {"ledger": {"readable": True}, "blind": {"watchdog.blind.pass": {}}, "checks": {}}
+    report["checks"] = {"c0": {"last_beat": 20.0}}
+    problems = status_problems(report, (True, "ok"), {"c0": 10.0, "c1": 20.0})
+    assert any("still blind" in p for p in problems) and any("not its DAG's newest" in p for p in problems)
+    assert any(
+        "/health" in p for p in status_problems({**report, "blind": {}}, (False, "stuck"), {"c0": 20.0})
+    )

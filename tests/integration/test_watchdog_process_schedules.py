@@ -41,6 +41,7 @@ def test_schedules_are_seeded_and_cover_every_fault() -> None:
         "receiver_slow",
         "receiver_refuse",
         "receiver_down",
+        "receiver_hang",
     } <= kinds
     assert {generate(s).profile for s in range(24)} == {"burst", "mixed", "order"}
 

@@ -31,6 +31,7 @@ import contextlib
 import hmac
 import json
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -299,6 +300,17 @@ class AlertReceiverProcess(_Recorded):
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP: hung. The kernel still accepts connections and takes requests in; nothing
+        answers them until :meth:`resume`, which answers every one queued meanwhile."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGCONT)
 
     def control(self, path: str) -> None:
         """``POST /control/<path>`` (``down``, ``up``, ``delay?seconds=0.9``) with the token."""

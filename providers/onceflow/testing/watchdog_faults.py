@@ -20,13 +20,24 @@ outbox drain. :func:`check_promises` then checks, over what the receiver got:
 1. **paged in time**: every silence long enough to be an outage was paged (a DOWN, a FLAPPING, a
    group listing the check, or a blindness alert while the ledger was unreadable) within
    period + grace + two loops + the time the receiver or every replica was unavailable + the
-   longest backoff + one lease;
+   longest backoff + one lease (+ period + grace with flap damping on, the longest it holds a
+   down);
 2. **one key per message**: a check's incident never has two keys for one kind and channel;
-3. **no duplicate without a crash**: a key arrives twice only if a replica crashed while sending it
-   (or, replicas in threads, other replicas' slow requests ran its lease out: a pause mid-send);
+3. **no duplicate without a crash**: an alert (alone or in a group) arrives twice only if a
+   replica crashed while sending it, and then under the Idempotency-Key of its first copy;
 4. **the last word is right**: the last message of an incident that was paged is RECOVERED,
-   unless it is the check's current incident and the check is still down;
-5. **in order**: no RECOVERED before its incident's DOWN.
+   unless it is the check's current incident and the check is still down (blindness incidents,
+   one replica's each, are all over after the settling);
+5. **in order**: per check and channel, each alert's first copy after every earlier one's
+   (incidents in turn; DOWN, reminders, RECOVERED): no RECOVERED before its DOWN;
+6. **the status API agrees**: after the settling each replica's ``collect`` and ``health`` say
+   the ledger is readable, nothing is blind, the replica is healthy, and each heartbeat
+   check's last beat is its own DAG's newest.
+
+Besides the random faults, a schedule with 2-3 replicas run one after another and 3-4 checks ends
+with an adversary: every check down, then back at once to a receiver taking 4 s a message, and
+another replica passing inside the third send, when a lease taken with the pass's first clock
+read would have run out (``overlap``; defect 3 of issue 28 is found that way).
 
 A violation names the seed; :func:`replay` re-runs one seed. What this does not exercise (real
 processes, SIGKILL and SIGSTOP, a hung PostgreSQL, a replica finding a lease that ran out under
@@ -80,6 +91,7 @@ EVENT_KINDS = (
     "receiver_refuse",  # 503
     "receiver_down",  # connection refused
     "receiver_up",
+    "overlap",  # another replica passes inside the next send begun a lease's length into a pass
 )
 
 
@@ -95,8 +107,6 @@ class Timing:
     #: Added to the paging bound: real processes' start-up and scheduling under load, a slow
     #: receiver's queue (0 on the fake clock).
     extra: float = 0.0
-    #: How long before a flapping check's FLAPPING message counts as its page (the flap window).
-    flap_window: float = 600.0
 
 
 class _Crash(BaseException):
@@ -136,7 +146,7 @@ def generate(seed: int, *, max_checks: int = 4, max_replicas: int = 3, duration:
         if t >= duration:
             break
         kind = rng.choices(
-            EVENT_KINDS,
+            EVENT_KINDS[:-1],
             weights=(6, 5, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 2),
         )[0]
         arg: Any = None
@@ -150,15 +160,32 @@ def generate(seed: int, *, max_checks: int = 4, max_replicas: int = 3, duration:
         if kind in ("ledger_down", "ledger_readonly"):
             # A store outage lasts a while, then ends (a schedule may also end during one).
             events.append(Event(round(t + rng.uniform(10, 120), 1), "ledger_up"))
+    flap_threshold, group_max, concurrent = rng.choice((0, 0, 3)), rng.choice((1, 50)), rng.random() < 0.5
+    if replicas > 1 and not concurrent and len(checks) >= 3:
+        # Appended after the random part (which stays the seed's as before): everything healthy,
+        # every check down, then back at once to a receiver taking 4 s a message (recoveries go
+        # one by one); another replica passes inside the third send, when a lease taken with the
+        # pass's first clock read has run out.
+        at = duration
+        events += [
+            Event(at, "ledger_up"),
+            Event(at, "receiver_up"),
+            *(Event(at, kind, r) for r in range(replicas) for kind in ("unstall", "restart")),
+            Event(at, "silence", list(checks)),
+            Event(at + 100, "receiver_slow", 4.0),
+            Event(at + 100, "overlap"),
+            Event(at + 100, "resume", list(checks)),
+        ]
+        duration += 130
     return Schedule(
         seed=seed,
         checks=checks,
         replicas=replicas,
         duration=duration,
         events=tuple(sorted(events, key=lambda e: e.at)),
-        flap_threshold=rng.choice((0, 0, 3)),
-        group_max=rng.choice((1, 50)),
-        concurrent=rng.random() < 0.5,
+        flap_threshold=flap_threshold,
+        group_max=group_max,
+        concurrent=concurrent,
     )
 
 
@@ -173,6 +200,8 @@ class Outcome:
     ledger_out: list[tuple[float, float]]
     log: list[str] = field(default_factory=list)
     timing: Timing = field(default_factory=Timing)
+    #: What each replica's status API said after the settling that it should not have.
+    status_problems: list[str] = field(default_factory=list)
 
 
 class _Run:
@@ -185,15 +214,15 @@ class _Run:
         self.receipts: list[tuple[float, str]] = []
         self.receipt_lock = threading.Lock()
         self.slow = 0.0
-        self.sender_of: dict[str, int] = {}  # idempotency key -> thread that sent it
-        self.advanced: dict[object, float] = {}  # thread (or "all") -> fake seconds its receipts added
-        self.sending = threading.local()  # a replica thread's last clock read and current lease
         self.receiver.on_accept(self._accepted)
         self.ledger_url = f"sqlite:///{workdir / 'ledger.db'}"
         self.world = sa.create_engine(self.ledger_url)
         ensure_schema(self.world)
         self.stalled: set[int] = set()
         self.crash_next: set[int] = set()
+        self.overlap = False  # another replica is to pass inside a late send
+        self.pass_began: dict[int, float] = {}
+        self.running: set[int] = set()
         self.crashed_keys: set[str] = set()
         self.silent: dict[str, float] = {}  # check -> when its silence began (its last beat)
         self.silences: list[tuple[str, float, float]] = []
@@ -206,29 +235,16 @@ class _Run:
         self.receiver_out_since: float | None = None
         self.beat_seq = 0
         self.log: list[str] = []
+        self.status_problems: list[str] = []
         self.replicas: list[Watchdog | None] = [self._start(i) for i in range(schedule.replicas)]
 
     # -- parts ---------------------------------------------------------------------------
 
     def _accepted(self, headers: dict[str, str]) -> None:
-        key = headers.get("Idempotency-Key", "")
+        if self.slow:
+            self.clock.advance(self.slow)
         with self.receipt_lock:
-            if self.slow:
-                self.clock.advance(self.slow)
-                sender = self.sender_of.get(key)
-                self.advanced["all"] = self.advanced.get("all", 0.0) + self.slow
-                self.advanced[sender] = self.advanced.get(sender, 0.0) + self.slow
-            self.receipts.append((self.clock.now() - T0, key))
-
-    def _advanced(self) -> tuple[float, float]:
-        """Fake seconds the slow receiver has added: in all, and for this thread's requests."""
-        with self.receipt_lock:
-            return self.advanced.get("all", 0.0), self.advanced.get(threading.get_ident(), 0.0)
-
-    def _read_clock(self) -> float:
-        """A replica's clock: also notes what the receiver had added when the replica read it."""
-        self.sending.read_mark = self._advanced()
-        return self.clock.now()
+            self.receipts.append((self.clock.now() - T0, headers.get("Idempotency-Key", "")))
 
     def config(self, i: int) -> WatchdogConfig:
         checks = {
@@ -262,43 +278,21 @@ class _Run:
         )
 
     def _start(self, i: int) -> Watchdog:
-        wd = Watchdog(self.config(i), clock=self._read_clock)
+        wd = Watchdog(self.config(i), clock=self.clock.now)
         run = self
 
         for outbox in (wd.outbox, wd.local_outbox):
             original = outbox._send
 
-            def lease(*args: Any, _orig: Any = outbox._lease) -> dict[str, Any] | None:
-                row = _orig(*args)
-                if row is not None and getattr(run.sending, "lease", None) is None:
-                    run.sending.lease = (row["lease_until"], getattr(run.sending, "read_mark", (0.0, 0.0)))
-                return row
-
             def send(channel: str, key: str, payload: dict[str, Any], _orig: Any = original) -> None:
-                held, run.sending.lease = getattr(run.sending, "lease", None), None
-                with run.receipt_lock:
-                    run.sender_of[key] = threading.get_ident()
+                run._overlap(i, key)
                 _orig(channel, key, payload)
-                ids = payload["onceflow"].get("alert_ids") or [key]
-                if held is not None:
-                    lease_until, (all_then, mine_then) = held
-                    all_now, mine_now = run._advanced()
-                    others = (all_now - all_then) - (mine_now - mine_then)
-                    if run.clock.now() > lease_until >= run.clock.now() - others:
-                        # Replicas in threads: other replicas' slow requests, served while this
-                        # one's clock read, lease and send waited for the GIL, moved the shared
-                        # fake clock past this lease. A real sender is not held up by others'
-                        # requests, so this is a pause mid-send, where at-least-once may resend:
-                        # excused like a crash. A lease run out by this replica's own sends
-                        # (defect 3: one clock read per burst) is not excused.
-                        run.crashed_keys.update([key, *ids])
-                        run.log.append(f"t={run.clock.now() - T0:.1f} r{i} {key}: lease outrun by others")
                 if i in run.crash_next:
                     run.crash_next.discard(i)
+                    ids = payload["onceflow"].get("alert_ids") or [key]
                     run.crashed_keys.update([key, *ids])
                     raise _Crash(f"r{i} killed after {key} was accepted")
 
-            outbox._lease = lease  # type: ignore[method-assign,assignment]
             outbox._send = send  # type: ignore[method-assign]
         self._apply_ledger(wd)
         return wd
@@ -372,6 +366,8 @@ class _Run:
                     self._apply_ledger(wd)
         elif e.kind == "receiver_slow":
             self.slow = e.arg
+        elif e.kind == "overlap":
+            self.overlap = True
         elif e.kind in ("receiver_refuse", "receiver_down", "receiver_up"):
             self._set_receiver(e.kind.removeprefix("receiver_"), t)
 
@@ -416,11 +412,30 @@ class _Run:
         wd = self.replicas[i]
         if wd is None:
             return
+        self.pass_began[i] = self.clock.now()
+        self.running.add(i)
         try:
             wd.run_once()
         except _Crash as crash:
             self.log.append(f"t={self.clock.now() - T0:.1f} {crash}")
             self.replicas[i] = None
+        finally:
+            self.running.discard(i)
+
+    def _overlap(self, i: int, key: str) -> None:
+        """Replica ``i`` starts sending ``key``: if an ``overlap`` is due and a lease's length has
+        passed since its pass began, another replica passes now, inside the send (a lease taken
+        with the pass's first clock read has run out; the one taken as the send starts holds)."""
+        if self.clock.now() - self.pass_began.get(i, float("inf")) < LEASE:
+            return
+        with self.receipt_lock:
+            others = [j for j, wd in enumerate(self.replicas) if wd is not None and j != i]
+            ready = [j for j in others if j not in self.running and j not in self.stalled]
+            if not (self.overlap and ready):
+                return
+            self.overlap = False
+        self.log.append(f"t={self.clock.now() - T0:.1f} r{ready[0]} passes inside r{i}'s send of {key}")
+        self._pass(ready[0])
 
     def run(self) -> Outcome:
         import logging
@@ -454,10 +469,31 @@ class _Run:
             if nobody_since is not None:
                 self.unavailable.append((nobody_since, end))
             self.settle(end)
+            self.status_problems = self.check_status()
         finally:
             self.receiver.stop()
             self.world.dispose()
         return self.outcome()
+
+    def check_status(self) -> list[str]:
+        """Each replica's status API after the settling: every source readable, nothing blind,
+        healthy, and each heartbeat check's last beat its own DAG's newest."""
+        from onceflow.watchdog.status import collect, health
+
+        with self.world.connect() as conn:
+            newest = dict(
+                conn.execute(
+                    sa.select(heartbeats.c.dag_id, sa.func.max(heartbeats.c.started_at)).group_by(
+                        heartbeats.c.dag_id
+                    )
+                ).all()
+            )
+        return [
+            f"r{i} {problem}"
+            for i, wd in enumerate(self.replicas)
+            if wd is not None
+            for problem in status_problems(collect(wd), health(wd), newest)
+        ]
 
     def settle(self, end: float) -> None:
         """Everything healthy, every replica back: the outbox drains, the checks end judged."""
@@ -468,6 +504,7 @@ class _Run:
         self.ledger_state = "up"
         self._set_receiver("up", end)
         self.crash_next.clear()
+        self.overlap = False
         self.stalled.clear()
         for i, wd in enumerate(self.replicas):
             if wd is None:
@@ -509,7 +546,34 @@ class _Run:
             self.unavailable,
             self.ledger_out,
             self.log,
+            status_problems=self.status_problems,
         )
+
+
+def status_problems(
+    report: dict[str, Any],
+    health: tuple[bool, str],
+    newest_beat: dict[str, float],
+    newest_after: dict[str, float] | None = None,
+) -> list[str]:
+    """What a settled replica's status (``collect``) and ``/health`` must not say: everything is
+    readable and no pass is stuck, so nothing is blind; a check's last beat is its DAG's newest
+    (read before the report, or between that and ``newest_after`` while beats go on)."""
+    after = newest_after or newest_beat
+    out = []
+    if not report["ledger"]["readable"]:
+        out.append(f"status: ledger unreadable after the settling: {report['ledger']['error']}")
+    if report["blind"]:
+        out.append(f"status: still blind after the settling: {sorted(report['blind'])}")
+    if not health[0]:
+        out.append(f"/health: {health[1]}")
+    for name, entry in report["checks"].items():
+        if "last_beat" not in entry:
+            continue
+        beat, low, high = entry["last_beat"], newest_beat.get(name), after.get(name)
+        if beat != low and (beat is None or low is None or high is None or not low <= beat <= high):
+            out.append(f"status: {name}'s last beat {beat} is not its DAG's newest {low}")
+    return out
 
 
 def run_schedule(schedule: Schedule, workdir: Path) -> Outcome:
@@ -519,54 +583,94 @@ def run_schedule(schedule: Schedule, workdir: Path) -> Outcome:
 
 
 def _members(m: dict[str, Any]) -> list[dict[str, Any]]:
-    """A message as the alerts it carries (a group carries several)."""
+    """A message as the alerts it carries (a group carries several), each with its own ``key`` (its
+    row's key) and the ``message_key`` (the Idempotency-Key) it came under."""
     if m.get("kind") == "group":
-        return [{**a, "key": a["alert_id"], "t": m["t"]} for a in m["alerts"]]
-    return [m]
+        return [
+            {**a, "key": a["alert_id"], "message_key": m["key"], "t": m["t"], "took": m.get("took")}
+            for a in m["alerts"]
+        ]
+    return [{**m, "message_key": m["key"]}]
+
+
+def copies_by_alert(messages: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each alert (a row's key) and every copy of it received, alone or in a group, in order."""
+    copies: dict[str, list[dict[str, Any]]] = {}
+    for m in messages:
+        for a in _members(m):
+            copies.setdefault(a["key"], []).append(a)
+    return copies
+
+
+def _incident_of(a: dict[str, Any]) -> str:
+    # A blindness incident is one replica's: its key carries the state file's id (``<id>.<n>``).
+    return a["key"].split("/")[1] if a["check"].startswith("watchdog.blind.") else str(a["incident"])
+
+
+#: Within one check and channel, the order the outbox queues an incident's messages in.
+_RANK = {"down": 0, "flapping": 0, "reminder": 1, "recovery": 2}
 
 
 def check_promises(o: Outcome) -> list[str]:
     """The violated promises (empty: all held); see the module docstring."""
     out: list[str] = []
     alerts = [a for m in o.messages for a in _members(m)]
-    # 3. duplicates only for keys a crash interrupted
-    counts: dict[str, int] = {}
-    for m in o.messages:
-        counts[m["key"]] = counts.get(m["key"], 0) + 1
-    for key, n in counts.items():
-        if n > 1 and key not in o.crashed_keys:
-            out.append(f"key {key} received {n} times without a crash while sending it")
+    # 3. an alert (alone or in a group) twice only if a crash interrupted its send, and then under
+    # the same Idempotency-Key: a receiver that drops repeated keys must be able to drop it.
+    copies = copies_by_alert(o.messages)
+    for key, cs in copies.items():
+        if len(cs) < 2:
+            continue
+        if key not in o.crashed_keys and not any(c["message_key"] in o.crashed_keys for c in cs):
+            out.append(f"key {key} received {len(cs)} times without a crash while sending it")
+        under = sorted({c["message_key"] for c in cs})
+        if len(under) > 1:
+            out.append(f"alert {key} came again under another Idempotency-Key: {under}")
     # 2. one key per (check, incident, kind, channel)
     keys: dict[tuple[str, str, str], set[str]] = {}
     for a in alerts:
         if a["kind"] == "reminder":
             continue
-        # A blindness incident is one replica's (its key carries the state file's id).
-        incident = a["key"].split("/")[1] if a["check"].startswith("watchdog.blind.") else str(a["incident"])
-        keys.setdefault((a["check"], incident, a["kind"]), set()).add(a["key"])
+        keys.setdefault((a["check"], _incident_of(a), a["kind"]), set()).add(a["key"])
     for (check, incident, kind), ks in keys.items():
         if len(ks) > 1:
             out.append(f"{check} incident {incident}: {len(ks)} keys for one {kind}: {sorted(ks)}")
-    # 4 and 5. order and the last word, per paged incident of a watched check
-    by_incident: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    # 5. in order: per check and channel, each alert's first copy after every earlier one
+    # (incidents in turn; DOWN, then reminders, then RECOVERED); repeats are judged by 3.
+    seen: set[str] = set()
+    latest: dict[tuple[str, str], tuple[int, int, str]] = {}
     for a in alerts:
-        by_incident.setdefault((a["check"], a["incident"]), []).append(a)
-    for (check, incident), items in by_incident.items():
-        if check.startswith("watchdog.blind."):
+        if a["key"] in seen or a["kind"] not in _RANK:
             continue
+        seen.add(a["key"])
+        scope, _, n = _incident_of(a).rpartition(".")
+        lane = (f"{a['check']}/{scope}", a["key"].rsplit("/", 1)[-1])
+        rank = (int(n), _RANK[a["kind"]], a["key"])
+        if lane in latest and rank[:2] < latest[lane][:2]:
+            out.append(f"{a['check']}: {a['key']} arrived after {latest[lane][2]}")
+        latest[lane] = max(latest.get(lane, rank), rank)
+    # 4 and 5. the last word and RECOVERED before DOWN, per paged incident (a blindness incident
+    # is one replica's; every source is readable again after the settling, so each is over)
+    by_incident: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for a in alerts:
+        by_incident.setdefault((a["check"], _incident_of(a)), []).append(a)
+    for (check, incident), items in by_incident.items():
         kinds = [a["kind"] for a in items]
         if "recovery" in kinds and "down" in kinds and kinds.index("recovery") < kinds.index("down"):
             out.append(f"{check} incident {incident}: RECOVERED before DOWN: {kinds}")
         final = o.final.get(check)
-        current = final is not None and final["incident"] == incident and final["state"] == "down"
+        current = final is not None and str(final["incident"]) == incident and final["state"] == "down"
         paged = any(k in ("down", "reminder") for k in kinds)
         if paged and not current and kinds[-1] != "recovery":
             out.append(f"{check} incident {incident} is over but its last message is {kinds[-1]}: {kinds}")
         if current and kinds[-1] == "recovery":
             out.append(f"{check} incident {incident} is down but its last message is RECOVERED")
+    out += o.status_problems
     # 1. every long enough silence paged in time
     tm = o.timing
     slack = 2 * tm.loop + tm.backoff_max + tm.lease + tm.extra
+    if o.schedule.flap_threshold > 0:
+        slack += tm.period + tm.grace  # flap damping holds a down at most that long
     for check, last, end in o.silences:
         due = last + tm.period + tm.grace
         waited = sum(max(0.0, min(b, end) - max(a, last)) for a, b in o.unavailable)
@@ -588,8 +692,6 @@ def _paged(o: Outcome, alerts: list[dict[str, Any]], check: str, last: float, de
             continue
         if a["check"] == check and a["kind"] in ("down", "reminder", "flapping") and t >= last:
             return True
-        if a["check"] == check and a["kind"] == "flapping" and t >= last - o.timing.flap_window:
-            return True  # held as flapping: announced once for the whole window
     # A check still down (paged) from an earlier silence needs no new page.
     for a in alerts:
         if a["check"] == check and a["kind"] == "down" and a.get("t") is not None and a["t"] < last:
@@ -605,12 +707,7 @@ def _paged(o: Outcome, alerts: list[dict[str, Any]], check: str, last: float, de
         a["check"].startswith("watchdog.blind.") and a["kind"] == "down" and (a.get("t") or 1e18) <= deadline
         for a in alerts
     )
-    if blind_paged and any(a0 <= deadline and b0 >= last for a0, b0 in o.ledger_out):
-        return True
-    # A flapping check's incidents are held until the flips age out of the window.
-    return o.schedule.flap_threshold > 0 and any(
-        a["check"] == check and a["kind"] == "flapping" for a in alerts
-    )
+    return blind_paged and any(a0 <= deadline and b0 >= last for a0, b0 in o.ledger_out)
 
 
 def replay(seed: int, workdir: Path, **generate_kwargs: Any) -> Outcome:

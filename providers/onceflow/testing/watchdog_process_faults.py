@@ -20,8 +20,11 @@ is real and runs on wall time, with periods of seconds:
   FreezableProxy`: **hung** (the proxy frozen: connections open, no byte moves, which only the
   pass monitor catches), **down** (every connection cut, new ones closed at once) or **read-only**
   (``default_transaction_read_only`` on the database and the watchdog's sessions ended);
-* the alert receiver is ``python -m onceflow.testing.alert_receiver`` as a process: **slow**
-  (``/control/delay``), **refusing** (503) or **down** (SIGKILLed, restarted on its port later);
+* the alert receiver is ``python -m onceflow.testing.alert_receiver`` as a process
+  (:class:`~onceflow.testing.alert_receiver.AlertReceiverProcess`): **slow**
+  (``/control/delay``), **refusing** (503), **down** (SIGKILLed, restarted on its port later) or
+  **hung** (SIGSTOPped: the kernel takes connections and requests in, nothing answers; at SIGCONT
+  it answers every one, their senders long gone; mixed schedules hang it as a DOWN is due);
 * this process writes the heartbeats (straight to PostgreSQL, not through the proxy) of every
   check that is not silenced.
 
@@ -34,15 +37,18 @@ it: defect 3 of issue 28, alerts sent twice without any crash when a burst was l
 clock read, needs exactly that).
 
 After the schedule everything is made healthy, every replica started, and the run waits until the
-shared outbox and every replica's own outbox are empty; the replicas get SIGTERM. What the
-receiver recorded (its JSONL file, times from its own clock) becomes an
+shared outbox and every replica's own outbox are empty; then each replica's ``/status`` and
+``/health`` (``[status] port``) must say all is readable, nothing blind, healthy, and each check's
+last beat its own; the replicas get SIGTERM. What the receiver recorded (its JSONL file, times from its own clock) becomes an
 :class:`~onceflow.testing.watchdog_faults.Outcome` and is checked by
 :func:`~onceflow.testing.watchdog_faults.check_promises`. Since a process is killed from outside,
-which keys were being sent when it died is not known exactly: a key received twice is excused as
-the crash window only if a replica was killed, stopped or re-executed itself (a pass stuck for three
-budgets, read from its log) (or, for the shared outbox, the ledger was out) between its first copy's send starting and its mark (``[t - delay - send timeout, t + 2 s]``),
-or a copy took the receiver within 0.5 s of the send timeout (its sender may have given up and
-retried: at-least-once). The paging bound gets :data:`START_ALLOWANCE` for processes
+which keys were being sent when it died is not known exactly: an alert received twice (alone or
+in groups) is excused as the crash window only if a replica was killed, stopped or re-executed
+itself (a pass stuck for three budgets, read from its log) (or, for the shared outbox, the ledger
+was out) between its first copy's send starting and its mark (``[t - delay - send timeout, t +
+2 s]``), or a copy took the receiver within 0.5 s of the send timeout, or was read within
+:data:`HANG_FLUSH` after a hang (its sender may have given up and retried: at-least-once). The
+repeat must still carry its first copy's Idempotency-Key. The paging bound gets :data:`START_ALLOWANCE` for processes
 starting and scheduling under load, and the slow receiver's queue.
 
 :func:`replay` names the seed in its failure; the same seed gives the same schedule (the timing of
@@ -60,6 +66,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,8 +75,16 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from onceflow.testing.alert_receiver import AlertReceiverProcess, read_records
+from onceflow.testing.ports import free_port
 from onceflow.testing.tcp_proxy import FreezableProxy
-from onceflow.testing.watchdog_faults import Event, Outcome, Timing, check_promises
+from onceflow.testing.watchdog_faults import (
+    Event,
+    Outcome,
+    Timing,
+    check_promises,
+    copies_by_alert,
+    status_problems,
+)
 from onceflow.watchdog.alerts import LEASE_MARGIN_SECONDS
 from onceflow.watchdog.schema import alerts, ensure_schema, heartbeats, incidents
 
@@ -93,6 +109,8 @@ STATEMENT_TIMEOUT = 2.0
 START_ALLOWANCE = 6.0
 #: From the receiver's acceptance to "mark sent" committed, under load.
 MARK_ALLOWANCE = 2.0
+#: After a stopped receiver goes on, how long it takes to read the requests queued meanwhile.
+HANG_FLUSH = 2.0
 SLOW = 0.9  # seconds per webhook: 8-12 of them outlast a lease (7.5 s), one stays inside a send
 
 KINDS = (
@@ -110,6 +128,7 @@ KINDS = (
     "receiver_refuse",  # 503
     "receiver_down",  # SIGKILL: connection refused
     "receiver_up",
+    "receiver_hang",  # SIGSTOP: connections taken in, never answered (until receiver_up)
 )
 
 
@@ -219,7 +238,7 @@ def _mixed(seed: int, rng: random.Random, duration: float = 24.0) -> ProcessSche
         t += rng.expovariate(1 / 2.0)
         if t >= duration:
             break
-        kind = rng.choices(KINDS, weights=(6, 5, 1, 1, 1, 2, 1, 1, 1, 0, 1, 1, 1, 2))[0]
+        kind = rng.choices(KINDS[:-1], weights=(6, 5, 1, 1, 1, 2, 1, 1, 1, 0, 1, 1, 1, 2))[0]
         arg: Any = None
         if kind in ("silence", "resume"):
             arg = sorted(rng.sample(checks, rng.randint(1, len(checks))))
@@ -235,6 +254,12 @@ def _mixed(seed: int, rng: random.Random, duration: float = 24.0) -> ProcessSche
             ledger_free_at = t + length
             events.append(Event(round(t + length, 1), "ledger_up"))
         events.append(Event(round(t, 1), kind, arg))
+    flap_threshold, group_max = rng.choice((0, 0, 3)), rng.choice((1, 50))
+    silences = [e.at for e in events if e.kind == "silence" and e.at < duration - PERIOD - GRACE - 3.0]
+    if silences and rng.random() < 0.6:  # drawn last: the faults above are the seed's before hangs
+        # Hung as a silence's DOWN is due, so its sends meet it.
+        hang = round(rng.choice(silences) + PERIOD + GRACE - rng.uniform(0.0, 1.5), 1)
+        events += [Event(hang, "receiver_hang"), Event(round(hang + rng.uniform(2.0, 7.0), 1), "receiver_up")]
     return ProcessSchedule(
         seed=seed,
         profile="mixed",
@@ -243,8 +268,8 @@ def _mixed(seed: int, rng: random.Random, duration: float = 24.0) -> ProcessSche
         arrive=arrive,
         duration=duration,
         events=tuple(sorted(events, key=lambda e: e.at)),
-        flap_threshold=rng.choice((0, 0, 3)),
-        group_max=rng.choice((1, 50)),
+        flap_threshold=flap_threshold,
+        group_max=group_max,
     )
 
 
@@ -350,8 +375,12 @@ class _Run:
         self.receiver = AlertReceiverProcess(workdir / "received.jsonl", control_token=os.urandom(12).hex())
         self.receiver.start()
         self.receiver_state = "up"
+        self.refusing = False  # answering 503 (kept through a hang)
+        self.hangs: list[tuple[float, float]] = []  # when the receiver was stopped
         self.slow = 0.0
         self.max_slow = 0.0
+        self.status_ports = [free_port() for _ in range(schedule.replicas)]
+        self.status_problems: list[str] = []
         self.replicas = [self._replica(i) for i in range(schedule.replicas)]
         self.t0 = 0.0
         self.lock = threading.Lock()
@@ -406,6 +435,9 @@ backoff_max_seconds = {BACKOFF_MAX}
 max_attempts = 1000
 reminder_seconds = 3600
 group_max = {self.s.group_max}
+
+[status]
+port = {self.status_ports[i]}
 {checks}"""
         )
         return _Replica(i, config, self.dir / f"r{i}.log")
@@ -462,7 +494,7 @@ group_max = {self.s.group_max}
         elif e.kind.startswith("ledger_"):
             self._set_ledger(e.kind.removeprefix("ledger_"), t)
         elif e.kind == "receiver_slow":
-            if self.receiver_state != "down":
+            if self.receiver_state in ("up", "refuse"):  # a stopped or dead one gets it when back
                 self.receiver.control(f"delay?seconds={e.arg}")
             self.slow = e.arg
             self.max_slow = max(self.max_slow, e.arg)
@@ -534,17 +566,27 @@ group_max = {self.s.group_max}
             return
         if self.receiver_state == "up":
             self.receiver_since = t
+        # Leave the old state: a dead one started again (answering, as it starts), a stopped one
+        # continued (it answers what was queued meanwhile, senders long gone: see _excused).
         if self.receiver_state == "down":
             self.receiver.start()
+            self.refusing = False
             if self.slow:
                 self.receiver.control(f"delay?seconds={self.slow}")
+        elif self.receiver_state == "hang":
+            self.receiver.resume()
+            self.hangs.append((self.receiver_since, t))
         if state == "down":
             self.receiver.kill()
+        elif state == "hang":
+            self.receiver.pause()
         elif state == "refuse":
             self.receiver.control("down")
+            self.refusing = True
         else:
-            if self.receiver_state == "refuse":
+            if self.refusing:
                 self.receiver.control("up")
+                self.refusing = False
             self.unavailable.append((self.receiver_since, t))
         self.receiver_state = state
 
@@ -573,6 +615,7 @@ group_max = {self.s.group_max}
                 self._watch_replicas()
                 time.sleep(0.1)
             self.settle()
+            self.status_problems = self.check_status()
             if self._nobody_since is not None:
                 self.unavailable.append((self._nobody_since, self.now()))
         finally:
@@ -643,6 +686,38 @@ group_max = {self.s.group_max}
                 return
         self.log.append("settle: the outboxes did not drain within 180 s")
 
+    def check_status(self) -> list[str]:
+        """Each replica's ``/status`` and ``/health`` after the settling (see
+        :func:`~onceflow.testing.watchdog_faults.status_problems`). A pass over its budget on this
+        loaded machine is briefly blind and unhealthy, rightly: each replica gets 30 s to say
+        all is well, and what it said last counts."""
+        out = []
+        for r in self.replicas:
+            problems = ["no answer"]
+            deadline = time.monotonic() + 30
+            while problems and time.monotonic() < deadline:
+                try:
+                    before = self._newest_beats()
+                    report = _get_json(self.status_ports[r.index], "/status")
+                    after = self._newest_beats()
+                    ok = _get_json(self.status_ports[r.index], "/health")
+                    problems = status_problems(report, (ok["ok"], ok["reason"]), before, after)
+                except (OSError, ValueError, KeyError) as exc:
+                    problems = [f"status API: {exc!r:.200}"]
+                if problems:
+                    time.sleep(1.0)
+            out += [f"r{r.index} {p}" for p in problems]
+        return out
+
+    def _newest_beats(self) -> dict[str, float]:
+        with self.world.connect() as conn:
+            rows = conn.execute(
+                sa.select(heartbeats.c.dag_id, sa.func.max(heartbeats.c.started_at)).group_by(
+                    heartbeats.c.dag_id
+                )
+            ).all()
+        return {dag: float(at) for dag, at in rows}
+
     def _queued(self) -> int:
         with self.world.connect() as conn:
             n: int = conn.execute(
@@ -663,14 +738,12 @@ group_max = {self.s.group_max}
 
     def outcome(self) -> Outcome:
         messages = []
-        copies: dict[str, list[dict[str, Any]]] = {}
         for r in read_records(self.receiver.store):
             if r["kind"] != "webhook" or r.get("refused"):
                 continue
             m = {"key": r["idempotency_key"], "t": r["received_at"] - self.t0, **r["message"]["onceflow"]}
             m["took"] = r["received_at"] - r.get("arrived_at", r["received_at"])
             messages.append(m)
-            copies.setdefault(m["key"], []).append(m)
         with self.world.connect() as conn:
             final = {r.check_name: dict(r._mapping) for r in conn.execute(sa.select(incidents))}
         self.world.dispose()
@@ -679,7 +752,9 @@ group_max = {self.s.group_max}
             for t in _reexecs(replica.log):
                 self.crashes.append((t - self.t0, t - self.t0))
                 self.log.append(f"t={t - self.t0:.1f} r{replica.index} re-executed itself (a pass stuck)")
-        excused = {key for key, ms in copies.items() if len(ms) > 1 and self._excused(key, ms)}
+        excused = {
+            key for key, cs in copies_by_alert(messages).items() if len(cs) > 1 and self._excused(key, cs)
+        }
         timing = Timing(
             period=PERIOD,
             grace=GRACE,
@@ -698,12 +773,17 @@ group_max = {self.s.group_max}
             self.ledger_out,
             self.log,
             timing,
+            self.status_problems,
         )
 
     def _excused(self, key: str, copies: list[dict[str, Any]]) -> bool:
-        """A key received twice is the crash window (see the module docstring), or a send its
-        sender may have given up on."""
+        """An alert received twice (alone or in groups) is the crash window (see the module
+        docstring), or a send its sender may have given up on: held by the receiver close to the
+        deadline, or queued by the kernel while the receiver was stopped and read when it went on."""
         if any(m["took"] > SEND_TIMEOUT - 0.5 for m in copies):
+            return True
+        read = [m["t"] - m["took"] for m in copies]
+        if any(a <= r <= b + HANG_FLUSH for r in read for a, b in self.hangs):
             return True
         first = copies[0]["t"]
         lo, hi = first - self.max_slow - SEND_TIMEOUT - 0.5, first + MARK_ALLOWANCE
@@ -711,6 +791,15 @@ group_max = {self.s.group_max}
         if not key.startswith("watchdog.blind."):  # the shared outbox is in the ledger
             outages += self.ledger_out
         return any(a <= hi and b >= lo for a, b in outages)
+
+
+def _get_json(port: int, path: str) -> Any:
+    """GET a replica's status API; a 503's body is the answer too."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as answer:
+            return json.load(answer)
+    except urllib.error.HTTPError as exc:
+        return json.load(exc)
 
 
 def _reexecs(log: Path) -> list[float]:
@@ -747,7 +836,8 @@ def replay(seed: int, workdir: Path, ledger_url: str) -> Outcome:
     problems = check_promises(outcome)
     if problems:
         tails = "\n".join(
-            f"--- {p.name}\n" + p.read_text(errors="replace")[-1500:] for p in sorted(workdir.glob("r*.log"))
+            f"--- {p.name}\n" + p.read_text(errors="replace")[-1500:]
+            for p in sorted(workdir.glob("r[0-9]*.log"))
         )
         raise AssertionError(
             f"watchdog real-process schedule seed={seed} ({schedule.profile}) broke {len(problems)} "

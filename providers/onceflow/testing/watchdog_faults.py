@@ -53,6 +53,7 @@ import multiprocessing
 import os
 import random
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -213,6 +214,9 @@ class _Run:
         self.port = self.receiver.port
         self.receipts: list[tuple[float, str]] = []
         self.receipt_lock = threading.Lock()
+        self.flight = threading.Condition()
+        self.inflight: dict[str, float] = {}  # key -> lease end, of each send not yet marked
+        self.send_started: dict[str, float] = {}
         self.slow = 0.0
         self.receiver.on_accept(self._accepted)
         self.ledger_url = f"sqlite:///{workdir / 'ledger.db'}"
@@ -241,8 +245,23 @@ class _Run:
     # -- parts ---------------------------------------------------------------------------
 
     def _accepted(self, headers: dict[str, str]) -> None:
+        """The receiver takes ``slow`` fake seconds per message, counted from when its send began:
+        sends running at once overlap, as they do in time (each adding its delay to the shared
+        clock made two concurrent 4 s sends take 8 s, past a lease). Nor does the clock jump past
+        the lease of another send still between its start and its mark: in time that one's mark
+        takes milliseconds, not another message's seconds."""
+        key = headers.get("Idempotency-Key", "")
         if self.slow:
-            self.clock.advance(self.slow)
+            with self.flight:
+                target = self.send_started.get(key, self.clock.now()) + self.slow
+                waited = time.monotonic()
+                while time.monotonic() - waited < 10:
+                    held = [until for k, until in self.inflight.items() if k != key]
+                    if target <= min(held, default=target):
+                        break
+                    self.flight.wait(0.05)
+                if target > self.clock.now():
+                    self.clock.set(target)
         with self.receipt_lock:
             self.receipts.append((self.clock.now() - T0, headers.get("Idempotency-Key", "")))
 
@@ -282,10 +301,11 @@ class _Run:
         run = self
 
         for outbox in (wd.outbox, wd.local_outbox):
-            original = outbox._send
+            original, original_group = outbox._send, outbox._send_group
 
             def send(channel: str, key: str, payload: dict[str, Any], _orig: Any = original) -> None:
                 run._overlap(i, key)
+                run.send_started[key] = run.clock.now()
                 _orig(channel, key, payload)
                 if i in run.crash_next:
                     run.crash_next.discard(i)
@@ -293,7 +313,20 @@ class _Run:
                     run.crashed_keys.update([key, *ids])
                     raise _Crash(f"r{i} killed after {key} was accepted")
 
+            def send_group(
+                engine: Any, group: list[dict[str, Any]], key: str, *rest: Any, _orig: Any = original_group
+            ) -> bool:
+                with run.flight:  # from the lease renewed as the send starts to its mark
+                    run.inflight[key] = group[0]["lease_until"]
+                try:
+                    return bool(_orig(engine, group, key, *rest))
+                finally:
+                    with run.flight:
+                        run.inflight.pop(key, None)
+                        run.flight.notify_all()
+
             outbox._send = send  # type: ignore[method-assign]
+            outbox._send_group = send_group  # type: ignore[method-assign,assignment]
         self._apply_ledger(wd)
         return wd
 

@@ -127,3 +127,44 @@ def test_a_ledger_clock_read_that_fails_makes_the_pass_blind_not_judged_by_the_h
         assert second.states == {"heartbeat": "up"}
     finally:
         receiver.stop()
+
+
+def test_a_host_clock_stepped_back_while_blind_does_not_hold_the_blindness_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger is unreachable, so blindness is judged by this host's clock (late at the first
+    failed pass, down two loops later). NTP steps the clock an hour back in between: the page used
+    to wait for the clock to catch up (an hour of silence, nothing else able to page). The local
+    clock is carried forward by the monotonic clock, which a step does not move."""
+    from types import SimpleNamespace
+
+    from onceflow.testing.alert_receiver import AlertReceiver
+    from onceflow.watchdog import runner
+    from onceflow.watchdog.config import parse_config
+
+    wall, steady = [time.time()], [time.monotonic()]
+    monkeypatch.setattr(
+        runner, "time", SimpleNamespace(time=lambda: wall[0], monotonic=lambda: steady[0], sleep=time.sleep)
+    )
+    receiver = AlertReceiver(tmp_path / "received.jsonl").start()
+    try:
+        wd = runner.Watchdog(
+            parse_config(
+                {
+                    "ledger_url": f"sqlite:///{tmp_path / 'missing' / 'ledger.db'}",  # cannot be opened
+                    "state_dir": str(tmp_path / "state"),
+                    "loop_seconds": 5,
+                    "alerts": {"webhook_url": receiver.webhook_url},
+                    "checks": {"heartbeat": {"period_seconds": 60, "grace_seconds": 60}},
+                }
+            )
+        )
+        assert list(wd.run_once().blind) == ["ledger"]  # late: blind since now
+        for _ in range(3):  # three loops later, an hour earlier by the wall clock
+            wall[0] -= 3600 / 3 - 5
+            steady[0] += 5
+            wd.run_once()
+        kinds = [(m["onceflow"]["check"], m["onceflow"]["kind"]) for m in receiver.webhooks()]
+        assert kinds == [("watchdog.blind.ledger", "down")]
+    finally:
+        receiver.stop()

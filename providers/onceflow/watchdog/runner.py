@@ -90,7 +90,7 @@ class Watchdog:
         self.config = config
         self.clock: Callable[[], float] = clock or self._database_now
         #: The clock of what this replica records alone (blindness): never the stuck store's.
-        self.local_clock: Callable[[], float] = clock or time.time
+        self.local_clock: Callable[[], float] = clock or steady_wall_clock()
         self._db_clock: DatabaseClock | None = None
         self.owner = config.replica or f"{socket.gethostname()}:{os.getpid()}"
         self.outbox = Outbox(config.alerts, self.owner)
@@ -382,6 +382,14 @@ class PassMonitor(threading.Thread):
             self.reported = None
             wd._clear_blind("pass", wd.local_clock())
             wd.deliver_local()
+
+
+def steady_wall_clock() -> Callable[[], float]:
+    """This host's time when called, carried forward by the monotonic clock: a step of the host's
+    clock (NTP, a resumed VM, a hand) does not move it while the process lives. Blindness is judged
+    on it: with the wall clock stepped an hour back, a blind replica stayed "late" for that hour."""
+    wall, steady = time.time(), time.monotonic()
+    return lambda: wall + (time.monotonic() - steady)
 
 
 def bounded_engine(url: str, seconds: float) -> Engine:

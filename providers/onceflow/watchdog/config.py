@@ -156,7 +156,7 @@ class _CheckBase(_Model):
         ge=0,
         le=1000,
         description="More down transitions than this within `flap_window_seconds`: "
-        "held as flapping (one message), 0 = never.",
+        "held as flapping (one message; a down is held at most period + grace), 0 = never.",
     )
     flap_window_seconds: PositiveSeconds = Field(3600.0, description="The flap-counting window.")
 

@@ -68,3 +68,34 @@ def test_the_status_api_is_read_when_configured_and_the_tables_when_it_does_not_
         fallback = watchdog_state(conn, T0 + 5000, f"http://127.0.0.1:{port}/status")
     assert fallback["source"] == "ledger" and "did not answer" in fallback["note"]
     assert next(c for c in fallback["checks"] if c["name"] == "beat")["state"] == "down"
+
+
+def test_the_status_api_and_the_tables_show_the_same_newest_heartbeat(tmp_path: Path) -> None:
+    """The status API gives each heartbeat check its own DAG's newest beat; the page shows the
+    newest of them, as the tables give it (it showed the first check's, here a's older one)."""
+    from onceflow.watchdog.schema import ensure_schema, heartbeats
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    ensure_schema(engine, [heartbeats])
+    with engine.begin() as conn:
+        for dag, at in (("a", T0 - 30), ("b", T0 - 5)):
+            conn.execute(
+                heartbeats.insert().values(
+                    run_id=dag, dag_id=dag, scheduled_at=at, started_at=at, lag_seconds=0.0, try_number=1
+                )
+            )
+    checks = {n: {"kind": "heartbeat", "dag_id": n, "period_seconds": 60, "grace_seconds": 60} for n in "ab"}
+    config = {"ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}", "state_dir": str(tmp_path / "state")}
+    wd = Watchdog(parse_config({**config, "alerts": {"log_only": True}, "checks": checks}), clock=lambda: T0)
+    wd.run_once()
+    port = free_port()
+    server = serve(wd, port)
+    try:
+        with engine.connect() as conn:
+            api = watchdog_state(conn, T0, f"http://127.0.0.1:{port}/status")
+            tables = watchdog_state(conn, T0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert api["source"] == "status_api" and tables["source"] == "ledger"
+    assert api["last_heartbeat_at"] == tables["last_heartbeat_at"] == T0 - 5

@@ -104,7 +104,11 @@ def from_status_api(url: str, now: float) -> dict[str, Any]:
         for name, raw_entry in sorted(entries.items() if isinstance(entries, dict) else []):
             entry = raw_entry if isinstance(raw_entry, dict) else {"state": raw_entry}
             since = entry.get("since")
-            last_beat = last_beat or entry.get("last_beat")
+            # Each heartbeat check has its own DAG's newest beat: the page shows the newest of
+            # them, as it does from the tables.
+            beat = entry.get("last_beat")
+            if isinstance(beat, (int, float)) and (last_beat is None or beat > last_beat):
+                last_beat = beat
             checks.append(
                 {
                     "name": name,

@@ -53,7 +53,6 @@ import multiprocessing
 import os
 import random
 import threading
-import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -214,7 +213,7 @@ class _Run:
         self.port = self.receiver.port
         self.receipts: list[tuple[float, str]] = []
         self.receipt_lock = threading.Lock()
-        self.flight = threading.Condition()
+        self.flight = threading.Lock()
         self.inflight: dict[str, float] = {}  # key -> lease end, of each send not yet marked
         self.send_started: dict[str, float] = {}
         self.slow = 0.0
@@ -247,19 +246,16 @@ class _Run:
     def _accepted(self, headers: dict[str, str]) -> None:
         """The receiver takes ``slow`` fake seconds per message, counted from when its send began:
         sends running at once overlap, as they do in time (each adding its delay to the shared
-        clock made two concurrent 4 s sends take 8 s, past a lease). Nor does the clock jump past
-        the lease of another send still between its start and its mark: in time that one's mark
-        takes milliseconds, not another message's seconds."""
+        clock made two concurrent 4 s sends take 8 s, past a lease). Nor does the clock pass the
+        lease of another send still between its start and its mark: in time that one's mark takes
+        milliseconds, not another message's seconds. (Never by waiting for it: a handler that waits
+        in real time outlasts its sender's real deadline, and the sender sends again.)"""
         key = headers.get("Idempotency-Key", "")
         if self.slow:
             with self.flight:
                 target = self.send_started.get(key, self.clock.now()) + self.slow
-                waited = time.monotonic()
-                while time.monotonic() - waited < 10:
-                    held = [until for k, until in self.inflight.items() if k != key]
-                    if target <= min(held, default=target):
-                        break
-                    self.flight.wait(0.05)
+                held = [until for k, until in self.inflight.items() if k != key]
+                target = min([target, *held])
                 if target > self.clock.now():
                     self.clock.set(target)
         with self.receipt_lock:
@@ -323,7 +319,6 @@ class _Run:
                 finally:
                     with run.flight:
                         run.inflight.pop(key, None)
-                        run.flight.notify_all()
 
             outbox._send = send  # type: ignore[method-assign]
             outbox._send_group = send_group  # type: ignore[method-assign,assignment]

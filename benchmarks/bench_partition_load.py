@@ -7,7 +7,8 @@ its own process** so its peak RSS is its own:
 
 * **extract**: :func:`onceflow.sales.shop_query.stream_interval` (a server-side cursor, batches
   of 50,000 rows) into :func:`onceflow.sales.staging.write_extract_stream` (parquet row groups);
-* **clean**: ``read_extract``, :func:`onceflow.sales.clean.clean_orders`, ``write_clean``;
+* **clean**: :func:`onceflow.sales.staging.clean_extract` (row groups in, buckets spilled to local
+  files, :mod:`onceflow.sales.clean_stream`);
 * **load**: ``open_clean`` and :meth:`PartitionStore.overwrite` of the streamed batches (fence,
   delete, COPY per batch, rejects, audit, checksum, commit; a warehouse lease, as
   ``ledger_conn_id=None``), as ``PartitionOverwriteOperator`` does;
@@ -85,9 +86,10 @@ def _interval() -> tuple[dt.datetime, dt.datetime]:
 def step(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one step in this process; returns its measurements."""
     import pandas as pd  # noqa: F401  (every step imports it; "imports" measures the same)
+    from airflow.sdk import ObjectStoragePath  # noqa: F401  (staging paths; a task process has it)
 
     from onceflow.sales import staging
-    from onceflow.sales.clean import PROCESSING_VERSION, clean_orders
+    from onceflow.sales.clean import PROCESSING_VERSION
     from onceflow.sales.engine import make_engine, make_source_engine
     from onceflow.sales.partition_store import PartitionStore
     from onceflow.sales.shop_query import stream_interval
@@ -104,12 +106,8 @@ def step(name: str, args: argparse.Namespace) -> dict[str, Any]:
             _path, out["rows"] = staging.write_extract_stream(folder, batches, source_watermark_utc=watermark)
         engine.dispose()
     elif name == "clean":
-        source = staging.read_extract(folder)
-        result = clean_orders(source.frame, partition=DAY)
-        staging.write_clean(
-            folder, result, partition=DAY, processing_version=PROCESSING_VERSION, source=source
-        )
-        out["rows"] = len(result.rows)
+        # as the DAG's clean task: row group by row group, bucket by bucket
+        out["rows"] = staging.clean_extract(folder, partition=DAY, processing_version=PROCESSING_VERSION).rows
         out["staging_mb"] = sum(p.stat().st_size for p in folder.iterdir()) / 2**20
     elif name == "load":
         engine = make_engine(args.warehouse)

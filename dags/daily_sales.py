@@ -103,26 +103,28 @@ def daily_sales() -> None:
         """Clean the staged orders; rows and rejects go back to the same staging folder."""
         from onceflow.hooks.storage import StorageHook
         from onceflow.sales import staging
-        from onceflow.sales.clean import PROCESSING_VERSION, clean_orders
+        from onceflow.sales.clean import PROCESSING_VERSION
         from onceflow.sales.partitions import partition_for_interval
 
         start, end = context["data_interval_start"], context["data_interval_end"]
         day = partition_for_interval(start, end, CONFIG.timezone)
         folder = staging.run_dir(StorageHook().sales_staging(), context["dag"].dag_id, day, context["run_id"])
-        # Rows and watermark from one read of one file: an overlapping extract try cannot mix them.
-        source = staging.read_extract(folder)
-        result = clean_orders(source.frame, partition=day, reporting_currency=CONFIG.reporting_currency)
-        staging.write_clean(
-            folder, result, partition=day, processing_version=PROCESSING_VERSION, source=source
+        # Rows and watermark from one open file (an overlapping extract try cannot mix them), read
+        # row group by row group and cleaned bucket by bucket: memory does not grow with the day.
+        result = staging.clean_extract(
+            folder,
+            partition=day,
+            processing_version=PROCESSING_VERSION,
+            reporting_currency=CONFIG.reporting_currency,
         )
         return {
             "partition": day.isoformat(),
             "staging_dir": staging.folder_uri(folder),
-            "source_rows": len(source.frame),
-            "rows": len(result.rows),
-            "rejects": len(result.rejects),
+            "source_rows": result.source_rows,
+            "rows": result.rows,
+            "rejects": result.rejects,
             "duplicates_dropped": result.duplicates_dropped,
-            "reasons": result.reasons(),
+            "reasons": result.reasons,
         }
 
     load = PartitionOverwriteOperator(

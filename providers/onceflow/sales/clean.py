@@ -160,10 +160,18 @@ def _reject_reasons(df: pd.DataFrame) -> pd.Series:
         reasons[mask.fillna(True).astype(bool) & reasons.isna()] = reason
 
     def any_text(pattern: re.Pattern[str]) -> pd.Series:
-        # Plain Python per value: pandas' string dtype cannot even hold a lone surrogate.
-        found = [
-            df[c].map(lambda v: isinstance(v, str) and pattern.search(v) is not None) for c in _TEXT_COLUMNS
-        ]
+        # Plain Python per value: pandas' string dtype cannot even hold a lone surrogate. A column
+        # whose values joined hold no match (the pattern is one character) has none in any value.
+        found = []
+        for c in _TEXT_COLUMNS:
+            try:
+                joined = "".join(df[c].dropna().tolist())
+            except TypeError:  # a value that is neither text nor missing
+                joined = "".join(v for v in df[c].tolist() if isinstance(v, str))
+            if pattern.search(joined) is None:
+                found.append(pd.Series(False, index=df.index))
+            else:
+                found.append(df[c].map(lambda v: isinstance(v, str) and pattern.search(v) is not None))
         return pd.concat(found, axis=1).any(axis=1).astype(bool)
 
     mark(any_text(_NUL), "nul_byte")
@@ -245,11 +253,7 @@ def _dedupe(valid: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
     valid = valid.copy()
     valid["event_key"] = valid["order_id"].where(valid["event_type"] == "sale", valid["refund_id"])
     valid["event_key"] = valid["event_type"].astype(str) + ":" + valid["event_key"].astype(str)
-    # The event as text: equal amounts written differently ("10.0", "10.00") are one event.
-    amounts = [str(Decimal(str(a).strip()).quantize(_CENT)) for a in valid["amount"]]
-    columns = [valid[name].tolist() for name in _EVENT_FIELDS]
-    fingerprint = ["\x1f".join(map(str, parts)) for parts in zip(amounts, *columns, strict=True)]
-    valid["_event"] = fingerprint
+    valid["_event"] = _event_fingerprints(valid)
     valid = valid.sort_values(["event_key", "ingested_at_utc", "row_id"], kind="stable")
     is_winner = ~valid.duplicated("event_key", keep="last")
     winners = valid[is_winner]
@@ -260,6 +264,27 @@ def _dedupe(valid: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
     conflicting = valid[differs].sort_values("row_id", kind="stable")
     repeats = int((~is_winner & ~differs).sum())
     return winners.drop(columns=["_event"]), conflicting.drop(columns=["event_key", "_event"]), repeats
+
+
+def _event_fingerprints(valid: pd.DataFrame) -> list[str]:
+    """Each row as an event, in text: the quantized amount and ``_EVENT_FIELDS`` as ``str()`` gives
+    them, joined by ``\\x1f``. Equal amounts written differently ("10.0", "10.00") are one event."""
+    amounts = [str(Decimal(str(a).strip()).quantize(_CENT)) for a in valid["amount"]]
+    columns = [_str_values(valid[name]) for name in _EVENT_FIELDS]
+    return ["\x1f".join(parts) for parts in zip(amounts, *columns, strict=True)]
+
+
+def _str_values(series: pd.Series) -> list[str]:
+    """``[str(v) for v in series.tolist()]``, with a naive ``datetime64`` column formatted by Arrow
+    (``str()`` of a ``Timestamp``: ISO with a space, the microseconds only when not zero)."""
+    if pd.api.types.is_datetime64_dtype(series.dtype) and series.notna().all() and len(series):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        text = pc.strftime(pa.array(series.astype("datetime64[us]")), "%Y-%m-%d %H:%M:%S")
+        if series.dtype == "datetime64[us]" or (series.dt.nanosecond == 0).all():
+            return pc.replace_substring_regex(text, r"\.000000$", "").to_pylist()
+    return [str(v) for v in series.tolist()]
 
 
 def _net_per_order(events: pd.DataFrame, partition: dt.date, reporting: str) -> pd.DataFrame:

@@ -74,6 +74,8 @@ STORAGE_SUBFOLDER = "sales-staging"
 METADATA_KEY = b"onceflow.staging"
 #: rows per batch when staged rows stream (parquet row groups, COPY chunks).
 BATCH_ROWS = 100_000
+#: extract rows per batch cleaning reads (the extract's row groups hold 50,000).
+EXTRACT_READ_ROWS = 50_000
 _TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
 
 
@@ -273,14 +275,14 @@ def _text_bytes(column: str, value: object) -> bytes | None:
 
 def read_extract(folder: Folder) -> StagedExtract:
     """The rows :func:`write_extract` stored, with the watermark from the same file and read."""
-    frame, facts = _read_parquet(storage_path(folder) / "extract.parquet")
-    facts = facts or {}
-    for col in _TEXT_COLUMNS:
-        frame[col] = pd.Series(
-            [v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else v for v in frame[col]],
-            index=frame.index,
-            dtype=object,
-        )
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from onceflow.sales.clean_stream import extract_frame
+
+    table = pq.read_table(pa.BufferReader(read_object(storage_path(folder) / "extract.parquet")))
+    facts = json.loads((table.schema.metadata or {}).get(METADATA_KEY) or "{}")
+    frame = extract_frame(table)
     return StagedExtract(frame, _parse(facts.get("source_watermark_utc")), facts.get("extract_id"))
 
 
@@ -340,6 +342,117 @@ def write_clean(
         "reasons": result.reasons(),
     }
     write_object(folder / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+
+
+def rows_schema() -> Any:
+    """The Arrow schema of staged rows (``rows.parquet``)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("partition_date", pa.date32()),
+            ("order_id", pa.string()),
+            ("customer_id", pa.string()),
+            ("source_currency", pa.string()),
+            ("gross_cents", pa.int64()),
+            ("refund_cents", pa.int64()),
+            ("net_cents", pa.int64()),
+            ("event_count", pa.int64()),
+            ("first_event_utc", pa.timestamp("us")),
+        ]
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CleanSummary:
+    """What :func:`clean_extract` staged: the counts its manifest, XCom and logs show."""
+
+    source_rows: int
+    rows: int
+    rejects: int
+    duplicates_dropped: int
+    #: reject counts by reason, sorted by reason.
+    reasons: dict[str, int]
+
+
+def clean_extract(
+    folder: Folder,
+    *,
+    partition: dt.date,
+    processing_version: str,
+    reporting_currency: str = "EUR",
+    bucket_rows: int | None = None,
+) -> CleanSummary:
+    """Clean the folder's ``extract.parquet`` into ``rows.parquet``, ``rejects.parquet`` and the
+    manifest, as :func:`write_clean` of :func:`~onceflow.sales.clean.clean_orders` of
+    :func:`read_extract` would, in bounded memory (:class:`onceflow.sales.clean_stream.DayCleaner`).
+
+    The extract is held open (one try's file, its rows and watermark together, as
+    :func:`read_extract`'s one read) and read row group by row group; spill files go to a
+    temporary folder under ``$TMPDIR`` (about twice the extract's size), deleted at the end. Each
+    output file is written as it streams into a temporary file and renamed into place (on
+    ``gs://``: uploaded whole once complete), the manifest last.
+
+    :param bucket_rows: rows per bucket (default :data:`onceflow.sales.clean_stream.BUCKET_ROWS`).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from onceflow.sales.clean_stream import BUCKET_ROWS, DayCleaner, reject_schema
+
+    folder = storage_path(folder)
+    with (
+        _open_staged(folder / "extract.parquet") as handle,
+        tempfile.TemporaryDirectory(prefix="onceflow-clean-") as work,
+    ):
+        extract = pq.ParquetFile(handle)
+        source = _facts_of(extract) or {}
+        with DayCleaner(
+            partition=partition,
+            expected_rows=extract.metadata.num_rows,
+            workdir=work,
+            reporting_currency=reporting_currency,
+            bucket_rows=bucket_rows or BUCKET_ROWS,
+        ) as cleaner:
+            for batch in extract.iter_batches(batch_size=EXTRACT_READ_ROWS):
+                cleaner.add(batch)
+            cleaner.dedupe()
+            facts = {
+                "partition": partition_key(partition),
+                "source_rows": cleaner.source_rows,
+                "processing_version": processing_version,
+                "source_watermark_utc": _iso(_parse(source.get("source_watermark_utc"))),
+                "extract_id": source.get("extract_id"),
+                "duplicates_dropped": cleaner.duplicates_dropped,
+            }
+            metadata = {METADATA_KEY: json.dumps(facts, sort_keys=True).encode()}
+            schema = rows_schema().with_metadata(metadata)
+            with _staged_file(folder / "rows.parquet") as sink, pq.ParquetWriter(sink, schema) as writer:
+                for rows in cleaner.rows():
+                    table = pa.Table.from_pandas(rows, schema=rows_schema(), preserve_index=False)
+                    writer.write_table(table.replace_schema_metadata(metadata), row_group_size=BATCH_ROWS)
+            rejects = 0
+            schema = reject_schema().with_metadata(metadata)
+            with _staged_file(folder / "rejects.parquet") as sink, pq.ParquetWriter(sink, schema) as writer:
+                for table in cleaner.rejects():
+                    writer.write_table(table.replace_schema_metadata(metadata), row_group_size=BATCH_ROWS)
+                    rejects += len(table)
+            summary = CleanSummary(
+                source_rows=cleaner.source_rows,
+                rows=cleaner.row_count,
+                rejects=rejects,
+                duplicates_dropped=cleaner.duplicates_dropped,
+                reasons=dict(sorted(cleaner.reasons.items())),
+            )
+    manifest = {
+        **facts,
+        "rows": summary.rows,
+        "rejects": summary.rejects,
+        "duplicates_dropped": summary.duplicates_dropped,
+        "reasons": summary.reasons,
+    }
+    write_object(folder / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    return summary
 
 
 def read_clean(folder: Folder) -> StagedClean:
@@ -421,17 +534,27 @@ def open_clean(folder: Folder) -> Iterator[StreamedClean]:
 
     folder = storage_path(folder)
     manifest = json.loads(read_object(folder / "manifest.json"))  # absent: clean never finished
-    path = folder / "rows.parquet"
-    with contextlib.ExitStack() as stack:
-        handle: Any
-        if is_local(path):
-            handle = stack.enter_context(open(path.path, "rb"))
-        else:
-            handle = stack.enter_context(tempfile.TemporaryFile())
+    with _open_staged(folder / "rows.parquet") as handle:
+        rows_file = pq.ParquetFile(handle)
+        yield StreamedClean(rows_file=rows_file, **_clean_facts(folder, manifest, _facts_of(rows_file)))
+
+
+@contextlib.contextmanager
+def _open_staged(path: ObjectStoragePath) -> Iterator[Any]:
+    """A staged file open for reading, one try's file throughout: locally the open file keeps the
+    inode a later try may rename over; from ``gs://``, one download into a temporary file."""
+    if is_local(path):
+        with open(path.path, "rb") as handle:
+            yield handle
+    else:
+        with tempfile.TemporaryFile() as handle:
             with path.open("rb") as source:
                 shutil.copyfileobj(source, handle, 1 << 20)
             handle.seek(0)
-        rows_file = pq.ParquetFile(handle)
-        raw = (rows_file.schema_arrow.metadata or {}).get(METADATA_KEY)
-        facts = None if raw is None else json.loads(raw)
-        yield StreamedClean(rows_file=rows_file, **_clean_facts(folder, manifest, facts))
+            yield handle
+
+
+def _facts_of(parquet_file: Any) -> dict[str, Any] | None:
+    """The facts in an open parquet file's metadata (None: staged before the facts)."""
+    raw = (parquet_file.schema_arrow.metadata or {}).get(METADATA_KEY)
+    return None if raw is None else json.loads(raw)

@@ -1,0 +1,450 @@
+"""Cleaning a day of any size in bounded memory: :mod:`onceflow.sales.clean`'s rules, bucket by bucket.
+
+:func:`onceflow.sales.clean.clean_orders` holds the whole day in pandas (about 1.5 kB a source
+row). :class:`DayCleaner` applies the same functions to pieces of the day that each hold
+everything a rule compares, spilling the rest to local files (Arrow IPC, lz4) in a temporary folder:
+
+1. **Rows, batch by batch** (as the extract's parquet row groups are read): each batch is checked
+   with :func:`~onceflow.sales.clean._reject_reasons` (a reason depends on the row alone);
+   malformed rows become rejects, valid rows are spilled into buckets by a hash of their event key
+   (a sale's order id, a refund's refund id), so all rows sharing a key share a bucket.
+2. **Dedupe, bucket by bucket**: :func:`~onceflow.sales.clean._dedupe` on one bucket is
+   :func:`~onceflow.sales.clean._dedupe` on the day restricted to that bucket's keys (the winner
+   of a key, its conflicts and its exact repeats depend only on the rows under that key).
+   Conflicts become rejects; winners are spilled again, into buckets by **ranges of order id**
+   (boundaries from a sample of order ids taken in step 1).
+3. **Net per order, bucket by bucket**: :func:`~onceflow.sales.clean._net_per_order` on one
+   bucket holds every event of its orders; the buckets' ranges follow each other, so their outputs
+   one after the other are the day's rows sorted by order id.
+4. **Rejects**: each batch's malformed rows and each bucket's conflicts are runs sorted by source
+   row id, merged into one sorted stream (at most :data:`MERGE_FAN_IN` runs at a time).
+
+Memory holds one read batch, one bucket (about :data:`BUCKET_ROWS` rows) and the order-id sample,
+whatever the day's size; the spill files take about the extract's size twice on local disk
+(``$TMPDIR``). One key or order with more rows than a bucket is not split (a bucket holds every
+row of its keys), so such a day needs that bucket's memory. The output is the same as
+:func:`~onceflow.sales.clean.clean_orders`'s (``tests/unit/test_sales_clean_stream.py`` compares
+them on generated days), for source row ids that are unique, as the shop's primary key makes them.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from onceflow.sales.clean import (
+    RATES_TO_EUR,
+    _dedupe,
+    _net_per_order,
+    _raw_json,
+    _reject_reasons,
+    _storable_id,
+)
+from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS
+
+if TYPE_CHECKING:
+    import datetime as dt
+    from collections.abc import Iterator
+
+    import pyarrow as pa
+
+#: rows per bucket: the most a rule holds in pandas at once (plus one read batch).
+BUCKET_ROWS = 50_000
+#: spilled rows buffered before they are written out, one record batch per bucket.
+FLUSH_ROWS = 200_000
+#: runs of rejects merged at once (more runs are merged in passes).
+MERGE_FAN_IN = 64
+#: rows per record batch of a reject run (a merge holds one batch per run).
+RUN_BATCH_ROWS = 4_096
+#: order ids sampled per order bucket to place the ranges' boundaries.
+SAMPLE_PER_BUCKET = 200
+_TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
+
+
+def extract_frame(table: pa.Table) -> pd.DataFrame:
+    """Staged extract rows as the cleaning rules take them: text as ``str`` (stray bytes as lone
+    surrogates, as the shop read them) or None, in object columns."""
+    import pyarrow as pa
+
+    frame = table.drop_columns([c for c in _TEXT_COLUMNS if c in table.column_names]).to_pandas()
+    for col in _TEXT_COLUMNS:
+        if col not in table.column_names:
+            continue
+        column = table.column(col)
+        try:  # valid UTF-8 (every valid row): decoded by Arrow, as "surrogateescape" decodes it
+            values = column.cast(pa.string()).to_numpy(zero_copy_only=False)
+        except pa.ArrowInvalid:
+            values = [
+                v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else v
+                for v in column.to_pylist()
+            ]
+        frame[col] = pd.Series(values, index=frame.index, dtype=object)
+    return frame.loc[:, table.column_names]
+
+
+def reject_frame(rows: pd.DataFrame, reasons: pd.Series | str) -> pd.DataFrame:
+    """Reject rows (columns :data:`REJECT_COLUMNS`) for source ``rows``, as ``clean_orders`` builds them."""
+    return pd.DataFrame(
+        {
+            "source_row_id": rows["row_id"].astype("int64"),
+            "order_id": [_storable_id(v) for v in rows["order_id"]],
+            "reason": reasons if isinstance(reasons, str) else reasons.astype(object),
+            "raw": [_raw_json(r) for r in rows.to_dict("records")],
+        },
+        columns=list(REJECT_COLUMNS),
+    ).reset_index(drop=True)
+
+
+def reject_schema() -> pa.Schema:
+    """The Arrow schema of staged rejects."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("source_row_id", pa.int64()),
+            ("order_id", pa.string()),
+            ("reason", pa.string()),
+            ("raw", pa.string()),
+        ]
+    )
+
+
+class _Spill:
+    """Record batches appended to one Arrow IPC file (lz4) and read back by number."""
+
+    def __init__(self, path: str, schema: pa.Schema) -> None:
+        import pyarrow as pa
+
+        self.path = path
+        self.schema = schema.remove_metadata()
+        options = pa.ipc.IpcWriteOptions(compression="lz4" if pa.Codec.is_available("lz4") else None)
+        self._sink = pa.OSFile(path, "wb")
+        self._writer: Any = pa.ipc.new_file(self._sink, self.schema, options=options)
+        self._reader: Any = None
+        self._source: Any = None
+        self.batches = 0
+
+    def write(self, table: pa.Table, max_rows: int | None = None) -> list[int]:
+        """Append ``table``; returns the numbers of the record batches it became."""
+        numbers = []
+        for batch in table.cast(self.schema).combine_chunks().to_batches(max_chunksize=max_rows):
+            self._writer.write_batch(batch)
+            numbers.append(self.batches)
+            self.batches += 1
+        return numbers
+
+    def read(self, number: int) -> pa.RecordBatch:
+        """Record batch ``number`` (the file is closed for writing at the first read)."""
+        import pyarrow as pa
+
+        if self._reader is None:
+            self._writer.close()
+            self._sink.close()
+            self._source = pa.OSFile(self.path, "rb")  # plain reads: no mapped pages in the RSS
+            self._reader = pa.ipc.open_file(self._source)
+        return self._reader.get_batch(number)
+
+    def table(self, numbers: list[int]) -> pa.Table:
+        """Record batches ``numbers`` as one table (of the spill's schema when there are none)."""
+        import pyarrow as pa
+
+        return pa.Table.from_batches([self.read(n) for n in numbers], schema=self.schema)
+
+    def close(self) -> None:
+        """Close and delete the file."""
+        if self._reader is None:
+            self._writer.close()
+            self._sink.close()
+        else:
+            self._source.close()
+        os.unlink(self.path)
+
+
+class _Buckets:
+    """Rows spilled into ``count`` buckets, each read back whole (:meth:`read`)."""
+
+    def __init__(self, path: str, count: int, schema: pa.Schema) -> None:
+        self.count = count
+        self._spill = _Spill(path, schema)
+        self._pending: list[list[pa.Table]] = [[] for _ in range(count)]
+        self._pending_rows = 0
+        self._numbers: list[list[int]] = [[] for _ in range(count)]
+        self.sizes = [0] * count
+
+    def add(self, table: pa.Table, bucket: np.ndarray) -> None:
+        """Add row ``i`` of ``table`` to bucket ``bucket[i]`` (each bucket keeps the rows' order)."""
+        if not len(table):
+            return
+        order = np.argsort(bucket, kind="stable")
+        ids = bucket[order]
+        table = table.take(order)
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        ends = np.r_[starts[1:], len(ids)]
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            b = int(ids[start])
+            self._pending[b].append(table.slice(start, end - start))
+            self.sizes[b] += end - start
+        self._pending_rows += len(table)
+        if self._pending_rows >= FLUSH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        for b, pieces in enumerate(self._pending):
+            if pieces:
+                self._numbers[b] += self._spill.write(pa.concat_tables(pieces))
+                pieces.clear()
+        self._pending_rows = 0
+
+    def read(self, b: int) -> pa.Table:
+        """Every row of bucket ``b``, in the order added."""
+        if self._pending_rows:
+            self._flush()
+        return self._spill.table(self._numbers[b])
+
+    def close(self) -> None:
+        """Delete the spill file."""
+        self._spill.close()
+
+
+class _Runs:
+    """Reject rows as runs sorted by source row id, merged into one sorted stream (:meth:`merged`)."""
+
+    def __init__(self, folder: str) -> None:
+        self._folder = folder
+        self._spill = _Spill(os.path.join(folder, "rejects.arrow"), reject_schema())
+        self._runs: list[list[int]] = []
+        self._open_run_last: int | None = None  # the last key of the run a batch may extend
+
+    def add(self, rejects: pd.DataFrame, *, extend: bool) -> None:
+        """Add ``rejects`` (sorted by source row id) as a run, or onto the last run when ``extend``
+        and they follow it (the malformed rows of an extract read in row-id order form one run)."""
+        import pyarrow as pa
+
+        if rejects.empty:
+            return
+        keys = rejects["source_row_id"].to_numpy()
+        if (keys[1:] < keys[:-1]).any():
+            raise ValueError("a run of rejects must be sorted by source row id")
+        table = pa.Table.from_pandas(rejects, schema=reject_schema(), preserve_index=False)
+        numbers = self._spill.write(table, RUN_BATCH_ROWS)
+        if extend and self._open_run_last is not None and keys[0] >= self._open_run_last:
+            self._runs[-1] += numbers
+        else:
+            self._runs.append(numbers)
+        self._open_run_last = int(keys[-1]) if extend else None
+
+    def merged(self) -> Iterator[pa.Table]:
+        """Every reject, sorted by source row id (ties: in the order added), in tables of a few thousand."""
+        spill, runs, passes = self._spill, self._runs, 0
+        while len(runs) > MERGE_FAN_IN:  # merge in passes: memory holds MERGE_FAN_IN batches
+            passes += 1
+            target = _Spill(os.path.join(self._folder, f"rejects.{passes}.arrow"), reject_schema())
+            merged_runs = []
+            for i in range(0, len(runs), MERGE_FAN_IN):
+                numbers: list[int] = []
+                for table in _merge(spill, runs[i : i + MERGE_FAN_IN]):
+                    numbers += target.write(table, RUN_BATCH_ROWS)
+                merged_runs.append(numbers)
+            if spill is not self._spill:
+                spill.close()
+            spill, runs = target, merged_runs
+        yield from _merge(spill, runs)
+        if spill is not self._spill:
+            spill.close()
+
+    def close(self) -> None:
+        """Delete the spill file."""
+        self._spill.close()
+
+
+def _merge(spill: _Spill, runs: list[list[int]]) -> Iterator[pa.Table]:
+    """The rows of sorted ``runs`` in one sorted stream (stable: ties in run order)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cursors = [iter(run) for run in runs]
+    heads: list[pa.Table | None] = [None] * len(runs)
+
+    def refill(i: int) -> None:
+        number = next(cursors[i], None)
+        heads[i] = None if number is None else pa.Table.from_batches([spill.read(number)])
+
+    for i in range(len(runs)):
+        refill(i)
+    while True:
+        live = [i for i, head in enumerate(heads) if head is not None]
+        if not live:
+            return
+        keys = {i: heads[i].column("source_row_id").to_numpy() for i in live}  # type: ignore[union-attr]
+        # Every row at or below the smallest last key of the heads: no later batch holds a smaller one.
+        threshold = min(int(k[-1]) for k in keys.values())
+        taken = []
+        for i in live:
+            head = heads[i]
+            assert head is not None
+            cut = int(np.searchsorted(keys[i], threshold, side="right"))
+            taken.append(head.slice(0, cut))
+            if cut == len(head):
+                refill(i)
+            else:
+                heads[i] = head.slice(cut)
+        table = pa.concat_tables(taken)
+        if not len(table):  # cannot happen with sorted runs: the head ending at the threshold moves
+            raise RuntimeError("merging rejects made no progress: a run is not sorted")
+        yield table.take(pc.sort_indices(table, [("source_row_id", "ascending")]))
+
+
+class DayCleaner:
+    """One day's source rows in, :func:`~onceflow.sales.clean.clean_orders`'s result out, in
+    bounded memory (see the module docstring).
+
+    Use: :meth:`add` each batch of source rows, :meth:`dedupe` once, then :meth:`rows` and
+    :meth:`rejects` (each once), and :meth:`close` (or use it as a context manager).
+
+    :param partition: the business-local day, written into every output row.
+    :param expected_rows: the day's source row count (sizes the buckets; a wrong guess costs
+        memory or files, never correctness).
+    :param workdir: an existing folder for the spill files (a temporary one, deleted by the caller).
+    :param bucket_rows: rows per bucket (tests make it small to get many buckets).
+    """
+
+    def __init__(
+        self,
+        *,
+        partition: dt.date,
+        expected_rows: int,
+        workdir: str,
+        reporting_currency: str = "EUR",
+        bucket_rows: int = BUCKET_ROWS,
+    ) -> None:
+        if reporting_currency not in RATES_TO_EUR:
+            raise ValueError(
+                f"unknown reporting currency {reporting_currency!r}; known: {sorted(RATES_TO_EUR)}"
+            )
+        self.partition = partition
+        self.reporting_currency = reporting_currency
+        self._workdir = workdir
+        self._buckets = max(1, math.ceil(expected_rows / bucket_rows))
+        self._events: _Buckets | None = None
+        self._orders: _Buckets | None = None
+        self._rejects = _Runs(workdir)
+        self._sample: list[str] = []
+        self._stride = max(1, expected_rows // (self._buckets * SAMPLE_PER_BUCKET))
+        self._valid_seen = 0
+        self._deduped = False
+        #: source rows read, exact repeats dropped, rejects by reason, output rows.
+        self.source_rows = 0
+        self.duplicates_dropped = 0
+        self.reasons: collections.Counter[str] = collections.Counter()
+        self.row_count = 0
+
+    def __enter__(self) -> DayCleaner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def reject_count(self) -> int:
+        """Rejected source rows so far (malformed, and conflicting once :meth:`dedupe` ran)."""
+        return sum(self.reasons.values())
+
+    def add(self, batch: pa.Table | pa.RecordBatch) -> None:
+        """Step 1 for one batch of source rows (columns of ``orders``, as the extract stages them)."""
+        import pyarrow as pa
+
+        if self._deduped:
+            raise RuntimeError("add() after dedupe()")
+        table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+        table = table.select(list(ORDER_COLUMNS))
+        if not len(table):
+            return
+        table = table.take(np.argsort(table.column("row_id").to_numpy(), kind="stable"))
+        df = extract_frame(table)
+        df = df.astype({"row_id": "int64"})
+        self.source_rows += len(df)
+        reasons = _reject_reasons(df)
+        bad = reasons.notna().to_numpy()
+        if bad.any():
+            self._rejects.add(reject_frame(df[bad], reasons[bad]), extend=True)
+            self.reasons.update(reasons[bad].tolist())
+        positions = np.flatnonzero(~bad)
+        if not len(positions):
+            return
+        valid = df.iloc[positions]
+        if self._events is None:
+            path = os.path.join(self._workdir, "events.arrow")
+            self._events = _Buckets(path, self._buckets, table.schema)
+        key = valid["order_id"].where(valid["event_type"] == "sale", valid["refund_id"])
+        bucket = (pd.util.hash_array(key.to_numpy(dtype=object)) % np.uint64(self._buckets)).astype(np.int64)
+        self._events.add(table.take(positions), bucket)
+        index = np.arange(self._valid_seen, self._valid_seen + len(valid))
+        self._sample += valid["order_id"].to_numpy(dtype=object)[index % self._stride == 0].tolist()
+        self._valid_seen += len(valid)
+
+    def dedupe(self) -> None:
+        """Step 2: every bucket of events deduplicated; conflicts to the rejects, winners by order range."""
+        if self._deduped:
+            raise RuntimeError("dedupe() runs once")
+        self._deduped = True
+        if self._events is None:
+            return
+        sample = sorted(set(self._sample))
+        self._sample = []
+        count = min(self._buckets, max(1, len(sample)))
+        boundaries = np.array(
+            [sample[len(sample) * i // count] for i in range(1, count)], dtype=object
+        )  # sorted; equal neighbours only make an empty bucket
+        self._orders = _Buckets(
+            os.path.join(self._workdir, "orders.arrow"), count, self._events._spill.schema
+        )
+        for b in range(self._events.count):
+            table = self._events.read(b)
+            if not len(table):
+                continue
+            table = table.take(np.argsort(table.column("row_id").to_numpy(), kind="stable"))
+            valid = extract_frame(table).astype({"row_id": "int64"})
+            winners, conflicting, repeats = _dedupe(valid)
+            self.duplicates_dropped += repeats
+            if len(conflicting):
+                self._rejects.add(reject_frame(conflicting, "conflicting_duplicate"), extend=False)
+                self.reasons["conflicting_duplicate"] += len(conflicting)
+            order_ids = winners["order_id"].to_numpy(dtype=object)
+            bucket = np.searchsorted(boundaries, order_ids, side="right").astype(np.int64)
+            self._orders.add(table.take(winners.index.to_numpy()), bucket)
+        self._events.close()
+        self._events = None
+
+    def rows(self) -> Iterator[pd.DataFrame]:
+        """Step 3: the day's rows (columns :data:`~onceflow.sales.schema.SALES_COLUMNS`), sorted by
+        order id, one frame per non-empty bucket."""
+        if not self._deduped:
+            raise RuntimeError("rows() before dedupe()")
+        if self._orders is None:
+            return
+        for b in range(self._orders.count):
+            table = self._orders.read(b)
+            if len(table):
+                rows = _net_per_order(extract_frame(table), self.partition, self.reporting_currency)
+                self.row_count += len(rows)
+                yield rows
+
+    def rejects(self) -> Iterator[pa.Table]:
+        """Step 4: every reject (columns :data:`REJECT_COLUMNS`), sorted by source row id."""
+        if not self._deduped:
+            raise RuntimeError("rejects() before dedupe()")
+        yield from self._rejects.merged()
+
+    def close(self) -> None:
+        """Delete the spill files (the caller deletes ``workdir``)."""
+        for spill in (self._events, self._orders, self._rejects):
+            if spill is not None:
+                spill.close()
+        self._events = self._orders = None

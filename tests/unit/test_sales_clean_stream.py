@@ -1,0 +1,216 @@
+"""Cleaning in bounded memory (``clean_stream.DayCleaner``, ``staging.clean_extract``) gives what the
+whole-day ``clean_orders`` gives, on generated days made messy on purpose: exact repeats, refunds
+of the day's and earlier orders, conflicting duplicates of every kind (a refund id reused on another
+order, a second sale under one order id, a corrected amount, another currency), ties in ingestion
+time, NULLs, malformed rows of every reason, rows in any order, with buckets small enough that a
+day spans dozens of them and the rejects need merge passes."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import random
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from onceflow.sales import clean, clean_stream, staging
+from onceflow.sales.clean import CleanResult, clean_orders
+from onceflow.sales.clean_stream import DayCleaner
+from onceflow.sales.generator import GeneratorConfig
+from onceflow.testing.sales_fixtures import source_frame
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+DAY = dt.date(2024, 10, 27)  # 25 hours in Europe/Amsterdam
+
+
+def messy_day(seed: int, orders: int = 400) -> pd.DataFrame:
+    """A generated day with conflicts, ties and NULLs added, row ids sparse and rows shuffled."""
+    config = GeneratorConfig(
+        seed=seed, orders_per_day=orders, refund_rate=0.3, duplicate_rate=0.15, malformed_per_day=6
+    )
+    df = source_frame(DAY, config)
+    rng = random.Random(seed)
+    rows = df.to_dict("records")
+    extra: list[dict[str, object]] = []
+    sales = [r for r in rows if r["event_type"] == "sale" and r["order_id"]]
+    refunds = [r for r in rows if r["event_type"] == "refund" and r["refund_id"]]
+    later = dt.timedelta(seconds=rng.randint(1, 90))
+    for r in rng.sample(sales, len(sales) // 10):  # a corrected amount, later or earlier
+        extra.append(
+            {
+                **r,
+                "amount": f"{rng.randint(100, 9999) / 100:.2f}",
+                "ingested_at_utc": r["ingested_at_utc"] + rng.choice([later, -later]),
+            }
+        )
+    for r in rng.sample(sales, len(sales) // 20):  # another currency under the same order id
+        extra.append({**r, "currency": "SEK" if r["currency"] != "SEK" else "GBP"})
+    for r in rng.sample(sales, len(sales) // 20):  # the same amount written differently: a repeat
+        extra.append({**r, "amount": str(float(r["amount"])), "ingested_at_utc": r["ingested_at_utc"]})
+    for r in rng.sample(refunds, len(refunds) // 3):  # the refund id reused on another order
+        other = rng.choice(sales)
+        extra.append({**r, "order_id": other["order_id"], "ingested_at_utc": r["ingested_at_utc"] + later})
+    for r in rng.sample(sales, len(sales) // 15):  # customer NULL on the sale, a refund names one
+        r["customer_id"] = None
+        extra.append(
+            {
+                **r,
+                "event_type": "refund",
+                "refund_id": f"RN-{r['order_id']}",
+                "customer_id": "C-refund",
+                "amount": "1.00",
+            }
+        )
+    for r in rng.sample(sales, len(sales) // 20):  # a refund of an order sold on an earlier day
+        extra.append(
+            {
+                **r,
+                "order_id": f"OLD-{r['order_id']}",
+                "event_type": "refund",
+                "refund_id": f"RO-{r['order_id']}",
+                "customer_id": None,
+            }
+        )
+    for i in range(8):  # malformed in ways the generator does not make
+        base = rng.choice(sales)
+        bad = [{"order_id": "O\x00" + str(i)}, {"customer_id": "C\udcff"}, {"order_id": "O" * 65},
+               {"amount": "10.001"}, {"amount": None}, {"currency": None}, {"order_id": "   "},
+               {"event_type": None}][i]  # fmt: skip
+        extra.append({**base, **bad})
+    rows += extra
+    rng.shuffle(rows)
+    ids = rng.sample(range(1, 40 * len(rows)), len(rows))  # unique, sparse, in no particular order
+    for r, row_id in zip(rows, ids, strict=True):
+        r["row_id"] = row_id
+    text = {"order_id", "event_type", "refund_id", "customer_id", "amount", "currency"}
+    # Text as plain objects, as the extract hands it over: pandas' string dtype refuses surrogates.
+    return pd.DataFrame(
+        {c: pd.Series([r[c] for r in rows], dtype=object if c in text else None) for c in df.columns}
+    )
+
+
+def stream_clean(source: pd.DataFrame, *, bucket_rows: int, batch_rows: int, folder: Path) -> CleanResult:
+    """``DayCleaner`` over ``source`` staged as the extract stages it, read ``batch_rows`` at a time."""
+    staging.write_extract(folder, source)
+    table = pq.read_table(folder / "extract.parquet")
+    folder.joinpath("work").mkdir()
+    with DayCleaner(partition=DAY, expected_rows=len(source), workdir=str(folder / "work"),
+                    bucket_rows=bucket_rows) as cleaner:  # fmt: skip
+        for batch in table.to_batches(max_chunksize=batch_rows):
+            cleaner.add(batch)
+        cleaner.dedupe()
+        frames = list(cleaner.rows())
+        rejects = pa.concat_tables([pa.Table.from_batches([], schema=clean_stream.reject_schema()),
+                                    *cleaner.rejects()]).to_pandas()  # fmt: skip
+        rows = (
+            pd.concat(frames, ignore_index=True)
+            if frames
+            else clean_orders(source.iloc[:0], partition=DAY).rows
+        )
+        assert cleaner.row_count == len(rows)
+        assert sum(cleaner.reasons.values()) == len(rejects)
+        return CleanResult(rows=rows, rejects=rejects, source_rows=cleaner.source_rows,
+                           duplicates_dropped=cleaner.duplicates_dropped)  # fmt: skip
+
+
+def assert_same(new: CleanResult, old: CleanResult) -> None:
+    pd.testing.assert_frame_equal(new.rows, old.rows)
+    assert new.rejects.astype(object).values.tolist() == old.rejects.astype(object).values.tolist()
+    assert list(new.rejects.columns) == list(old.rejects.columns)
+    assert (new.source_rows, new.duplicates_dropped) == (old.source_rows, old.duplicates_dropped)
+    assert new.reasons() == old.reasons()
+
+
+@pytest.mark.parametrize(
+    ("seed", "bucket_rows", "batch_rows"), [(1, 23, 50), (2, 7, 11), (3, 100_000, 50_000), (4, 61, 1000)]
+)
+def test_the_bucketed_clean_equals_the_whole_day_clean(
+    seed: int, bucket_rows: int, batch_rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(clean_stream, "MERGE_FAN_IN", 3)  # the rejects' runs need merge passes
+    monkeypatch.setattr(clean_stream, "RUN_BATCH_ROWS", 3)
+    monkeypatch.setattr(clean_stream, "FLUSH_ROWS", 150)
+    source = messy_day(seed)
+    old = clean_orders(source, partition=DAY)
+    # the day has everything the comparison is about
+    reasons = old.reasons()
+    assert reasons["conflicting_duplicate"] > 30 and old.duplicates_dropped > 30
+    assert {"nul_byte", "invalid_text", "value_too_long", "sub_cent_amount", "bad_amount"} <= set(reasons)
+    assert (old.rows["refund_cents"] > 0).sum() > 50 and old.rows["customer_id"].isna().any()
+    assert (old.rows["gross_cents"] == 0).any()
+
+    assert_same(stream_clean(source, bucket_rows=bucket_rows, batch_rows=batch_rows, folder=tmp_path), old)
+
+
+def test_an_empty_day_and_a_day_of_only_rejects(tmp_path: Path) -> None:
+    source = messy_day(5, orders=20)
+    for name, day in {"empty": source.iloc[:0], "rejects": source.assign(currency="XXX")}.items():
+        old = clean_orders(day, partition=DAY)
+        assert_same(stream_clean(day, bucket_rows=3, batch_rows=4, folder=tmp_path / name), old)
+
+
+def test_input_order_does_not_matter(tmp_path: Path) -> None:
+    source = messy_day(6, orders=150)
+    first = stream_clean(source, bucket_rows=17, batch_rows=29, folder=tmp_path / "a")
+    backwards = source.sort_values("row_id", ascending=False)
+    assert_same(stream_clean(backwards, bucket_rows=17, batch_rows=29, folder=tmp_path / "b"), first)
+
+
+def test_clean_extract_stages_what_write_clean_of_clean_orders_stages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The staged files read back the same (rows, rejects, facts) and the manifests are equal."""
+    monkeypatch.setattr(staging, "EXTRACT_READ_ROWS", 37)
+    source = messy_day(7)
+    old, new = tmp_path / "old", tmp_path / "new"
+    for folder in (old, new):
+        staging.write_extract(folder, source, source_watermark_utc=dt.datetime(2024, 10, 28, 1, 2, 3))
+    extract = staging.read_extract(old)
+    staging.write_clean(old, clean_orders(extract.frame, partition=DAY), partition=DAY,
+                        processing_version="v", source=extract)  # fmt: skip
+    (new / "extract.parquet").write_bytes((old / "extract.parquet").read_bytes())  # one extract id
+    summary = staging.clean_extract(new, partition=DAY, processing_version="v", bucket_rows=50)
+
+    before, after = staging.read_clean(old), staging.read_clean(new)
+    pd.testing.assert_frame_equal(after.rows, before.rows)
+    pd.testing.assert_frame_equal(after.rejects, before.rejects)
+    assert dataclasses.replace(after, rows=None, rejects=None) == dataclasses.replace(
+        before, rows=None, rejects=None
+    )
+    assert json.loads((new / "manifest.json").read_text()) == json.loads((old / "manifest.json").read_text())
+    assert (summary.rows, summary.rejects) == (len(before.rows), len(before.rejects))
+    assert pq.ParquetFile(new / "rows.parquet").metadata.num_row_groups > 5  # many buckets
+    with staging.open_clean(new) as streamed:
+        batches = list(streamed.row_batches(batch_rows=100))
+    pd.testing.assert_frame_equal(pd.concat(batches, ignore_index=True), before.rows)
+
+
+def old_fingerprints(valid: pd.DataFrame) -> list[str]:
+    """The event fingerprint as clean._dedupe built it before it was vectorised (per value str())."""
+    from decimal import Decimal
+
+    amounts = [str(Decimal(str(a).strip()).quantize(Decimal("0.01"))) for a in valid["amount"]]
+    columns = [valid[name].tolist() for name in clean._EVENT_FIELDS]
+    return ["\x1f".join(map(str, parts)) for parts in zip(amounts, *columns, strict=True)]
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+def test_the_event_fingerprints_are_the_per_value_ones(unit: str) -> None:
+    valid = messy_day(8, orders=120)
+    valid = valid[clean._reject_reasons(valid).isna()].reset_index(drop=True)
+    times = [dt.datetime(5, 1, 1), dt.datetime(2024, 1, 1, 0, 0, 0, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
+             dt.datetime(1969, 12, 31, 23, 59, 59, 500000), dt.datetime(1800, 2, 28, 1, 2, 3, 1000)]  # fmt: skip
+    if unit == "ns":
+        times = [times[1], times[3], times[4]]  # years 5 and 9999 do not fit nanoseconds
+    valid.loc[: len(times) - 1, "created_at_utc"] = times
+    valid["created_at_utc"] = valid["created_at_utc"].astype(f"datetime64[{unit}]")
+    assert clean._event_fingerprints(valid) == old_fingerprints(valid)
+    valid["created_at_utc"] = valid["created_at_utc"].astype(object)  # plain datetimes: per value
+    assert clean._event_fingerprints(valid) == old_fingerprints(valid)

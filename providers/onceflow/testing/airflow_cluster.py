@@ -26,14 +26,19 @@ import urllib.error
 import urllib.request
 import uuid
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from sqlalchemy import create_engine, text
 
 from onceflow.testing.ports import free_port
 from onceflow.testing.processes import exit_code_unreaped, harness_pids, start_ticks, terminate_marked
+
+if TYPE_CHECKING:
+    import pytest
+
+    from onceflow.testing.airflow_env import AirflowTestEnv
 
 #: Environment variable set in every process a cluster starts, so none is left behind at teardown.
 MARKER = "ONCEFLOW_HARNESS_RUN"
@@ -489,3 +494,70 @@ def set_pools(pools: dict[str, int]) -> None:
         Pool.create_or_update_pool(
             name=name, slots=slots, description="onceflow test pool", include_deferred=False
         )
+
+
+def cluster_factory(
+    db: AirflowTestEnv, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., AirflowCluster]]:
+    """The ``onceflow_airflow_cluster_factory`` fixture (``onceflow.testing.pytest_plugin``): every
+    cluster it makes is stopped at teardown, and the test errors if any of its processes survived."""
+    import pytest
+
+    from onceflow.testing import postgres
+    from onceflow.testing.celery_cluster import CeleryCluster
+
+    made: list[AirflowCluster] = []
+
+    def factory(
+        *,
+        dags_folder: Path | str | None = None,
+        env: dict[str, str] | None = None,
+        pools: dict[str, int] | None = None,
+        parallelism: int = 8,
+        timeout: float = 180.0,
+        executor: str = "local",
+        celery: dict[str, Any] | None = None,
+    ) -> AirflowCluster:
+        if executor not in {"local", "celery"}:
+            raise ValueError(f"executor must be 'local' or 'celery', not {executor!r}")
+        if executor == "celery" and not db.is_postgres:
+            reason = (
+                "the Celery topology needs a PostgreSQL metadata DB (two schedulers lock rows): "
+                f"set {postgres.ENV_VAR}=postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+            )
+            if postgres.postgres_required():
+                pytest.fail(reason, pytrace=False)
+            pytest.skip(reason)
+        if pools:
+            set_pools(pools)
+        workdir = tmp_path_factory.mktemp(f"{executor}-cluster")
+        folder = Path(dags_folder) if dags_folder else None
+        cluster: AirflowCluster
+        if executor == "celery":
+            cluster = CeleryCluster(
+                db.variables,
+                workdir,
+                dags_folder=folder,
+                env=env,
+                parallelism=parallelism,
+                **(celery or {}),
+            )
+        else:
+            cluster = AirflowCluster(
+                db.variables, workdir, dags_folder=folder, env=env, parallelism=parallelism
+            )
+        made.append(cluster)
+        return cluster.start(timeout=timeout)
+
+    yield factory
+    problems: list[str] = []
+    for cluster in made:
+        # Each in its own try: one failing stop() must not leave the other clusters running.
+        try:
+            cluster.stop()
+        except Exception as exc:
+            problems.append(f"{cluster.marker}: stop() failed: {exc!r}")
+        if leftovers := cluster.leftover_pids():
+            problems.append(f"{cluster.marker}: survived teardown: {leftovers}")
+    if problems:
+        pytest.fail("onceflow: Airflow cluster teardown: " + "; ".join(problems))

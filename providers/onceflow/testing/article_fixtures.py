@@ -1,4 +1,5 @@
-"""pytest fixtures for the demo article site; registered by ``onceflow.testing.pytest_plugin``.
+"""The demo article site behind the plugin's ``onceflow_article_site`` fixture
+(``onceflow.testing.pytest_plugin`` declares it and imports this module when it is used).
 
 ``onceflow_article_site`` serves the demo site on a free 127.0.0.1 port for one test, with
 ``tmp_path / "published"`` under ``/published/``, and sets the ``onceflow_fetch`` connection so
@@ -14,11 +15,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
-if TYPE_CHECKING:  # the site is imported when the fixture is used (the plugin loads this everywhere)
+if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
+
+    import pytest
 
     from onceflow.testing.article_site import ArticleSite
 
@@ -30,9 +31,8 @@ def fetch_connection_json(site: ArticleSite, **extra: Any) -> str:
     return json.dumps({"conn_type": "generic", "extra": {"allow": [site.address], **extra}})
 
 
-@pytest.fixture
-def onceflow_article_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArticleSite]:
-    """The demo article site for one test, allowed by the ``onceflow_fetch`` connection."""
+def article_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArticleSite]:
+    """``onceflow_article_site``: the site for one test, allowed by the ``onceflow_fetch`` connection."""
     from onceflow.testing.article_site import serve
 
     published = tmp_path / "published"

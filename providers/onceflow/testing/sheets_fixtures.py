@@ -1,4 +1,5 @@
-"""pytest fixtures for the Sheets API emulator; registered by ``onceflow.testing.pytest_plugin``.
+"""The Sheets API emulator behind the plugin's fixtures (``onceflow.testing.pytest_plugin`` declares
+them and imports this module when one is used).
 
 ``onceflow_sheets_emulator`` starts a fresh emulator per test on a free 127.0.0.1 port (in a thread of the
 test process, state in ``tmp_path``) and sets the ``onceflow_sheets`` Airflow connection to reach it
@@ -16,13 +17,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
-# The emulator is imported when a fixture is used, not when pytest loads the plugin: every pytest
-# session of a project where onceflow is installed loads this module (docs/testing.md).
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
+
+    import pytest
 
     from onceflow.testing.sheets_emulator.faults import FaultInjector
     from onceflow.testing.sheets_emulator.quota import Quota
@@ -166,31 +165,27 @@ class SheetsEmulator:
         self.server = SheetsEmulatorServer(port=port, state=self.state, metadata_limit=limit).start()
 
 
-@pytest.fixture
-def onceflow_sheets_emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SheetsEmulator]:
-    """A fresh Sheets API emulator per test, with ``AIRFLOW_CONN_ONCEFLOW_SHEETS`` pointing at it."""
-    emulator = SheetsEmulator(tmp_path / "sheets-state.json")
-    monkeypatch.setenv(f"AIRFLOW_CONN_{DEFAULT_CONN_ID.upper()}", emulator.connection_json())
+def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SheetsEmulator]:
+    """``onceflow_sheets_emulator``: a fresh emulator, ``AIRFLOW_CONN_ONCEFLOW_SHEETS`` pointing at it."""
+    made = SheetsEmulator(tmp_path / "sheets-state.json")
+    monkeypatch.setenv(f"AIRFLOW_CONN_{DEFAULT_CONN_ID.upper()}", made.connection_json())
     try:
-        yield emulator
+        yield made
     finally:
-        emulator.stop()
+        made.stop()
 
 
-@pytest.fixture
-def onceflow_queue_sheet(
-    onceflow_sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch
+def queue_sheet(
+    sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[[list[list[str]]], str]:
-    """``make(rows)``: a queue spreadsheet (tab ``queue``, :data:`CLAIMED_QUEUE_HEADER`) on the
-    emulator holding ``rows``, with connection ``onceflow_sheets`` pointing at it; its id."""
+    """``onceflow_queue_sheet``: ``make(rows)`` -> the id of a queue spreadsheet (tab ``queue``,
+    :data:`CLAIMED_QUEUE_HEADER`) holding ``rows``, connection ``onceflow_sheets`` pointing at it."""
 
     def make(rows: list[list[str]]) -> str:
-        sid = onceflow_sheets_emulator.create_spreadsheet(
-            "articles", sheets={"queue": [CLAIMED_QUEUE_HEADER, *rows]}
-        )
+        sid = sheets_emulator.create_spreadsheet("articles", sheets={"queue": [CLAIMED_QUEUE_HEADER, *rows]})
         monkeypatch.setenv(
             f"AIRFLOW_CONN_{DEFAULT_CONN_ID.upper()}",
-            onceflow_sheets_emulator.connection_json(spreadsheet_id=sid),
+            sheets_emulator.connection_json(spreadsheet_id=sid),
         )
         return sid
 
@@ -200,31 +195,23 @@ def onceflow_queue_sheet(
 _DEFAULT_STATE = object()
 
 
-@pytest.fixture
-def onceflow_sheets_emulator_factory(tmp_path: Path) -> Iterator[Callable[..., SheetsEmulator]]:
-    """Make more emulators: ``factory(state=<tmp file>, port=0)``; ``state=None`` keeps state in
-    memory only. Every one is stopped at teardown. It sets no connection: use ``.connection_json()``."""
+def emulator_factory(tmp_path: Path) -> Iterator[Callable[..., SheetsEmulator]]:
+    """``onceflow_sheets_emulator_factory``: ``factory(state=<tmp file>, port=0)``, each one
+    stopped at teardown."""
     made: list[SheetsEmulator] = []
 
     def factory(state: Any = _DEFAULT_STATE, port: int = 0) -> SheetsEmulator:
         if state is _DEFAULT_STATE:
             state = tmp_path / f"sheets-state-{len(made)}.json"
-        emulator = SheetsEmulator(state, port=port)
-        made.append(emulator)
-        return emulator
+        started = SheetsEmulator(state, port=port)
+        made.append(started)
+        return started
 
     try:
         yield factory
     finally:
-        for emulator in made:
-            emulator.stop()
+        for started in made:
+            started.stop()
 
 
-__all__ = [
-    "CLAIMED_QUEUE_HEADER",
-    "SheetsEmulator",
-    "connection_json",
-    "onceflow_queue_sheet",
-    "onceflow_sheets_emulator",
-    "onceflow_sheets_emulator_factory",
-]
+__all__ = ["CLAIMED_QUEUE_HEADER", "SheetsEmulator", "connection_json"]

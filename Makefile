@@ -9,7 +9,7 @@ UV := PYTHON=$(PYTHON) bash .ci/uv
 export UV_PYTHON_DOWNLOADS := never
 PYTEST_ARGS ?=
 
-.PHONY: help install bytecode wheel-test-envs system-deps lint format test test-fast test-slow bench bench-quick run clean docs docs-screenshots
+.PHONY: help install bytecode wheel-test-envs published-schemas system-deps lint format test test-fast test-slow bench bench-quick run clean docs docs-screenshots
 
 help:
 	@echo "make run    start Airflow on embedded defaults (SQLite, Sheets emulator) with this repo's DAGs"
@@ -34,7 +34,7 @@ bytecode: $(VENV)/.synced
 	@$(PY) -m compileall -q --invalidation-mode checked-hash providers \
 		|| echo "providers/ not compiled (read-only, or a file that does not compile): its modules compile at import"
 
-install: system-deps bytecode wheel-test-envs
+install: system-deps bytecode wheel-test-envs published-schemas
 
 # The wheel tests run uv offline (uv is not Python: the network guard cannot see it). This step,
 # with the network, builds their cached Airflow venvs of each supported minor and fills uv's
@@ -42,6 +42,12 @@ install: system-deps bytecode wheel-test-envs
 # tests/acceptance/wheel_env.py changes. See docs/testing.md, "The network guard".
 wheel-test-envs: $(VENV)/.synced
 	@$(PY) tests/acceptance/wheel_env.py prepare
+
+# The Compose Specification's and Kubernetes' JSON schemas the deployment tests validate against,
+# from two pinned PyPI wheels (check-jsonschema, kubernetes-validate) into ~/.cache/onceflow/schemas;
+# a no-op once there. Nothing of them is committed. See docs/testing.md, "Published schemas".
+published-schemas: $(VENV)/.synced
+	@$(PY) tests/unit/published_schemas.py prepare
 
 # Debian packages the tests use (unshare for the parse guard, apertium and apertium-eng-spa for the article chain).
 system-deps:

@@ -1,7 +1,8 @@
 """docker-compose.yaml and the Dockerfile, checked without a Docker engine.
 
-* The compose file validates against the Compose Specification's JSON schema (vendored in
-  ``tests/data``), and the validator does refuse a broken file.
+* The compose file validates against the Compose Specification's JSON schema (as published in
+  the ``check-jsonschema`` wheel, fetched by ``make install``: ``published_schemas.py``), and the
+  validator does refuse a broken file.
 * Every command a service of our image runs exists and parses: ``airflow`` subcommands by
   Airflow 3.3's own CLI parser (with the CeleryExecutor, whose ``celery`` commands come from the
   provider), console scripts by the parsers behind pyproject's ``[project.scripts]``,
@@ -17,6 +18,7 @@ Third-party images (postgres, redis, fake-gcs-server) are only schema-checked.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import re
@@ -30,6 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import jsonschema
+import published_schemas
 import pytest
 import tomllib
 import yaml
@@ -87,9 +90,20 @@ def _init_script() -> str:
 
 
 def _schema_errors(document: dict[str, Any]) -> list[str]:
-    schema = json.loads((REPO / "tests" / "data" / "compose-spec.json").read_text())
-    validator = jsonschema.Draft7Validator(schema)
+    schema = published_schemas.load("compose-spec.json")
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    validator = validator_class(schema)
     return [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(document)]
+
+
+def test_the_schema_is_the_published_compose_specification_with_its_licence() -> None:
+    schema = published_schemas.path("compose-spec.json")
+    assert json.loads(schema.read_text())["title"] == "Compose Specification"
+    # unmodified: the hash check-jsonschema recorded when it took the file from the specification
+    recorded = published_schemas.path("compose-spec.sha256").read_text().split()[0]
+    assert hashlib.sha256(schema.read_bytes()).hexdigest() == recorded
+    assert "Apache License" in published_schemas.path("LICENSE.compose-spec").read_text()
 
 
 def test_compose_file_validates_against_the_compose_spec() -> None:

@@ -9,7 +9,14 @@ runs of each in alternating order); it prints every run's wall and CPU time (use
 child) with the load average, the medians of both, their difference and the modules the plugin
 adds. No assertion: timings on a shared machine are for reading.
 
-    .venv/bin/python benchmarks/bench_pytest_plugin_import.py --repeat 10
+The difference sought (tens of ms in a session of one to two seconds) is smaller than what a
+loaded 2-core machine adds to a single run, so ``--instructions`` also runs each side once under
+``valgrind --tool=callgrind`` (``PYTHONHASHSEED=0``) and prints the instructions each executed:
+a count that repeats to within a thousand of 6.5 billion whatever the load, and the difference
+as a share of the baseline, which times the baseline's median CPU gives the plugin's CPU cost.
+Needs valgrind (Debian's package); a few minutes per side.
+
+    .venv/bin/python benchmarks/bench_pytest_plugin_import.py --repeat 10 [--instructions]
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sidebyside import Result, measure_sides, print_table
+from sidebyside import Result, load_average, measure_sides, print_table
 
 FOREIGN_TEST = """
 import pytest
@@ -89,10 +96,29 @@ def _modules(folder: Path, extra: list[str]) -> set[str]:
     return set(json.loads(line[8:]))
 
 
+def _instructions(folder: Path, extra: list[str]) -> int:
+    """Instructions one ``pytest --co`` executes, counted by callgrind."""
+    with tempfile.TemporaryDirectory(prefix="callgrind-") as out:
+        counts = Path(out) / "callgrind.out"
+        done = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={counts}", sys.executable,
+             "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", *extra],
+            cwd=folder, capture_output=True, text=True, env={**_env(), "PYTHONHASHSEED": "0"},
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"callgrind of pytest --co failed:\n{done.stdout}\n{done.stderr}")
+        summary = next(line for line in counts.read_text().splitlines() if line.startswith("summary:"))
+        return int(summary.split()[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument(
+        "--instructions", action="store_true", help="also count each side's instructions (valgrind)"
+    )
     args = parser.parse_args()
+    counted: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="foreign-project-") as tmp:
         folder = Path(tmp)
         (folder / "test_foreign.py").write_text(FOREIGN_TEST)
@@ -109,6 +135,10 @@ def main() -> None:
             {"-p no:onceflow": side(["-p", "no:onceflow"]), "with onceflow": side([])}, args.repeat
         )
         added = _modules(folder, []) - _modules(folder, ["-p", "no:onceflow"])
+        if args.instructions:
+            for side, extra in (("-p no:onceflow", ["-p", "no:onceflow"]), ("with onceflow", [])):
+                print(f"  callgrind: {side}, load average {load_average()}", flush=True)
+                counted[side] = _instructions(folder, extra)
     print(f"pytest --co of a foreign project, {args.repeat} runs each after a warm-up, alternated")
     print_table(samples, baseline="-p no:onceflow", unit="CPU s of the child", fmt="{:.3f}")
     timed = [s for s in samples if s.rep > 0]
@@ -128,6 +158,13 @@ def main() -> None:
         f"added {(cpu_with - cpu_without) * 1000:+.0f} ms ({cpu_with / cpu_without:.2f}x)"
     )
     print(f"  modules the plugin adds: {len(added)}: {', '.join(sorted(added)[:40])}")
+    if counted:
+        base, plugin = counted["-p no:onceflow"], counted["with onceflow"]
+        share = (plugin - base) / base
+        print(
+            f"  instructions (callgrind): with onceflow {plugin:,}, -p no:onceflow {base:,}, added "
+            f"{plugin - base:+,} ({share:+.2%}); x the median CPU without it: {share * cpu_without * 1000:+.1f} ms"
+        )
 
 
 if __name__ == "__main__":

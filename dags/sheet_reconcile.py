@@ -58,7 +58,7 @@ def sheet_reconcile() -> None:
         from onceflow.hooks.ledger import LedgerHook
         from onceflow.hooks.sheets import SheetQueueHook
         from onceflow.operators.sheets import ARTICLE_PIPELINE, create_dag_run, run_claim_token
-        from onceflow.sheets import ledger_link
+        from onceflow.sheets import ledger_link, relay
         from onceflow.sheets import reconcile as rec
 
         context = get_current_context()
@@ -104,6 +104,9 @@ def sheet_reconcile() -> None:
                 reason=action.reason,
                 published_url=action.row.get("published_url").strip(),
             ),
+            # its INVALID, DUPLICATE and FAILED leave as every final status does: through the
+            # ledger's outbox, then one relay pass
+            send_rows=lambda writes: relay.send_rows(queue, ledger, rec.RECONCILE_STEP, writes),
         )
         # row anchors of rows finished without onceflow's final transition (by hand, or by an
         # older onceflow that kept them), and of rows whose run has succeeded (nothing writes

@@ -16,10 +16,12 @@ from onceflow.sheets.model import Snapshot, Status
 from onceflow.sheets.protocol import SheetQueue
 from onceflow.sheets.retry import Backoff
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+from onceflow.sheets.wakeup import wake_up
 from onceflow.testing.sheet_races import published_url
 from onceflow.testing.sheets_emulator.limits import METADATA_LIMIT
 
 if TYPE_CHECKING:
+    from onceflow.ledger import Ledger
     from onceflow.testing.sheets_fixtures import SheetsEmulator
 
 HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
@@ -40,7 +42,9 @@ def _in_flight(emulator: SheetsEmulator, sid: str) -> set[str]:
     return {r.token for r in snapshot.rows if r.status is Status.PROCESSING and r.token}
 
 
-def test_5000_rows_claimed_and_finished_under_the_metadata_cap(sheets_emulator_factory: Any) -> None:
+def test_5000_rows_claimed_and_finished_under_the_metadata_cap(
+    sheets_emulator_factory: Any, sqlite_ledger: Ledger
+) -> None:
     emulator = sheets_emulator_factory(state=None)  # no state file: 5,000 rows rewritten per write
     assert emulator.server.store.metadata_limit == METADATA_LIMIT == 30_000
     rows = []
@@ -59,11 +63,13 @@ def test_5000_rows_claimed_and_finished_under_the_metadata_cap(sheets_emulator_f
     held: list[str] = []  # the last rounds' claims stay in flight
     claimed = rejected = 0
     while True:
-        result = queue.claim(100)
+        woke = wake_up(queue, sqlite_ledger, 100)  # INVALID and DUPLICATE leave through the outbox
+        result = woke.claim
         if result.aimed == 0:
             break
         claimed += len(result.claims)
         rejected += len(result.rejected)
+        assert sorted(woke.rejected.written) == sorted(r.token for r in result.rejected)
         finishing = [c for c in result.claims if claimed < 4800 or c.row_number % 2]
         held += [c.token for c in result.claims if c not in finishing]
         moved = queue.finish_many(

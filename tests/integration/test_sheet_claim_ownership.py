@@ -29,6 +29,7 @@ from onceflow.sheets.model import Snapshot, Status, token_time
 from onceflow.sheets.protocol import Claim, SheetQueue
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 from onceflow.sheets.validation import judge_url
+from onceflow.sheets.wakeup import wake_up
 from onceflow.testing.dag_runner import FIRST_STEP_ONLY, dag_runs
 from onceflow.testing.sheet_edits import batch_update, delete_rows
 from onceflow.testing.sheets_fixtures import CLAIMED_QUEUE_HEADER
@@ -147,7 +148,7 @@ def _the_race(
             sheet_id = _queue(sheets_emulator, sid).sheet_id()
             batch_update(service, sid, delete_rows(sheet_id, 2, 3))  # the editor deletes row 3
             b = _queue(sheets_emulator, sid, spread=1, clock=lambda: a_time + timedelta(seconds=1))
-            won = b.claim(1).claims
+            won = wake_up(b, None, 1).claim.claims  # B's bad row leaves as sheet_claim sends it
             assert [(c.url, c.row_number) for c in won] == [(url, 3)], won
             seen["B"] = won[0]
             # B's token is stamped a second after A's, so it can lie up to a second ahead of now:
@@ -320,16 +321,13 @@ CLAIMER_STOPPED_BEFORE_MARKING = textwrap.dedent(
     """
     import sys
     from onceflow.hooks.sheets import SheetQueueHook
-    from onceflow.sheets.transport import GoogleSheetsTransport
 
-    def held(self, data):
-        # the claim batch and its read-back are done; next come the bad rows' reasons
-        print("CLAIMED", flush=True)
-        sys.stdin.readline()  # the test kills us here
-        raise SystemExit("not killed")
-
-    GoogleSheetsTransport.write_by_filter = held
+    # the claim batch and its read-back are done; next the wake-up would commit the bad row's
+    # INVALID to the outbox (onceflow.sheets.wakeup)
     SheetQueueHook().queue("v1").claim(5)
+    print("CLAIMED", flush=True)
+    sys.stdin.readline()  # the test kills us here
+    raise SystemExit("not killed")
     """
 )
 

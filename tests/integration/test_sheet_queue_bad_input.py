@@ -11,11 +11,13 @@ import pytest
 from onceflow.sheets.model import MissingColumnsError, Snapshot, Status
 from onceflow.sheets.protocol import SheetQueue
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
+from onceflow.sheets.wakeup import wake_up
 from onceflow.testing.sheets_emulator.cells import Formula
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from onceflow.ledger import Ledger
     from onceflow.testing.sheets_fixtures import SheetsEmulator
 
 HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
@@ -39,7 +41,9 @@ def _rows(emulator: SheetsEmulator, sid: str) -> Snapshot:
     return Snapshot.from_values(emulator.values(sid, "queue"))
 
 
-def test_empty_and_malformed_urls_are_marked_invalid_with_a_reason(sheets_emulator: SheetsEmulator) -> None:
+def test_empty_and_malformed_urls_are_marked_invalid_with_a_reason(
+    sheets_emulator: SheetsEmulator, sqlite_ledger: Ledger
+) -> None:
     queue, sid = _queue(
         sheets_emulator,
         [
@@ -50,7 +54,7 @@ def test_empty_and_malformed_urls_are_marked_invalid_with_a_reason(sheets_emulat
             ["https://ok.example/a", "NEW"],
         ],
     )
-    result = queue.claim(10)
+    result = wake_up(queue, sqlite_ledger, 10).claim  # as sheet_claim: INVALID leaves through the outbox
     assert [c.url for c in result.claims] == ["https://ok.example/a"]
     rows = _rows(sheets_emulator, sid).rows
     assert [r.status for r in rows[:3]] == [Status.INVALID] * 3
@@ -63,7 +67,7 @@ def test_empty_and_malformed_urls_are_marked_invalid_with_a_reason(sheets_emulat
 
 
 def test_the_later_of_two_rows_with_one_url_is_a_duplicate_pointing_at_the_first(
-    sheets_emulator: SheetsEmulator,
+    sheets_emulator: SheetsEmulator, sqlite_ledger: Ledger
 ) -> None:
     queue, sid = _queue(
         sheets_emulator,
@@ -74,7 +78,7 @@ def test_the_later_of_two_rows_with_one_url_is_a_duplicate_pointing_at_the_first
             [" https://A.example/x#c", "NEW"],
         ],
     )
-    result = queue.claim(10)
+    result = wake_up(queue, sqlite_ledger, 10).claim
     assert sorted(c.url for c in result.claims) == ["https://a.example/x", "https://b.example/y"]
     rows = _rows(sheets_emulator, sid).rows
     assert rows[0].status is Status.PROCESSING
@@ -88,7 +92,7 @@ def test_the_later_of_two_rows_with_one_url_is_a_duplicate_pointing_at_the_first
         valueInputOption="RAW",
         body={"values": [["https://b.example/y", "NEW"]]},
     ).execute()
-    assert queue.claim(10).claims == []
+    assert wake_up(queue, sqlite_ledger, 10).claim.claims == []
     last = _rows(sheets_emulator, sid).rows[-1]
     assert last.status is Status.DUPLICATE and last.get("reason").startswith("duplicate of row 3")
 
@@ -118,7 +122,9 @@ def test_unknown_statuses_are_left_untouched(sheets_emulator: SheetsEmulator) ->
     assert sheets_emulator.request_log["spreadsheets.batchUpdate"] == 0
 
 
-def test_formulas_are_never_evaluated_nor_written_back_as_formulas(sheets_emulator: SheetsEmulator) -> None:
+def test_formulas_are_never_evaluated_nor_written_back_as_formulas(
+    sheets_emulator: SheetsEmulator, sqlite_ledger: Ledger
+) -> None:
     queue, sid = _queue(
         sheets_emulator,
         [
@@ -129,7 +135,7 @@ def test_formulas_are_never_evaluated_nor_written_back_as_formulas(sheets_emulat
         ],
         value_input_option="USER_ENTERED",
     )
-    result = queue.claim(10)
+    result = wake_up(queue, sqlite_ledger, 10).claim
     assert [c.url for c in result.claims] == ["https://a.example/2"]
     rows = _rows(sheets_emulator, sid).rows
     assert rows[0].status is Status.INVALID

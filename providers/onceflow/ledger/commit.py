@@ -330,6 +330,30 @@ def mark_invalid(
     raise _refuse(engine, lease, item, now, "invalid-input report")
 
 
+def enqueue(
+    engine: Engine, *, step: str, follow_ups: Sequence[tuple[str, FollowUp]], now: float, actor: str
+) -> int:
+    """Write outbox follow-ups that no lease commits, in one transaction; return how many were new.
+
+    For writes decided outside any work item's lease: a sheet row a claim found INVALID or
+    DUPLICATE (no article item is its own), a row ``sheet_reconcile`` finishes. Each needs its own
+    ``key``, so a repeat (a retry of the task) is the same outbox row and changes nothing.
+
+    :param follow_ups: (work key the row is filed under, follow-up) pairs.
+    :raises ValueError: a follow-up without a key, or one that is not an outbox row.
+    """
+    specs = []
+    for work_key, f in follow_ups:
+        if f.target_type == WORK_ITEM or not f.key:
+            raise ValueError(f"enqueue takes keyed outbox follow-ups, not {f.target_type} {f.key!r}")
+        specs.append((work_key, f.resolved(work_key, step, "", 0)))
+    with engine.begin() as conn:
+        return sum(
+            write_follow_up(conn, spec, work_key=work_key, step=step, now=now, actor=actor)
+            for work_key, spec in specs
+        )
+
+
 def record_refusal(engine: Engine, lease: Lease, *, now: float, what: str) -> bool:
     """Record that a sink refused ``lease``'s write (``commit_refused``), if the lease is stale here too.
 

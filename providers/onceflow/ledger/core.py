@@ -250,6 +250,17 @@ class Ledger:
             self.engine, lease, reason=reason, now=self.clock.now(), step=step, follow_ups=follow_ups
         )
 
+    def enqueue(self, step: str, follow_ups: Sequence[tuple[str, FollowUp]], actor: str = "producer") -> int:
+        """Write keyed outbox follow-ups that no lease commits, as (work key, follow-up) pairs (a
+        sheet row a claim found INVALID or DUPLICATE, a row ``sheet_reconcile`` finishes), in one
+        transaction; return how many were new. A repeat is the same outbox row.
+
+        :raises ValueError: a follow-up without a key, or not for the outbox.
+        """
+        return commit.enqueue(
+            self.engine, step=step, follow_ups=follow_ups, now=self.clock.now(), actor=actor
+        )
+
     # -- operators and the reconciler --------------------------------------------------------
     def transition(self, work_key: str, event: str, actor: str, reason: str | None = None) -> WorkItem:
         """Apply a table event that needs no lease (``correct``, ``cancel``, ``expire``, ...).

@@ -182,10 +182,14 @@ class FollowUp:
         return cls(WORK_ITEM, kind, payload or {}, work_key, priority, required_version)
 
     @classmethod
-    def sheet_row(cls, sheet: str, payload: dict[str, Any]) -> FollowUp:
+    def sheet_row(cls, sheet: str, payload: dict[str, Any], key: str | None = None) -> FollowUp:
         """Write one row of the sheet queue ``sheet`` (``<spreadsheet id>/<tab>``): the row's
-        final status and fields, by its claim token (``onceflow.sheets.relay`` builds these)."""
-        return cls(SHEET_ROW, sheet, payload)
+        final status and fields, by its claim token (``onceflow.sheets.relay`` builds these).
+
+        :param key: the row's own deduplication key, for a write no lease commits
+            (:meth:`~onceflow.ledger.core.Ledger.enqueue`); default: keyed by the committing attempt.
+        """
+        return cls(SHEET_ROW, sheet, payload, key)
 
     def resolved(self, work_key: str, step: str, version: str, token: int) -> dict[str, Any]:
         """The stored form, with its deduplication key fixed.

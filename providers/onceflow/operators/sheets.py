@@ -101,9 +101,12 @@ def run_claim_token(dag_id: str, run_id: str) -> str | None:
 class SheetClaimOperator(BaseOperator):
     """Claim up to ``max_rows`` NEW rows of the queue sheet, then start one run per claimed row.
 
-    Costs one ``spreadsheets.get`` (tab ids), one read and one write of the sheet whatever
-    ``max_rows`` is, plus a verification read when rows moved and two more writes when some rows
-    are INVALID or DUPLICATE. Returns, as XCom, the claims and what happened to each run.
+    One wake-up (:func:`onceflow.sheets.wakeup.wake_up`): the tab's write-backs pending in the
+    ledger's outbox are relayed, then up to ``max_rows`` rows are claimed in one read (a
+    ``spreadsheets.get`` bringing the tab id with the values) and one write whatever ``max_rows``
+    is, plus a verification read when rows moved; rows found INVALID or DUPLICATE get their status
+    through the outbox like every final status (committed, then relayed). Returns, as XCom, the
+    claims and what happened to each run.
 
     :param max_rows: most rows claimed per execution (templated).
     :param processing_version: part of every run id; bump it to process articles again (templated).
@@ -140,36 +143,32 @@ class SheetClaimOperator(BaseOperator):
         self.trigger_dag_id = trigger_dag_id
         self.ledger_conn_id = ledger_conn_id
 
-    def _relay_write_backs(self, ledger_conn_id: str, queue: SheetQueue) -> None:
-        """Write the sheet's pending write-backs (a chain that crashed after its commit, or whose
-        ``write_back`` failed): no Sheets request when none waits. A failure is logged, not raised:
-        the rows stay in the outbox, and claiming must go on."""
-        from onceflow.hooks.ledger import LedgerHook
-        from onceflow.sheets.relay import queue_target, relay_sheet_rows
-
-        try:
-            ledger = LedgerHook(ledger_conn_id).get_ledger()
-            report = relay_sheet_rows(ledger, lambda _sid, _tab: queue, target=queue_target(queue))
-        except Exception:
-            self.log.exception("could not relay the sheet's write-backs; the next wake-up will")
-            return
-        if report.relayed or report.errors:
-            self.log.info(
-                "relayed %d write-back(s) (%d rows written, %d left in flight), errors %s",
-                report.relayed, len(report.written), len(report.left), report.errors,
-            )  # fmt: skip
-
     def execute(self, context: Context) -> dict[str, Any]:
         from onceflow.hooks.sheets import SheetQueueHook
+        from onceflow.sheets.wakeup import wake_up
 
         hook = SheetQueueHook(self.gcp_conn_id, spreadsheet_id=self.spreadsheet_id, sheet=self.sheet)
         queue = hook.queue(str(self.processing_version))
+        ledger = None
         if self.ledger_conn_id:
-            self._relay_write_backs(self.ledger_conn_id, queue)
-        result = queue.claim(int(self.max_rows))
+            from onceflow.hooks.ledger import LedgerHook
+
+            ledger = LedgerHook(self.ledger_conn_id).get_ledger()
+        woke = wake_up(queue, ledger, int(self.max_rows))
+        if woke.relayed.relayed or woke.relayed.errors:
+            self.log.info(
+                "relayed %d write-back(s) (%d rows written, %d left in flight), errors %s",
+                woke.relayed.relayed, len(woke.relayed.written), len(woke.relayed.left), woke.relayed.errors,
+            )  # fmt: skip
+        result = woke.claim
+        written = set(woke.rejected.written)
         for rejection in result.rejected:
             self.log.info(
-                "row %d marked %s: %s", rejection.row_number, rejection.status.value, rejection.reason
+                "row %d %s%s: %s",
+                rejection.row_number,
+                rejection.status.value,
+                "" if rejection.token in written else " (committed; the next relay pass writes it)",
+                rejection.reason,
             )
         version = str(self.processing_version)
         confs = {c.token: c.conf(hook.spreadsheet_id, hook.sheet, version) for c in result.claims}
@@ -193,7 +192,7 @@ class SheetClaimOperator(BaseOperator):
                 if runs[claim.run_id] == "exists":
                     owner = run_claim_token(self.trigger_dag_id, claim.run_id)
                 if owner is not None and owner != claim.token:
-                    reason = self._step_aside(queue, claim.token, owner, claim.run_id)
+                    reason = self._step_aside(queue, ledger, claim, owner)
                     duplicates.append({"claim_token": claim.token, "owner_token": owner, "reason": reason})
             except Exception as err:  # keep going: one refusal must not orphan the other claims
                 self.log.exception("could not create run %s", claim.run_id)
@@ -226,14 +225,17 @@ class SheetClaimOperator(BaseOperator):
             "duplicates": duplicates,
         }
 
-    def _step_aside(self, queue: Any, token: str, owner: str, run_id: str) -> str:
+    def _step_aside(self, queue: SheetQueue, ledger: Any, claim: Any, owner: str) -> str:
         """Mark our row DUPLICATE of the row whose claim the existing run carries; return the reason.
 
         Two claimers kept one URL (rows moved between one's read and its write, so each won a
         different row of it) and both asked for the same run id; Airflow kept the first conf, so
-        the run works on the owner's row and ours must not stay PROCESSING beside it.
+        the run works on the owner's row and ours must not stay PROCESSING beside it. The
+        DUPLICATE leaves as every final status does: committed to the outbox, then relayed (only
+        while our row still carries the article's URL).
         """
         from onceflow.sheets.model import Status
+        from onceflow.sheets.relay import decided_write, queue_target, send_rows
         from onceflow.sheets.validation import duplicate_reason
 
         first = queue.locate(owner)  # one small read through the owner's row anchor
@@ -241,13 +243,20 @@ class SheetClaimOperator(BaseOperator):
             reason = duplicate_reason(first)
         else:
             reason = (
-                f"duplicate: the article already has run {run_id} (claim {owner}, no longer in the "
-                "sheet); use a new processing_version to process it again"
+                f"duplicate: the article already has run {claim.run_id} (claim {owner}, no longer in "
+                "the sheet); use a new processing_version to process it again"
             )
-        # final: the reason, then the status with the row anchor deleted in the same batch
-        if queue.finish(token, Status.DUPLICATE, {"reason": reason}):
+        write = decided_write(
+            queue_target(queue), claim.token, Status.DUPLICATE, reason, url=None, row_key=claim.row_key
+        )
+        report = send_rows(queue, ledger, "sheet_claim", [write])
+        if claim.token in report.written:
             self.log.warning(
-                "run %s belongs to claim %s: our row %s is DUPLICATE (%s)", run_id, owner, token, reason
+                "run %s belongs to claim %s: our row %s is DUPLICATE (%s)",
+                claim.run_id,
+                owner,
+                claim.token,
+                reason,
             )
         return reason
 

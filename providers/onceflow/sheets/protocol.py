@@ -85,13 +85,17 @@ class Claim:
 
 @dataclass(frozen=True)
 class Rejection:
-    """A NEW row this claimer marked INVALID or DUPLICATE."""
+    """A NEW row this claimer took (it is ``PROCESSING #token``, anchored) to be INVALID or
+    DUPLICATE: its final status and reason are the caller's to send, through the ledger's outbox
+    (:func:`onceflow.sheets.wakeup.wake_up`), as every final status leaves."""
 
     token: str
     status: Status
     reason: str
     row_number: int
     url: str
+    #: the article its URL names (a DUPLICATE's); None for an INVALID URL
+    row_key: str | None = None
 
 
 @dataclass
@@ -441,23 +445,15 @@ class SheetQueue:
                         claimed_at=token_time(token) or self.clock(),
                     )
                 )
-        if rejects:
-            assert verified.columns is not None
-            self.write_anchored(verified.columns, [(t, {"reason": v.reason}) for t, v in rejects.items()])
-            # final rows need no anchor: each goes in the same batch as its row's transition
-            finals = [anchors.delete(anchors.lookup(t)) for t, v in rejects.items() if v.status]
-            self.transition_many(
-                verified.columns,
-                [(t, Status.PROCESSING, v.status) for t, v in rejects.items() if v.status],
-                extra=stray + finals,
-            )
-            result.rejected = [
-                Rejection(t, v.status, v.reason, v.row.number, v.row.url)
-                for t, v in rejects.items()
-                if v.status
-            ]
-        elif stray:
+        if stray:
             self.cleanup(stray)
+        # INVALID and DUPLICATE leave the way every final status does, through the outbox: the
+        # rows stay PROCESSING #token, anchored, until the caller's relay writes them
+        result.rejected = [
+            Rejection(t, v.status, v.reason, v.row.number, v.row.url, v.key)
+            for t, v in sorted(rejects.items(), key=lambda tv: tv[1].row.number)
+            if v.status
+        ]
         result.lost = len(targets) - len(mine)
         return result
 

@@ -50,8 +50,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from datetime import datetime, timedelta
 
+    from onceflow.ledger.models import FollowUp
     from onceflow.sheets.ledger_link import LedgerView
     from onceflow.sheets.protocol import SheetQueue
+    from onceflow.sheets.relay import SheetRelayReport
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,9 @@ SHEET_GAVE_UP = "row is FAILED in the sheet; nothing will run its ledger item"
 SHEET_REJECTED = "row is REJECTED in the sheet (a reviewer's decision); nothing will run its ledger item"
 SHEET_DONE = "row is DONE with a published link but the ledger has no result; recorded from the sheet"
 RUN_OK_LEDGER_NOT = "run succeeded but the ledger item is {state}, without a committed result"
+
+#: the ledger step reconcile's final transitions are filed under in the outbox
+RECONCILE_STEP = "sheet_reconcile"
 
 #: Action kinds carried out in the ledger (the rest act on the sheet or on Airflow).
 LEDGER_ACTIONS = frozenset({"ledger_register", "ledger_abandon", "ledger_record_done"})
@@ -402,6 +407,7 @@ def apply(
     now: datetime,
     create_run: Callable[[str, dict[str, str], bool], str],
     ledger_repair: Callable[[Action, dict[str, str]], bool] | None = None,
+    send_rows: Callable[[list[FollowUp]], SheetRelayReport] | None = None,
 ) -> list[dict[str, str]]:
     """Carry out a plan; append every action to the audit tab; return the audit entries.
 
@@ -410,25 +416,76 @@ def apply(
     error propagates. Re-drives are counted from the audit tab, so an unaudited ``reset_run``
     would let a failing run be re-driven past ``max_redrives``.
 
+    The pass's final transitions (INVALID, DUPLICATE, FAILED) leave as every final status does:
+    each a write from the status the plan read, only while the row still holds the URL judged,
+    all sent together after the other actions (one relay pass for all of them). A transition is
+    audited when it was written or committed to the outbox (the next relay pass writes it), not
+    when the row had already moved on.
+
     :param create_run: ``(run_id, conf, reset) -> "created" | "exists"``.
     :param ledger_repair: ``(action, run conf) -> changed``, carries out the ``ledger_*`` actions
         (an unchanged ledger, e.g. a repair another pass already made, writes no audit entry).
+    :param send_rows: ``(writes) -> report``: commits the transitions to the ledger's outbox and
+        relays them (``sheet_reconcile`` passes :func:`onceflow.sheets.relay.send_rows` with its
+        ledger); default: settled at once, without the outbox.
     """
-    entries: list[dict[str, str]] = []
+    from onceflow.sheets import relay
+
+    entries: list[dict[str, str] | None] = []
+    moves: dict[str, tuple[int, Action]] = {}  # token -> (its entry's place, the transition)
+    writes: list[FollowUp] = []
     try:
         for action in actions:
-            entry = _carry_out(action, queue, now=now, create_run=create_run, ledger_repair=ledger_repair)
-            if entry is not None:
-                entries.append(entry)
+            if action.kind == "transition" and action.new_status is not None:
+                token = action.row.token or ""
+                if token and token not in moves:
+                    moves[token] = (len(entries), action)
+                    writes.append(_final_write(action, queue, now))
+                    entries.append(None)
+                continue
+            entries.append(
+                _carry_out(action, queue, now=now, create_run=create_run, ledger_repair=ledger_repair)
+            )
     except BaseException:
-        if entries:
+        done = [e for e in entries if e is not None]
+        if done:
             try:
-                queue.audit(entries)
+                queue.audit(done)
             except Exception as err:  # the action's own error is the one to raise
-                log.error("could not audit %d completed repairs (%s): %s", len(entries), err, entries)
+                log.error("could not audit %d completed repairs (%s): %s", len(done), err, done)
         raise
-    queue.audit(entries)
-    return entries
+    if writes:
+        send = send_rows or (lambda ws: relay.send_rows(queue, None, RECONCILE_STEP, ws))
+        report = send(writes)
+        for token, (at, action) in moves.items():
+            if token in report.written or (token in report.committed and token not in report.left):
+                entries[at] = action.audit_entry(now)
+            else:
+                log.info("row %s: %s not written (%s)", token, action.new_status, report.errors or "moved on")
+    done = [e for e in entries if e is not None]
+    queue.audit(done)
+    return done
+
+
+def _final_write(action: Action, queue: SheetQueue, now: datetime) -> FollowUp:
+    """A transition of the plan as a write for the outbox: from the status the plan read
+    (PROCESSING, or NEEDS_REVIEW for a row whose run failed or that the ledger gave up while it
+    waited for a reviewer), only while the row holds the URL the plan judged."""
+    from onceflow.sheets.relay import decided_write, queue_target
+
+    row = action.row
+    assert action.new_status is not None
+    old = row.status if row.status in IN_FLIGHT_STATUSES else Status.PROCESSING
+    return decided_write(
+        queue_target(queue),
+        row.token or "",
+        action.new_status,
+        dict(action.fields).get("reason", action.reason),
+        url=row.url,
+        row_key=None,
+        old=(old,),
+        key=now.isoformat(timespec="seconds"),
+    )
 
 
 def _carry_out(
@@ -439,7 +496,7 @@ def _carry_out(
     create_run: Callable[[str, dict[str, str], bool], str],
     ledger_repair: Callable[[Action, dict[str, str]], bool] | None,
 ) -> dict[str, str] | None:
-    """Carry out one action; its audit entry, or ``None`` when nothing was done."""
+    """Carry out one action other than a transition; its audit entry, or ``None`` when nothing was done."""
     row = action.row
     token = row.token or ""
     if action.kind in ("create_run", "reset_run"):
@@ -447,15 +504,6 @@ def _carry_out(
         log.info("%s %s: %s", action.kind, action.run_id, outcome)
     elif action.kind in LEDGER_ACTIONS:
         if ledger_repair is None or not ledger_repair(action, run_conf(row, queue)):
-            return None
-    elif action.kind == "transition" and action.new_status is not None:
-        # every transition reconcile makes is final: the reason goes first (through the row's
-        # anchor), then the status, with the anchor deleted in the same batch
-        # from the status the plan read: PROCESSING, or NEEDS_REVIEW for a row whose run failed
-        # or that the ledger gave up while it waited for a reviewer
-        old = row.status if row.status in IN_FLIGHT_STATUSES else Status.PROCESSING
-        if not queue.finish(token, action.new_status, dict(action.fields) or None, old=old):
-            log.info("row %s already moved on; nothing to do", token)
             return None
     elif action.kind == "rewrite":
         try:

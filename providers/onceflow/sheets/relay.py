@@ -73,11 +73,16 @@ def row_write(
     *,
     old: Sequence[Status] = (Status.PROCESSING, Status.NEEDS_REVIEW),
     row_key: str | None = None,
+    url: str | None = None,
+    key: str | None = None,
 ) -> FollowUp:
     """The follow-up that moves the row of claim ``token`` on ``target`` to ``status`` with ``fields``.
 
     :param old: the statuses the row may be in (each a fenced ``findReplace`` in the batch).
     :param row_key: the article the write is for: a row whose URL now names another is not finished.
+    :param url: the URL cell's text the write was decided on (an INVALID row has no article): a row
+        whose URL the editor has since changed is not finished.
+    :param key: the outbox row's own key, for a write no lease commits (:func:`rejection_write`).
     :raises ValueError: ``status`` is neither final nor NEEDS_REVIEW (the one move in flight the
         relay makes, keeping the row's anchor).
     """
@@ -92,7 +97,39 @@ def row_write(
         "old": sorted(st.value for st in old),
         "row_key": row_key,
     }
-    return FollowUp.sheet_row(target, payload)
+    if url is not None:
+        payload["url"] = url
+    return FollowUp.sheet_row(target, payload, key)
+
+
+def claim_work_key(token: str) -> str:
+    """The work key the outbox files a row write under when no lease commits it: the claim's."""
+    return f"claim:{token}"
+
+
+def decided_write(
+    target: str,
+    token: str,
+    status: Status,
+    reason: str,
+    *,
+    url: str | None,
+    row_key: str | None,
+    old: Sequence[Status] = (Status.PROCESSING,),
+    key: str = "",
+) -> FollowUp:
+    """A final status no lease commits, with its reason, for the outbox: a claim's INVALID or
+    DUPLICATE, ``sheet_reconcile``'s INVALID, DUPLICATE or FAILED. It moves the row only from
+    ``old`` and only while the row is still the one judged: its URL cell still ``url`` (an INVALID
+    row's, which names no article), or still naming the article ``row_key``.
+
+    :param key: what makes the outbox row unique beside the token and status (``sheet_reconcile``
+        passes its pass time; a claim's token is fresh, so a claim passes none).
+    """
+    if status not in settle.FINAL_STATUSES:
+        raise ValueError(f"{status.value} is not a final status")
+    unique = ":".join(part for part in (token, status.value, key) if part)
+    return row_write(target, token, status, {"reason": reason}, old=old, row_key=row_key, url=url, key=unique)
 
 
 def claim_writes(ledger: Ledger, work_key: str, token: str) -> list[str]:
@@ -127,6 +164,9 @@ class SheetRelayReport:
     errors: list[str] = field(default_factory=list)
     #: Sheets requests per API method, over every sheet of the pass
     requests: Counter[str] = field(default_factory=Counter)
+    #: tokens whose write :func:`send_rows` committed to the outbox before relaying (written
+    #: now, or by the next pass)
+    committed: list[str] = field(default_factory=list)
 
 
 def relay_sheet_rows(
@@ -174,6 +214,38 @@ def relay_sheet_rows(
     return report
 
 
+def send_rows(
+    queue: SheetQueue, ledger: Ledger | None, step: str, writes: Sequence[FollowUp]
+) -> SheetRelayReport:
+    """Commit row writes that no lease commits (:func:`decided_write`) to the outbox, filed under
+    their claims, then relay the queue's pending rows, these among them.
+
+    The commit comes first, so a process that dies before or inside the relay loses nothing: the
+    rows wait in the outbox for the next pass (``sheet_claim``'s next wake-up). Without a ledger
+    the writes are settled at once, as a relay pass would (nothing durable between the decision
+    and the sheet: a crash leaves the rows PROCESSING, for ``sheet_reconcile``).
+    """
+    if not writes:
+        return SheetRelayReport()
+    if ledger is not None:
+        ledger.enqueue(step, [(claim_work_key(str(w.payload["token"])), w) for w in writes])
+        report = relay_sheet_rows(ledger, lambda _sid, _tab: queue, target=queue_target(queue))
+        report.committed = [str(w.payload["token"]) for w in writes]
+        return report
+    report = SheetRelayReport()
+    before = Counter(queue.transport.calls)
+    try:
+        outcome = settle_rows(queue, [w.payload for w in writes])
+    except Exception as exc:  # the rows stay PROCESSING: sheet_reconcile finishes them after the lease
+        report.errors.append(f"{queue_target(queue)}: {type(exc).__name__}: {exc}")
+        outcome = {}
+    finally:
+        report.requests.update(Counter(queue.transport.calls) - before)
+    for token, ok in outcome.items():
+        (report.written if ok else report.waiting if ok is None else report.left).append(token)
+    return report
+
+
 def settle_rows(queue: SheetQueue, writes: Sequence[Mapping[str, Any]]) -> dict[str, bool | None]:
     """Each write's row moved to its status with its fields; per token, whether it now is, or
     ``None`` when its row still waits for the move in the state it was asked from (the batch was
@@ -198,10 +270,12 @@ def settle_rows(queue: SheetQueue, writes: Sequence[Mapping[str, Any]]) -> dict[
             "old": olds,
             "fields": {**(before or {}).get("fields", {}), **(w.get("fields") or {})},
         }
-    keys = {token: w.get("row_key") for token, w in latest.items()}
+    keys = {token: (w.get("row_key"), w.get("url")) for token, w in latest.items()}
 
     def same(row: Row) -> bool:
-        key = keys.get(row.token or "")
+        key, url = keys.get(row.token or "", (None, None))
+        if url is not None and row.url != url:
+            return False
         return key is None or judge_url(row).key == key
 
     groups: dict[frozenset[Status], list[settle.Finish]] = {}

@@ -79,6 +79,11 @@ REVIEWS = ("approve", "reject")
 REVIEW_CRASHES = (None, "after_commit", "after_relay_batch")
 #: the default probability of ``review`` steps in a schedule
 REVIEW = 0.5
+#: rows the claim (or ``sheet_reconcile``) must turn INVALID or DUPLICATE: a URL that is not one,
+#: an empty URL, a second row of a URL in the sheet, an invalid URL typed into a row in flight
+BAD_ROWS = ("invalid", "empty", "duplicate", "retyped")
+#: the default probability of ``bad_row`` steps in a schedule
+BAD = 0.5
 
 
 class ScheduleFailed(AssertionError):
@@ -92,7 +97,13 @@ class Step:
 
 
 def generate(
-    seed: int, *, rows: int = 6, steps: int = 12, moved: float = 0.0, review: float = REVIEW
+    seed: int,
+    *,
+    rows: int = 6,
+    steps: int = 12,
+    moved: float = 0.0,
+    review: float = REVIEW,
+    bad: float = BAD,
 ) -> list[Step]:
     """The schedule of ``seed``: a pure function of it, so a failing seed replays exactly.
 
@@ -100,6 +111,10 @@ def generate(
     :param review: the probability that it has one or two ``review`` steps (an article sent to
         review, then approved or rejected; a crash between a commit and its relay, or inside the
         relay after its sheet batch).
+    :param bad: the probability that it has one or two ``bad_row`` steps (a row the claim finds
+        INVALID or DUPLICATE, then a wake-up that may die between the verdicts' commit and their
+        relay, or inside the relay after its sheet batch; or an invalid URL typed into a row in
+        flight, for ``sheet_reconcile``).
     """
     rng = random.Random(seed)
     out: list[Step] = []
@@ -140,6 +155,15 @@ def generate(
         for _ in range(draw.randint(1, 2)):
             decided = {"decision": draw.choice(REVIEWS), "crash": draw.choice(REVIEW_CRASHES)}
             out.insert(draw.randint(0, len(out)), Step("review", decided))
+    draw = random.Random(f"bad-{seed}")
+    if draw.random() < bad:
+        for _ in range(draw.randint(1, 2)):
+            drawn: dict[str, Any] = {
+                "bad": draw.choice(BAD_ROWS),
+                "crash": draw.choice(REVIEW_CRASHES),
+                "pick": draw.random(),
+            }
+            out.insert(draw.randint(0, len(out)), Step("bad_row", drawn))
     return out
 
 
@@ -214,6 +238,8 @@ class Run:
     tokens_seen: set[str] = field(default_factory=set)
     #: the reviewer's decision per claim token sent to review
     reviews: dict[str, str] = field(default_factory=dict)
+    #: tokens a claim took to be INVALID or DUPLICATE (their status leaves through the outbox)
+    rejected: set[str] = field(default_factory=set)
     violations: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
 
@@ -246,6 +272,7 @@ def run_schedule(
     clients: tuple[Any, Any] | None = None,
     moved: float = 0.0,
     review: float = REVIEW,
+    bad: float = BAD,
 ) -> Run:
     """Play schedule ``seed`` against ``emulator`` (a running
     :class:`~onceflow.testing.sheets_fixtures.SheetsEmulator`) and ``ledger``; bring every row to
@@ -255,6 +282,7 @@ def run_schedule(
         schedules; made afresh when not given.
     :param moved: the probability of a ``resend_moved`` step (see the module docstring).
     :param review: the probability of ``review`` steps (:func:`generate`).
+    :param bad: the probability of ``bad_row`` steps (:func:`generate`).
     """
     from onceflow.sheets.model import Snapshot, Status
     from onceflow.sheets.protocol import SheetQueue
@@ -282,13 +310,17 @@ def run_schedule(
         return emulator.values(sid, "queue")
 
     def edit(kind: str, pick: float, n: int) -> None:
+        return by_hand(functools.partial(_edit, kind, pick, n))
+
+    def by_hand(action: Callable[[], Any]) -> None:
         from http.client import HTTPException
 
         from googleapiclient.errors import HttpError
 
         for _ in range(3):  # a fault armed for the workers may hit the editor's request: it tries again
             try:
-                return _edit(kind, pick, n)
+                action()
+                return
             except (HttpError, HTTPException, OSError):
                 continue
 
@@ -332,7 +364,7 @@ def run_schedule(
             if r.status is Status.PROCESSING and r.token:
                 run.tokens_seen.add(r.token)
 
-    def claim(limit: int) -> None:
+    def claim(limit: int, crash: str | None = None) -> None:
         from onceflow.sheets.retry import Refused, RetriesExhausted
 
         try:
@@ -362,6 +394,9 @@ def run_schedule(
                 run.violations.append(f"claim bound {c.token} to {c.url!r}, but the token is beside {urls}")
             run.handed[c.token] = c
             pending.append(c.token)
+        # the claim's INVALID and DUPLICATE leave through the outbox, as sheet_claim sends them
+        run.rejected.update(r.token for r in result.rejected)
+        _reject(run, queue, ledger, result.rejected, crash=crash)
 
     def resend_moved(limit: int, again: str, n: int) -> None:
         from onceflow.testing.sheets_emulator.faults import Fault
@@ -395,6 +430,26 @@ def run_schedule(
             fault.count = 0
             transport.arm_second(None)
 
+    def bad_row(kind: str, pick: float, crash: str | None) -> None:
+        """A row the claim must reject, then a wake-up (which may die between the verdicts' commit
+        and their relay, or inside the relay); ``retyped``: an invalid URL typed into a row in
+        flight (``sheet_reconcile`` makes it INVALID at rest)."""
+        now = Snapshot.from_values(values())
+        if kind == "retyped":
+            flight = [r for r in now.rows if r.status is Status.PROCESSING]
+            if flight:
+                at = flight[int(pick * len(flight))].number - 1
+                by_hand(lambda: batch_update(editor, sid, set_row(0, at, [f"not a url {seed}"])))
+            return
+        if kind == "duplicate":
+            owned = [r.url for r in now.rows if r.url.startswith("https://")]
+            url = owned[int(pick * len(owned))] if owned else ""
+        else:
+            url = "" if kind == "empty" else f"news.example.com/s{seed}-bad"
+        at = 1 + int(pick * max(len(values()) - 1, 1))
+        by_hand(lambda: batch_update(editor, sid, insert_rows(0, at), set_row(0, at, [url, "NEW"])))
+        claim(rows, crash=crash)
+
     def work(token: str, *, crash: str | None = None, stale: bool = False, at: float = 0.0) -> None:
         _work(
             run,
@@ -407,7 +462,7 @@ def run_schedule(
             review=run.reviews.get(token),
         )
 
-    for i, step in enumerate(generate(seed, rows=rows, steps=steps, moved=moved, review=review)):
+    for i, step in enumerate(generate(seed, rows=rows, steps=steps, moved=moved, review=review, bad=bad)):
         run.log.append(f"{i}: {step.kind} {step.args}")
         try:
             if step.kind == "claim":
@@ -429,9 +484,9 @@ def run_schedule(
                 # room for the first copy's k anchors and fewer than k more: the resend is refused
                 limit = step.args["limit"]
                 before = queue.rng.getstate()
-                good, bad = queue._pick_targets(Snapshot.from_values(values()), limit)
+                good, bad_rows = queue._pick_targets(Snapshot.from_values(values()), limit)
                 queue.rng.setstate(before)
-                k = len(good) + len(bad)
+                k = len(good) + len(bad_rows)
                 room = k + (step.args["room"] - limit) * k // (limit + 1)
                 anchor = len("onceflow.claim") + 30 + len(queue.version)
                 store.metadata_limit = max(usage(book).values()) + room * anchor + anchor // 2
@@ -452,6 +507,8 @@ def run_schedule(
                     work(pending.pop(rng.randrange(len(pending))))
                 finally:
                     transport.armed.clear()
+            elif step.kind == "bad_row":
+                bad_row(step.args["bad"], step.args["pick"], step.args["crash"])
             elif step.kind == "review" and pending:
                 token = pending.pop(rng.randrange(len(pending)))
                 run.reviews[token] = step.args["decision"]
@@ -482,27 +539,28 @@ def run_schedule(
         if not in_flight and not any(r.status is Status.NEW for r in snapshot.rows):
             break
         for r in in_flight:
-            token = str(r.token)
-            if token not in run.handed and token in transport.minted:
-                from onceflow.sheets.validation import judge_url
+            from onceflow.sheets.validation import judge_url
 
-                adopted = judge_url(r)
-                if adopted.key:  # sheet_reconcile starts a run for a PROCESSING row without one
-                    run.handed[token] = _adopted_claim(token, adopted.key, r)
+            token = str(r.token)
+            verdict = judge_url(r)
+            known = token in run.handed or token in transport.minted or token in run.rejected
+            if known and not verdict.key:  # sheet_reconcile: a claimed row whose URL is not valid
+                _reconcile_invalid(queue, ledger, r, verdict.reason)
+                continue
+            # a token a re-token minted, or a rejected row whose URL the editor changed before
+            # its verdict reached it (not finished: it is no longer the row judged): sheet_reconcile
+            # starts a run for a PROCESSING row without one
+            if token not in run.handed and verdict.key and known:
+                run.handed[token] = _adopted_claim(token, verdict.key, r)
             if token not in run.handed:
                 continue  # reported below: no claim handed it out
             claim_now = run.handed[token]
-            from onceflow.sheets.validation import judge_url
-
-            verdict = judge_url(r)
             if verdict.key and verdict.key != claim_now.row_key:  # the URL changed: run it as reconcile would
                 from dataclasses import replace
 
                 run.handed[token] = replace(
                     claim_now, row_key=verdict.key, url=verdict.normalised_url or r.url
                 )
-            elif not verdict.key:
-                continue
             work(token, at=rest)  # no crash is scheduled at rest
         observe("at rest")
     queue.sweep_anchors()  # sheet_reconcile's sweep: anchors of rows the editor finished or retyped
@@ -515,6 +573,7 @@ def run_schedule(
             + f"\nreplay: python -m onceflow.testing.sheet_faults --seed {seed}"
             + (f" --moved {moved}" if moved else "")
             + (f" --review {review}" if review != REVIEW else "")
+            + (f" --bad {bad}" if bad != BAD else "")
             + "\nschedule:\n  "
             + "\n  ".join(run.log)
         )
@@ -528,6 +587,48 @@ def _adopted_claim(token: str, key: str, row: Any) -> Claim:
     from onceflow.sheets.protocol import Claim
 
     return Claim(token, key, row.url, pipeline_run_id(key, "v1"), row.number, datetime.now(timezone.utc))
+
+
+def _reject(run: Run, queue: SheetQueue, ledger: Ledger, rejected: list[Any], *, crash: str | None) -> None:
+    """``sheet_claim``'s verdicts: the claim's INVALID and DUPLICATE committed to the outbox, then
+    relayed (:func:`onceflow.sheets.wakeup.wake_up`). ``crash="after_commit"``: the wake-up dies
+    between the two; ``"after_relay_batch"``: inside the relay (:func:`_relay`)."""
+    from onceflow.sheets.relay import claim_work_key, send_rows
+    from onceflow.sheets.wakeup import CLAIM_STEP, rejection_writes
+
+    writes = rejection_writes(queue, rejected)
+    if not writes:
+        return
+    if crash is not None:
+        ledger.enqueue(CLAIM_STEP, [(claim_work_key(str(w.payload["token"])), w) for w in writes])
+        if crash == "after_relay_batch":
+            _relay(run, queue, ledger, crash=crash)
+        raise _Crash
+    report = send_rows(queue, ledger, CLAIM_STEP, writes)
+    if report.errors:
+        run.log.append(f"verdicts left pending: {report.errors[0][:80]}")
+
+
+def _reconcile_invalid(queue: SheetQueue, ledger: Ledger, row: Any, why: str) -> None:
+    """``sheet_reconcile``'s repair of a claimed row whose URL is not valid: INVALID through the
+    outbox (:func:`onceflow.sheets.reconcile.apply`)."""
+    from datetime import datetime, timezone
+
+    from onceflow.sheets import reconcile
+    from onceflow.sheets.model import Status
+    from onceflow.sheets.relay import send_rows
+
+    fix = reconcile.Action(
+        "transition", reconcile.CLAIMED_INVALID.format(why=why), row, new_status=Status.INVALID,
+        fields=(("reason", why),),
+    )  # fmt: skip
+    reconcile.apply(
+        [fix],
+        queue,
+        now=datetime.now(timezone.utc),
+        create_run=lambda *_: "exists",
+        send_rows=lambda writes: send_rows(queue, ledger, reconcile.RECONCILE_STEP, writes),
+    )
 
 
 def _relay(run: Run, queue: SheetQueue, ledger: Ledger, *, crash: str | None = None) -> bool:
@@ -692,9 +793,13 @@ def check(run: Run, snapshot: Any, book: Any, ledger: Ledger, target: str | None
                     f"row {row.number} REJECTED beside {row.url!r}, whose article was "
                     + ("published" if decided else "never rejected in the ledger")
                 )
+        elif row.status is Status.INVALID and verdict.ok:
+            run.violations.append(f"row {row.number} INVALID beside a valid URL {row.url!r}")
+        elif row.status is Status.DUPLICATE and not row.get("reason").startswith("duplicate"):
+            run.violations.append(f"row {row.number} DUPLICATE without its reason: {row.get('reason')!r}")
         elif row.status in (Status.PROCESSING, Status.NEEDS_REVIEW, Status.NEW):
             run.violations.append(f"row {row.number} not at rest: {row.status_cell.raw!r} beside {row.url!r}")
-    orphans = sorted(run.tokens_seen - set(run.handed))
+    orphans = sorted(run.tokens_seen - set(run.handed) - run.rejected)
     if orphans:
         run.violations.append(f"rows PROCESSING under tokens no claim handed out: {orphans}")
     if target is not None:
@@ -719,6 +824,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--moved", type=float, default=0.0, help="probability of a resend_moved step")
     parser.add_argument("--review", type=float, default=REVIEW, help="probability of review steps")
+    parser.add_argument("--bad", type=float, default=BAD, help="probability of bad_row steps")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         emulator = SheetsEmulator(state=None)
@@ -727,7 +833,15 @@ def main(argv: list[str] | None = None) -> int:
             ledger = Ledger(engine)
             clients = services(emulator)
             for seed in range(args.seed, args.seed + args.count):
-                run_schedule(emulator, ledger, seed, clients=clients, moved=args.moved, review=args.review)
+                run_schedule(
+                    emulator,
+                    ledger,
+                    seed,
+                    clients=clients,
+                    moved=args.moved,
+                    review=args.review,
+                    bad=args.bad,
+                )
                 print(f"seed {seed}: ok")
         except ScheduleFailed as err:
             print(err)

@@ -14,7 +14,9 @@ DOC_MD = """
 ### sheet_claim
 
 Every five minutes: a deferrable `NewRowsSensor` waits in the triggerer (holding no worker or pool
-slot) until the queue tab has NEW rows, then `SheetClaimOperator` claims up to `max_rows` of them
+slot) until the queue tab has NEW rows or write-backs of it wait in the ledger's outbox (asked
+first, one database query), then `SheetClaimOperator` relays those write-backs and claims up to
+`max_rows` NEW rows
 **in the sheet first** (one read, a `spreadsheets.get` bringing the tab id with the values, and
 one conditional `batchUpdate`; a verification read when rows moved) and only then creates one `article_pipeline`
 run per claimed row, with the deterministic run id `sheet__<row key>__<processing version>`. The
@@ -44,6 +46,7 @@ def sheet_claim() -> None:
     wait = NewRowsSensor(
         task_id="wait_for_new_rows",
         pool="onceflow_sheets",
+        ledger_conn_id="onceflow_ledger",  # write-backs waiting in the outbox wake it too
         poke_interval=30,
         timeout=4 * 60,
         soft_fail=True,  # nothing new before the next run: skip, do not fail

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -163,3 +164,58 @@ def test_the_sensor_skips_on_the_triggers_timeout_with_soft_fail() -> None:
     lenient = NewRowsSensor(task_id="wait", timeout=300, soft_fail=True)
     with pytest.raises(AirflowSkipException):
         lenient.resume_execution("execute_complete", {"event": event}, {})
+
+
+def _waiting_verdict(sheets_emulator: SheetsEmulator, ledger: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A tab with no NEW row and one row whose INVALID waits in the ledger's outbox (its claimer
+    died between the commit and the relay); the connections point at both."""
+    from onceflow.sheets.model import Status
+    from onceflow.sheets.relay import claim_work_key, decided_write
+
+    token = "20261203T080000Z-0123456789-v1"
+    sid = sheets_emulator.create_spreadsheet(
+        "articles",
+        sheets={"queue": [HEADER, ["", f"PROCESSING #{token}"], ["https://a.example/1", "DONE #t"]]},
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid))
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ONCEFLOW_LEDGER", json.dumps({"conn_type": "sqlite", "extra": {"sqlalchemy_url": url}})
+    )
+    write = decided_write(f"{sid}/queue", token, Status.INVALID, "empty URL", url="", row_key=None)
+    ledger.enqueue("sheet_claim", [(claim_work_key(token), write)])
+    return sid
+
+
+def test_a_write_back_waiting_in_the_outbox_fires_the_trigger_without_a_new_row_or_a_sheet_read(
+    sheets_emulator: SheetsEmulator, sqlite_ledger: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22: ``sheet_claim`` relayed the outbox only when its sensor saw NEW rows, so a
+    write-back left pending (its chain's relay failed, a claimer died after its commit) waited for
+    the next NEW row. The trigger asks the ledger first (one query, no Sheets request)."""
+    import datetime as dt
+
+    _waiting_verdict(sheets_emulator, sqlite_ledger, monkeypatch)
+    soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=3)).isoformat()
+    asks = NewRowsTrigger(poll_interval=60, timeout_at=soon, ledger_conn_id="onceflow_ledger")
+    assert _first_event(asks, timeout=30) == {"status": "found", "new_rows": 0, "pending_writes": 1}
+    assert sheets_emulator.request_log.counts == {}, "the sheet was not read"
+    # without the ledger it waits for a NEW row that never comes
+    blind = NewRowsTrigger(poll_interval=60, timeout_at=soon)
+    assert _first_event(blind, timeout=30)["status"] == "timeout"
+    assert NewRowsTrigger(**asks.serialize()[1]).ledger_conn_id == "onceflow_ledger"
+
+
+@pytest.mark.slow  # a whole sheet_claim dag.test (~60 s)
+def test_sheet_claim_wakes_up_for_a_write_back_waiting_in_the_outbox_and_writes_it(
+    run_dag: Any, sheets_emulator: SheetsEmulator, sqlite_ledger: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onceflow.ledger.outbox import pending_sheet_rows
+
+    sid = _waiting_verdict(sheets_emulator, sqlite_ledger, monkeypatch)
+    result = run_dag("sheet_claim", conf={"max_rows": 10, "processing_version": "v1"})
+    assert result.state == "success", result.ti_states
+    assert result.ti_states == {"wait_for_new_rows": "success", "claim_rows": "success"}
+    row = sheets_emulator.values(sid, "queue")[1]
+    assert row[:3] == ["", "INVALID #20261203T080000Z-0123456789-v1", "empty URL"]
+    assert pending_sheet_rows(sqlite_ledger) == []

@@ -39,7 +39,7 @@ from onceflow.ledger.models import ASSET_EVENT, DAG_RUN
 from onceflow.ledger.queries import query
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection
+    from sqlalchemy.engine import Connection, Engine
 
     from onceflow.ledger.core import Ledger
 
@@ -252,6 +252,13 @@ def pending_sheet_rows(ledger: Ledger, target: str | None = None, limit: int = 2
     with ledger.engine.connect() as conn:
         found = conn.execute(query("outbox_sheet_rows_pending"), {"target": target, "limit": limit})
         return [_row(m) for m in found.mappings().all()]
+
+
+def count_pending_sheet_rows(engine: Engine, target: str) -> int:
+    """How many ``sheet_row`` follow-ups of ``target`` wait to be written: one query, no Sheets
+    request (``sheet_claim``'s sensor asks it before reading the sheet)."""
+    with engine.connect() as conn:
+        return int(conn.execute(query("outbox_sheet_rows_waiting"), {"target": target}).scalar() or 0)
 
 
 def mark_relayed(ledger: Ledger, row_ids: Sequence[int]) -> int:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
 
-from onceflow.triggers.sheets import NewRowsTrigger, count_new_rows
+from onceflow.triggers.sheets import NewRowsTrigger, count_new_rows, count_pending_writes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -28,7 +28,8 @@ class QueueUnreadable(Exception):
 
 
 class NewRowsSensor(BaseSensorOperator):
-    """Succeed once the queue tab has at least ``min_rows`` NEW rows.
+    """Succeed once the queue tab has at least ``min_rows`` NEW rows, or (with ``ledger_conn_id``)
+    write-backs of the tab wait in the ledger's outbox: the claim task that follows relays them.
 
     Deferrable by default: the task defers at once to :class:`~onceflow.triggers.sheets.NewRowsTrigger`
     and the polling happens in the triggerer, so twenty waiting sensors occupy no worker and no
@@ -39,6 +40,8 @@ class NewRowsSensor(BaseSensorOperator):
     :param spreadsheet_id: the spreadsheet (default: the connection's extra).
     :param sheet: the queue tab (default: the connection's extra, else ``queue``).
     :param deferrable: wait in the triggerer (default True).
+    :param ledger_conn_id: the work ledger asked first for waiting write-backs (one query, no
+        Sheets request); ``None``: NEW rows only.
     """
 
     template_fields: Sequence[str] = ("spreadsheet_id", "sheet", "min_rows")
@@ -51,6 +54,7 @@ class NewRowsSensor(BaseSensorOperator):
         spreadsheet_id: str | None = None,
         sheet: str | None = None,
         deferrable: bool = True,
+        ledger_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 60)
@@ -60,8 +64,16 @@ class NewRowsSensor(BaseSensorOperator):
         self.spreadsheet_id = spreadsheet_id
         self.sheet = sheet
         self.deferrable = deferrable
+        self.ledger_conn_id = ledger_conn_id
 
     def poke(self, context: Context) -> bool:
+        if self.ledger_conn_id:
+            waiting = count_pending_writes(
+                self.ledger_conn_id, self.gcp_conn_id, self.spreadsheet_id, self.sheet
+            )
+            if waiting:
+                self.log.info("%d write-back(s) wait in the outbox", waiting)
+                return True
         found = count_new_rows(self.gcp_conn_id, self.spreadsheet_id, self.sheet)
         self.log.info("%d NEW rows (waiting for %d)", found, self.min_rows)
         return found >= int(self.min_rows)
@@ -83,13 +95,15 @@ class NewRowsSensor(BaseSensorOperator):
                 min_rows=int(self.min_rows),
                 poll_interval=float(self.poke_interval),
                 timeout_at=timeout_at,
+                ledger_conn_id=self.ledger_conn_id,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout + BACKSTOP_SECONDS) if timeout else None,
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> int:
-        """Resume after the trigger fired; the XCom is the number of NEW rows seen.
+        """Resume after the trigger fired; the XCom is the number of NEW rows seen (0 when it fired
+        for write-backs waiting in the outbox).
 
         :raises QueueUnreadable: the trigger stopped because waiting could not help.
         :raises AirflowSensorTimeout: nothing new before the timeout (a skip with ``soft_fail``).
@@ -100,5 +114,8 @@ class NewRowsSensor(BaseSensorOperator):
             raise AirflowSensorTimeout(f"no {self.min_rows} NEW rows before {event.get('timeout_at')}")
         if event.get("status") == "error":
             raise QueueUnreadable(f"the queue sheet cannot be waited on: {event.get('message')}")
-        self.log.info("trigger saw %s NEW rows", event.get("new_rows"))
+        if event.get("pending_writes"):
+            self.log.info("trigger saw %s write-back(s) waiting in the outbox", event["pending_writes"])
+        else:
+            self.log.info("trigger saw %s NEW rows", event.get("new_rows"))
         return int(event.get("new_rows", 0))

@@ -1,8 +1,10 @@
-"""NewRowsTrigger: wait in the triggerer until the queue sheet has NEW rows.
+"""NewRowsTrigger: wait in the triggerer until the queue sheet has NEW rows, or write-backs waiting.
 
 Runs in the triggerer's event loop, so a waiting sensor holds no worker slot and no pool slot.
-Each poll is one ``values.batchGet`` of the queue tab, made in a thread (the Google client is
-synchronous) so the event loop keeps serving other triggers.
+Each poll first asks the work ledger (one query, no Sheets request) whether write-backs of this
+tab wait in its outbox, and fires at once when they do: ``sheet_claim``'s wake-up relays them. Else
+it reads the queue tab (one ``values.batchGet``) for NEW rows. Both in a thread (the Google
+client and SQLAlchemy are synchronous) so the event loop keeps serving other triggers.
 
 The trigger ends its own wait at ``timeout_at`` with a ``timeout`` event. Left to Airflow's
 deferral timeout, the triggerer cancels it and logs ``ERROR - Trigger cancelled due to timeout``
@@ -44,8 +46,26 @@ def count_new_rows(gcp_conn_id: str, spreadsheet_id: str | None, sheet: str | No
     return sum(1 for row in hook.queue().snapshot().rows if row.status is Status.NEW)
 
 
+def count_pending_writes(
+    ledger_conn_id: str, gcp_conn_id: str, spreadsheet_id: str | None, sheet: str | None
+) -> int:
+    """Row writes of this tab waiting in the ledger's outbox. One database query, no Sheets request."""
+    from onceflow.hooks.ledger import LedgerHook
+    from onceflow.hooks.sheets import SheetQueueHook
+    from onceflow.ledger.outbox import count_pending_sheet_rows
+    from onceflow.sheets.relay import sheet_target
+
+    hook = SheetQueueHook(gcp_conn_id, spreadsheet_id=spreadsheet_id, sheet=sheet)
+    engine = LedgerHook(ledger_conn_id).engine
+    try:
+        return count_pending_sheet_rows(engine, sheet_target(hook.spreadsheet_id, hook.sheet))
+    finally:
+        engine.dispose()
+
+
 class NewRowsTrigger(BaseTrigger):
-    """Fire once the queue has at least ``min_rows`` NEW rows.
+    """Fire once the queue has at least ``min_rows`` NEW rows, or (with ``ledger_conn_id``) any
+    write-back of the tab waits in the ledger's outbox.
 
     :param gcp_conn_id: the Sheets connection.
     :param spreadsheet_id: the spreadsheet (default: the connection's extra).
@@ -54,6 +74,7 @@ class NewRowsTrigger(BaseTrigger):
     :param poll_interval: seconds between reads (each read is one request of the read quota).
     :param timeout_at: ISO-8601 instant at which to stop waiting with a ``timeout`` event
         (``None``: wait until the rows come).
+    :param ledger_conn_id: the work ledger whose outbox is asked first (``None``: NEW rows only).
     """
 
     def __init__(
@@ -65,9 +86,11 @@ class NewRowsTrigger(BaseTrigger):
         min_rows: int = 1,
         poll_interval: float = 60.0,
         timeout_at: str | None = None,
+        ledger_conn_id: str | None = None,
     ) -> None:
         super().__init__()
         self.timeout_at = timeout_at
+        self.ledger_conn_id = ledger_conn_id
         self.gcp_conn_id = gcp_conn_id
         self.spreadsheet_id = spreadsheet_id
         self.sheet = sheet
@@ -84,12 +107,18 @@ class NewRowsTrigger(BaseTrigger):
                 "min_rows": self.min_rows,
                 "poll_interval": self.poll_interval,
                 "timeout_at": self.timeout_at,
+                "ledger_conn_id": self.ledger_conn_id,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         end = dt.datetime.fromisoformat(self.timeout_at) if self.timeout_at else None
         while True:
+            waiting = await self._pending_writes()
+            if waiting:
+                self.log.info("%d write-back(s) wait in the outbox: the wake-up relays them", waiting)
+                yield TriggerEvent({"status": "found", "new_rows": 0, "pending_writes": waiting})
+                return
             try:
                 found = await asyncio.to_thread(
                     count_new_rows, self.gcp_conn_id, self.spreadsheet_id, self.sheet
@@ -115,3 +144,16 @@ class NewRowsTrigger(BaseTrigger):
                     return
                 delay = min(delay, left)
             await asyncio.sleep(delay)
+
+    async def _pending_writes(self) -> int:
+        """Write-backs of the tab waiting in the outbox; 0 without a ledger or when it cannot be
+        asked (logged: the wait goes on, on NEW rows alone)."""
+        if not self.ledger_conn_id:
+            return 0
+        try:
+            return await asyncio.to_thread(
+                count_pending_writes, self.ledger_conn_id, self.gcp_conn_id, self.spreadsheet_id, self.sheet
+            )
+        except Exception as err:
+            self.log.warning("could not ask the ledger for waiting write-backs (%s)", err)
+            return 0

@@ -49,3 +49,8 @@ FROM outbox
 WHERE state = 'pending' AND target_type = 'sheet_row' AND (:target IS NULL OR target = :target)
 ORDER BY id
 LIMIT :limit
+
+-- name: outbox_sheet_rows_waiting
+-- Whether a sheet has write-backs waiting (what sheet_claim's sensor asks before reading the sheet).
+SELECT COUNT(*) FROM outbox
+WHERE state = 'pending' AND target_type = 'sheet_row' AND target = :target

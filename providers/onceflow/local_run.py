@@ -648,7 +648,8 @@ onceflow is running on embedded defaults.
 
 What runs now, with no step of yours: every DAG starts unpaused in a fresh home. sheet_claim's
 first run starts as soon as the DAGs are parsed (a minute or two): it claims the demo sheet's
-article rows and starts one article_pipeline run per row (the run's note names the row's URL):
+article rows and starts one article_pipeline run per row (the run's note names the row's URL,
+and the article's title once the run ends):
 fetch from the demo site, extract, translate with Apertium (Spanish to English), score, polish
 with the sheet's glossary tab, publish, write DONE, the score and the link back to the row. One
 article scores 0.90, under the demo's threshold {DEMO_SCORE_THRESHOLD} (Variable onceflow_score_threshold),

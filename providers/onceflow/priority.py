@@ -15,7 +15,8 @@ the run loads, whatever created it.
 
 Airflow only deserializes strategies that a plugin registers: :class:`OnceflowPriorityPlugin`
 does (entry point ``airflow.plugins``, or a file in the plugins folder). The same plugin registers
-the business-time deadline reference of ``daily_sales`` (``onceflow.notifications.deadline_reference``).
+the business-time deadline reference of ``daily_sales`` (``onceflow.notifications.deadline_reference``),
+and the listener that titles article runs' notes (``onceflow.run_notes``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from airflow.task.priority_strategy import PriorityWeightStrategy
 from onceflow.hitl_guard import RequiredForOptionGuard
 from onceflow.local_api_guard import LocalRunGuard
 from onceflow.notifications.deadline_reference import BusinessTimeDeadline
+from onceflow.run_notes import RUN_NOTES
 
 if TYPE_CHECKING:
     from airflow.models.taskinstance import TaskInstance
@@ -169,7 +171,9 @@ class OnceflowPriorityPlugin(AirflowPlugin):
     reference (the scheduler refuses to evaluate an unregistered one), and
     :class:`~onceflow.local_api_guard.LocalRunGuard` in front of the api-server (inert unless
     ``onceflow up`` configured it), and
-    :class:`~onceflow.hitl_guard.RequiredForOptionGuard` (a review's note is required to Reject).
+    :class:`~onceflow.hitl_guard.RequiredForOptionGuard` (a review's note is required to Reject), and
+    :data:`~onceflow.run_notes.RUN_NOTES`, the dag-run listener that puts an article's title into
+    its run's note when the run ends.
     """
 
     name = "onceflow_priority"
@@ -179,3 +183,4 @@ class OnceflowPriorityPlugin(AirflowPlugin):
         {"name": "onceflow_local_run_guard", "middleware": LocalRunGuard},
         {"name": "onceflow_hitl_required_for", "middleware": RequiredForOptionGuard},
     ]
+    listeners = [RUN_NOTES]

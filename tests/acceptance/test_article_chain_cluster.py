@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from onceflow.articles.chain import markdown_text
 from onceflow.ledger import Ledger, create_ledger_engine
 from onceflow.sheets import ledger_link
 from onceflow.sheets.keys import normalise_url, pipeline_run_id, row_key
@@ -290,3 +291,31 @@ def test_rows_done_one_review_approved_after_a_restart_one_rejected_with_its_not
         )
     }
     assert (states["review"], states["publish"], states["write_back"]) == ("success", "skipped", "skipped")
+
+    # each run's note names its article: the real scheduler called onceflow's dag-run listener when
+    # the run ended (onceflow.run_notes), which put the page's title (from extract's ledger result,
+    # Markdown-escaped) in front of sheet_claim's "<URL> — claimed from row N"; the Catalan run
+    # failed after extract and is titled too. Read with plain SQL from the metadata database.
+    ledger = Ledger(create_ledger_engine(ledger_url))
+    expected = {}
+    for number, url in enumerate([*done, approve, reject, catalan], start=2):
+        key = ledger_link.work_key(row_key(normalise_url(url)))
+        [extract] = [r for r in ledger.results(key) if r.step == "extract"]
+        expected[url] = f"{markdown_text(extract.payload['title'])} — {url} — claimed from row {number}"
+    ledger.engine.dispose()
+
+    def notes() -> dict[str, str | None]:
+        rows = cluster.query(
+            "SELECT r.run_id, n.content FROM dag_run r LEFT JOIN dag_run_note n ON n.dag_run_id = r.id "
+            "WHERE r.dag_id = :d",
+            d=CHAIN,
+        )
+        by_run = {r["run_id"]: r["content"] for r in rows}
+        return {url: by_run.get(_run_id(url)) for url in expected}
+
+    deadline = time.monotonic() + 60  # written a moment after each run ended
+    while notes() != expected and time.monotonic() < deadline:
+        time.sleep(1)
+    assert notes() == expected
+    assert expected[catalan].startswith("La festa major de Sant Pere de Riudebitlles — ")
+    assert expected[done[2]].startswith(r"\=HYPERLINK\(\"https"), "a formula title stays text"

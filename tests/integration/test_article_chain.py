@@ -18,12 +18,14 @@ import pytest
 import sqlalchemy as sa
 
 from onceflow.ledger import Ledger, create_ledger_engine, schema
+from onceflow.run_notes import RUN_NOTES
 from onceflow.sheets import ledger_link
 from onceflow.sheets.model import Snapshot
 from onceflow.sheets.protocol import SheetQueue
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 from onceflow.sheets.wakeup import wake_up
 from onceflow.testing.article_site import ArticleSite, serve
+from onceflow.testing.article_site.catalog import ARTICLES
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -162,6 +164,30 @@ def test_a_row_goes_from_new_to_done_with_a_link_to_its_page_published_once(
         ("relayed", claim.token)
     ]
     assert run.xcom("write_back")["relayed"] == 1, "write_back relayed it"
+
+    # the run's note names the article by its page's title, written from the scheduler's side
+    # (onceflow.run_notes): dag.test() ends the run through DagRun.update_state, which calls the
+    # dag-run listeners; read back with plain SQL (the run was not created by sheet_claim, so it
+    # had no note: the line is the title and the URL)
+    assert RUN_NOTES.wait_idle(30)
+    title = ARTICLES["/articles/huertos-urbanos.html"].title
+    assert results["extract"].payload["title"] == title
+    assert run_note(run.run_id) == f"{title} — {url}"
+
+
+def run_note(run_id: str) -> str | None:
+    """The note of an ``article_pipeline`` run, read with plain SQL from the metadata database."""
+    from airflow import settings
+
+    with settings.engine.connect() as conn:
+        found: str | None = conn.execute(
+            sa.text(
+                "SELECT n.content FROM dag_run_note n JOIN dag_run r ON r.id = n.dag_run_id "
+                "WHERE r.dag_id = 'article_pipeline' AND r.run_id = :r"
+            ),
+            {"r": run_id},
+        ).scalar()
+    return found
 
 
 BAD_URLS = [

@@ -124,8 +124,8 @@ def test_sheet_claim_registers_each_claimed_row_as_a_pending_article_item(
     notes = created_run_notes([c["run_id"] for c in out["claims"]])
     assert len(notes) == 3
     for c in out["claims"]:
-        url, where = str(notes[c["run_id"]]).split("\n\n")
-        assert url == c["url"] and re.fullmatch(r"Claimed from row [2-4] of the article queue sheet\.", where)
+        url, where = str(notes[c["run_id"]]).split(" — ")
+        assert url == c["url"] and re.fullmatch(r"claimed from row [2-4]", where)
     for url in batch:
         item = article_ledger.item(key_of(url))
         assert (item.kind, item.state, item.fencing_token) == ("article", "pending", 0)

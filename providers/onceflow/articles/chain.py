@@ -18,7 +18,7 @@ import html
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from onceflow.articles.errors import PermanentStepError
 
 if TYPE_CHECKING:
     from onceflow.ledger.core import Ledger
+    from onceflow.ledger.models import ResultRecord
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ FETCH, EXTRACT, TRANSLATE, SCORE, POLISH, PUBLISH, WRITE_BACK = (
 )
 #: The language articles are translated into (Apertium's ``spa-eng`` pair, the demo's direction).
 TARGET_LANGUAGE = "en"
+#: Most characters of the page's title that ``extract`` commits to the ledger (``run_notes``).
+LEDGER_TITLE_CHARS = 300
 #: Most characters of the translated text shown to a reviewer in the HITL body.
 REVIEW_TEXT_CHARS = 6000
 _AUTOLINK = re.compile(r"https?://[^\s<>`\\]+")
@@ -78,14 +81,7 @@ class StepRun:
     def result(self, step: str, *, required: bool = True) -> dict[str, Any]:
         """The payload ``step`` committed in this run at this version (the newest token's)."""
         if step not in self._cache:
-            mine = [
-                r
-                for r in self.ledger.results(self.work_key)
-                if r.step == step
-                and r.processing_version == self.version
-                and (r.committed_by or "").startswith(self.reuse_prefix)
-            ]
-            newest = max(mine, key=lambda r: r.fencing_token, default=None)
+            newest = run_result(self.ledger.results(self.work_key), step, self.reuse_prefix, self.version)
             self._cache[step] = dict(newest.payload) if newest is not None else None
         found = self._cache[step]
         if found is None:
@@ -96,6 +92,21 @@ class StepRun:
                 )
             return {}
         return dict(found)
+
+
+def run_result(
+    records: Iterable[ResultRecord], step: str, reuse_prefix: str, version: str | None = None
+) -> ResultRecord | None:
+    """The newest result (highest fencing token) of ``step`` that the run ``reuse_prefix`` names
+    committed, at ``version`` when one is given; ``None`` when it committed none."""
+    mine = [
+        r
+        for r in records
+        if r.step == step
+        and (version is None or r.processing_version == version)
+        and (r.committed_by or "").startswith(reuse_prefix)
+    ]
+    return max(mine, key=lambda r: r.fencing_token, default=None)
 
 
 def sha256(data: bytes) -> str:
@@ -163,7 +174,13 @@ def extract(run: StepRun, store: Any) -> dict[str, Any]:
         "language": found.language,
         "paragraphs": list(found.paragraphs),
     }
-    return {**store_json(store, run, EXTRACT, doc), "language": found.language, "chars": len(found.text)}
+    return {
+        **store_json(store, run, EXTRACT, doc),
+        "language": found.language,
+        "chars": len(found.text),
+        # the page's title in the ledger too: the run's note names the article by it (run_notes)
+        "title": found.title[:LEDGER_TITLE_CHARS],
+    }
 
 
 def translate(

@@ -26,7 +26,7 @@ from onceflow.ledger.models import FollowUp, Lease, ResultRecord, TransitionReco
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from sqlalchemy.engine import Engine
+    from sqlalchemy.engine import Connection, Engine
 
 
 class Ledger:
@@ -309,12 +309,8 @@ class Ledger:
 
     def results(self, work_key: str) -> list[ResultRecord]:
         """Every committed result of ``work_key``, oldest first."""
-        r = schema.results
         with self.engine.connect() as conn:
-            rows = (
-                conn.execute(sa.select(r).where(r.c.work_key == work_key).order_by(r.c.id)).mappings().all()
-            )
-        return [ResultRecord.from_row(m) for m in rows]
+            return read_results(conn, work_key)
 
     def counts(self, kind: str | None = None) -> dict[str, int]:
         """Number of items per state (optionally of one kind)."""
@@ -324,3 +320,14 @@ class Ledger:
             stmt = stmt.where(w.c.kind == kind)
         with self.engine.connect() as conn:
             return {state: int(n) for state, n in conn.execute(stmt)}
+
+
+def read_results(conn: Connection, work_key: str) -> list[ResultRecord]:
+    """Every committed result of ``work_key``, oldest first: one query on the results' unique index.
+
+    :meth:`Ledger.results` on the ledger's own engine; outside a worker, on any connection, e.g. a
+    read-only engine that takes no SQLite write lock (``onceflow.run_notes``, in the scheduler).
+    """
+    r = schema.results
+    rows = conn.execute(sa.select(r).where(r.c.work_key == work_key).order_by(r.c.id)).mappings().all()
+    return [ResultRecord.from_row(m) for m in rows]

@@ -66,9 +66,10 @@ def create_dag_run(
 
 
 def claim_note(url: str, row_number: int) -> str:
-    """The run note of a claimed row: its URL first (the runs list shows a run by it; the run id is
-    an opaque key), then where it was claimed (rows may move later; the run finds its row by token)."""
-    return f"{url}\n\nClaimed from row {row_number} of the article queue sheet."
+    """The run note of a claimed row, one line: its URL first (the runs list shows a run by it; the
+    run id is an opaque key), then where it was claimed (rows may move later; the run finds its row
+    by token). When the run ends, :mod:`onceflow.run_notes` puts the article's title in front."""
+    return f"{url} — claimed from row {row_number}"
 
 
 def run_claim_token(dag_id: str, run_id: str) -> str | None:

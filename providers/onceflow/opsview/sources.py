@@ -69,12 +69,15 @@ def read_engine(url: str) -> Engine:
     with _lock:
         engine = _engines.get(url)
         if engine is None:
-            engine = _create(url)
+            engine = create_read_engine(url)
             _engines[url] = engine
         return engine
 
 
-def _create(url: str) -> Engine:
+def create_read_engine(url: str) -> Engine:
+    """An engine for reading ``url``: no SQLite write lock (unlike the ledger's own engines), and a
+    time limit on every statement (:data:`STATEMENT_TIMEOUT_MS`). ``onceflow.run_notes`` reads the
+    ledger through one too."""
     parsed = sa.engine.make_url(url)
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if parsed.get_backend_name() == "postgresql":

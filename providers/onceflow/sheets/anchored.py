@@ -6,7 +6,8 @@ A claim anchors its row with developer metadata ``onceflow.claim = <token>``
 the row the anchor is on when the request is applied, so no position is ever computed on the
 client. :meth:`AnchoredRows.write_fields` costs 1 read + 1 write; an anchor on a row that lost the
 token (cut and paste of cells) is dropped by its ``metadataId``, and a claim without an anchor is
-*adopted* (anchored afresh in one guarded batch). ``docs/sheet-queue.md`` has the argument.
+*adopted* (anchored afresh in one guarded batch). :func:`sweep_anchors` removes the anchors of
+rows no longer in flight. ``docs/sheet-queue.md`` has the argument.
 """
 
 from __future__ import annotations
@@ -16,29 +17,25 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.sheets import anchors
 from onceflow.sheets.a1 import a1_sheet
-from onceflow.sheets.model import ColumnMap, Row, Snapshot, make_row
-from onceflow.sheets.settle import FINAL_STATUSES
+from onceflow.sheets.model import FINAL_STATUSES, IN_FLIGHT_STATUSES, ColumnMap, Row, Snapshot, make_row
+from onceflow.sheets.tab import find_replace, occurrences
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Collection, Sequence
 
-    from onceflow.sheets.protocol import SheetQueue
+    from onceflow.sheets.tab import QueueTab
 
 log = logging.getLogger(__name__)
 
 
-def _occurrences(reply: dict[str, Any]) -> int:
-    # proto3 JSON omits zero values: a miss comes back as {"findReplace": {}}
-    return int(reply.get("findReplace", {}).get("occurrencesChanged", 0) or 0)
-
-
 class AnchoredRows:
-    """The by-anchor reads and writes of one :class:`~onceflow.sheets.protocol.SheetQueue`.
+    """The by-anchor reads and writes of one queue tab.
 
-    :param queue: the queue whose transport, tab and backoff these requests use.
+    :param queue: the :class:`~onceflow.sheets.tab.QueueTab` whose transport, tab and backoff
+        these requests use.
     """
 
-    def __init__(self, queue: SheetQueue) -> None:
+    def __init__(self, queue: QueueTab) -> None:
         self.queue = queue
 
     def _rows_of(self, token: str) -> tuple[ColumnMap | None, list[Row]]:
@@ -50,7 +47,7 @@ class AnchoredRows:
         """The header and, per token, every row anchored to it: one ``values.batchGetByDataFilter``."""
         header = {"a1Range": f"{a1_sheet(self.queue.sheet)}!1:1"}
         filters = [header, *(anchors.lookup(t) for t in tokens)]
-        matched = self.queue._idempotent(lambda: self.queue.transport.read_by_filter(filters))
+        matched = self.queue.idempotent(lambda: self.queue.transport.read_by_filter(filters))
         columns: ColumnMap | None = None
         found: list[tuple[list[str], int, list[Any]]] = []
         for item in matched:
@@ -96,17 +93,17 @@ class AnchoredRows:
                 data.append((anchors.lookup(token), [anchors.row_values(width, cells)]))
         if not data:
             return {}
-        return self.queue._idempotent(lambda: self.queue.transport.write_by_filter(data))
+        return self.queue.idempotent(lambda: self.queue.transport.write_by_filter(data))
 
     def _drop_strays(self, token: str) -> None:
         """Delete ``token``'s anchors on rows that do not carry ``token`` (by metadata id, so rows
         moving meanwhile cannot make us delete the wrong one)."""
-        found = self.queue._idempotent(lambda: self.queue.transport.search_metadata([anchors.lookup(token)]))
+        found = self.queue.idempotent(lambda: self.queue.transport.search_metadata([anchors.lookup(token)]))
         ids = [int(m["metadataId"]) for m in found if "metadataId" in m]
         if not ids:
             return
         header = {"a1Range": f"{a1_sheet(self.queue.sheet)}!1:1"}
-        matched = self.queue._idempotent(
+        matched = self.queue.idempotent(
             lambda: self.queue.transport.read_by_filter([header, *(anchors.by_id(i) for i in ids)])
         )
         columns = None
@@ -138,15 +135,15 @@ class AnchoredRows:
         if not rows or snapshot.columns is None:
             return False
         row = rows[0]
-        guard = self.queue._find_replace(
-            self.queue._cell(row.number, snapshot.columns["status"]), row.status_cell.raw, row.status_cell.raw
+        guard = find_replace(
+            self.queue.cell(row.number, snapshot.columns["status"]), row.status_cell.raw, row.status_cell.raw
         )
         replies = self.queue.backoff.call(
             lambda: self.queue.transport.batch_update(
                 [guard, anchors.create(self.queue.sheet_id(), row.number, token)]
             )
         )
-        if _occurrences(replies[0]) == 1:
+        if occurrences(replies[0]) == 1:
             return True
         created = anchors.created_id(replies[1]) if len(replies) > 1 else None
         if created is not None:
@@ -204,3 +201,40 @@ class AnchoredRows:
                 return written[0]
             log.warning("row of %s changed while writing %s; checking again", token, sorted(fields))
         raise RuntimeError(f"could not write {sorted(fields)} into the row of token {token!r}")
+
+
+def sweep_anchors(queue: QueueTab, released: Collection[str] = ()) -> int:
+    """Delete this tab's claim anchors whose token is on no row in flight (PROCESSING or
+    NEEDS_REVIEW); return how many.
+
+    :param released: tokens of PROCESSING rows whose anchors may go too, because nothing will
+        write through them any more (``sheet_reconcile`` passes rows whose run has succeeded
+        while no article chain finishes rows yet; a later write to such a row, a recheck's, adopts
+        a fresh anchor).
+
+    The search comes **before** the read: an anchor is created in the same atomic batch as its
+    token's claim, so every anchor found had its token in the sheet before the read, and a token
+    the read does not show PROCESSING is final, gone or overwritten, never a claim in flight.
+    Deletion is by ``metadataId``, so it removes exactly the entries judged. Costs 2 reads, plus
+    1 write when there is something to delete.
+    """
+    found = queue.search_anchors()
+    if not found:
+        return 0
+    live = {
+        token
+        for token, rows in queue.snapshot().by_token().items()
+        if any(r.status in IN_FLIGHT_STATUSES for r in rows)
+    } - set(released)
+    sheet_id = queue.sheet_id()
+    doomed = [
+        int(m["metadataId"])
+        for m in found
+        if "metadataId" in m
+        and m.get("metadataValue") not in live
+        and m.get("location", {}).get("dimensionRange", {}).get("sheetId", 0) == sheet_id
+    ]
+    if doomed:
+        log.info("removing %d row anchors of rows no longer in flight", len(doomed))
+        queue.cleanup([anchors.delete(anchors.by_id(i)) for i in doomed])
+    return len(doomed)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from onceflow.sheets.a1 import a1_sheet
 
 if TYPE_CHECKING:
-    from onceflow.sheets.protocol import SheetQueue
+    from onceflow.sheets.tab import QueueTab
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +21,12 @@ AUDIT_HEADER = ["time", "action", "reason", "row_key", "url", "claim_token", "ru
 
 
 class AuditTab:
-    """The audit tab of one :class:`~onceflow.sheets.protocol.SheetQueue` (``queue.audit_sheet``)."""
+    """The audit tab beside one queue tab (``queue.audit_sheet``).
 
-    def __init__(self, queue: SheetQueue) -> None:
+    :param queue: the :class:`~onceflow.sheets.tab.QueueTab` whose transport and backoff it uses.
+    """
+
+    def __init__(self, queue: QueueTab) -> None:
         self.queue = queue
 
     def append(self, entries: list[dict[str, str]]) -> None:
@@ -75,7 +78,7 @@ class AuditTab:
             self.queue.sheet_id(self.queue.audit_sheet)
         except KeyError:
             return []
-        values = self.queue._read([a1_sheet(self.queue.audit_sheet)])[0]
+        values = self.queue.read([a1_sheet(self.queue.audit_sheet)])[0]
         entries = []
         for raw in values:
             cells = [str(c) for c in raw]

@@ -51,6 +51,13 @@ LIVE_STATUSES = frozenset(
 #: driving it. NEEDS_REVIEW is one: its run waits for a reviewer's decision.
 IN_FLIGHT_STATUSES = frozenset({Status.PROCESSING, Status.NEEDS_REVIEW})
 
+#: Statuses after which nothing writes to the row again, so its anchor can go (NEEDS_REVIEW is
+#: not: the reviewer's decision is still to be written through the anchor).
+FINAL_STATUSES = frozenset({Status.DONE, Status.INVALID, Status.DUPLICATE, Status.FAILED, Status.REJECTED})
+
+#: What a row's settling write may move it to: a final status, or NEEDS_REVIEW (its anchor kept).
+SETTLED_STATUSES = FINAL_STATUSES | {Status.NEEDS_REVIEW}
+
 _STATUS_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(?:#([A-Za-z0-9._-]+))?\s*$")
 _TOKEN_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 # <time>-<hex>-<version>: the hex part has no "-", so everything after the second "-" is the version

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from onceflow.ledger.models import FollowUp
     from onceflow.ledger.outbox import OutboxRow
     from onceflow.sheets.model import Row
-    from onceflow.sheets.protocol import SheetQueue
+    from onceflow.sheets.tab import QueueTab
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def sheet_target(spreadsheet_id: str, sheet: str) -> str:
     return f"{spreadsheet_id}/{sheet}"
 
 
-def queue_target(queue: SheetQueue) -> str:
+def queue_target(queue: QueueTab) -> str:
     """The outbox target of ``queue``'s tab."""
     return sheet_target(str(getattr(queue.transport, "spreadsheet_id", "")), queue.sheet)
 
@@ -171,14 +171,14 @@ class SheetRelayReport:
 
 def relay_sheet_rows(
     ledger: Ledger,
-    open_queue: Callable[[str, str], SheetQueue],
+    open_queue: Callable[[str, str], QueueTab],
     *,
     target: str | None = None,
     limit: int = DEFAULT_LIMIT,
 ) -> SheetRelayReport:
     """Write the pending ``sheet_row`` follow-ups (of ``target``, or of every sheet) to their sheets.
 
-    :param open_queue: ``(spreadsheet id, tab) -> SheetQueue`` (one per sheet and pass).
+    :param open_queue: ``(spreadsheet id, tab) -> QueueTab`` (one per sheet and pass).
     An outbox row is marked relayed once its sheet answered (written, or not in a state to be);
     a sheet that failed (5xx, quota, no header) leaves its rows pending with the error recorded.
     """
@@ -190,7 +190,7 @@ def relay_sheet_rows(
         by_sheet.setdefault(row.target, []).append(row)
     for sheet, rows in by_sheet.items():
         spreadsheet_id, _, tab = sheet.partition("/")
-        queue: SheetQueue | None = None
+        queue: QueueTab | None = None
         try:
             queue = open_queue(spreadsheet_id, tab)
             outcome = settle_rows(queue, [row.data for row in rows])
@@ -215,7 +215,7 @@ def relay_sheet_rows(
 
 
 def send_rows(
-    queue: SheetQueue, ledger: Ledger | None, step: str, writes: Sequence[FollowUp]
+    queue: QueueTab, ledger: Ledger | None, step: str, writes: Sequence[FollowUp]
 ) -> SheetRelayReport:
     """Commit row writes that no lease commits (:func:`decided_write`) to the outbox, filed under
     their claims, then relay the queue's pending rows, these among them.
@@ -246,7 +246,7 @@ def send_rows(
     return report
 
 
-def settle_rows(queue: SheetQueue, writes: Sequence[Mapping[str, Any]]) -> dict[str, bool | None]:
+def settle_rows(queue: QueueTab, writes: Sequence[Mapping[str, Any]]) -> dict[str, bool | None]:
     """Each write's row moved to its status with its fields; per token, whether it now is, or
     ``None`` when its row still waits for the move in the state it was asked from (the batch was
     not applied: a 5xx, a quota refusal), so the write stays pending. Telling that apart from "not

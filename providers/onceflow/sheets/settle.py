@@ -22,30 +22,27 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from onceflow.sheets import anchors
-from onceflow.sheets.model import IN_FLIGHT_STATUSES, Status, status_value
+from onceflow.sheets.anchored import AnchoredRows
+from onceflow.sheets.model import FINAL_STATUSES, SETTLED_STATUSES, Status, make_row, status_value
 from onceflow.sheets.retry import ServerError
+from onceflow.sheets.tab import find_replace, occurrences
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
 
     from onceflow.sheets.model import Row
-    from onceflow.sheets.protocol import SheetQueue
+    from onceflow.sheets.tab import QueueTab
 
 log = logging.getLogger(__name__)
 
-#: statuses after which nothing writes to the row again, so its anchor can go
-#: (NEEDS_REVIEW is not: the reviewer's decision is still to be written through the anchor)
-FINAL_STATUSES = frozenset({Status.DONE, Status.INVALID, Status.DUPLICATE, Status.FAILED, Status.REJECTED})
-
-#: what :func:`finish_many` may move a row to: a final status, or NEEDS_REVIEW (its anchor kept)
-SETTLED_STATUSES = FINAL_STATUSES | {Status.NEEDS_REVIEW}
+__all__ = ["FINAL_STATUSES", "SETTLED_STATUSES", "Finish", "finish_many"]
 
 #: one item to finish: (claim token, final status, fields to write first or ``None``)
 Finish = tuple[str, Status, "dict[str, str] | None"]
 
 
 def finish_many(
-    queue: SheetQueue,
+    queue: QueueTab,
     items: Sequence[Finish],
     old: Status | Collection[Status] = Status.PROCESSING,
     *,
@@ -56,7 +53,7 @@ def finish_many(
 
     Fields go first, through the anchor (it is gone after the transition), and only into a row
     still carrying the token in ``old``: a row another writer already finished keeps its cells.
-    The transitions are the fenced ``findReplace``s of :meth:`SheetQueue.transition`, and each
+    The transitions are the fenced ``findReplace``s of :meth:`~onceflow.sheets.tab.QueueTab.transition`, and each
     anchor's ``deleteDeveloperMetadata`` rides in the same atomic batch.
 
     :param items: (token, final status, fields) per row.
@@ -74,11 +71,12 @@ def finish_many(
         return []
     for _, new, _ in items:
         if new not in SETTLED_STATUSES:
-            raise ValueError(f"{new.value} is not a final status; use SheetQueue.transition")
+            raise ValueError(f"{new.value} is not a final status; use QueueTab.transition")
     olds = frozenset({old} if isinstance(old, Status) else old)
     if not olds:
         raise ValueError("finish_many needs at least one status to move from")
-    columns, anchored = queue.anchored_rows([token for token, _, _ in items])
+    by_anchor = AnchoredRows(queue)
+    columns, anchored = by_anchor.rows([token for token, _, _ in items])
     if columns is None:
         raise LookupError("the queue tab has no header row")
     quick: list[tuple[str, dict[str, str]]] = []
@@ -103,20 +101,20 @@ def finish_many(
             continue
         # no anchor, or one on a row that lost the token: the slow path settles the anchor first
         try:
-            queue.write_fields(token, wanted, check=_checker(token, olds, same))
+            by_anchor.write_fields(token, wanted, check=_checker(token, olds, same))
         except _NotSame as err:
             log.warning("%s not finished (%s)", token, err)
             refused.add(token)
         except (LookupError, _MovedOn) as err:
             log.info("fields of %s not written (%s)", token, err)
     if quick:
-        reply = queue.write_anchored(columns, quick)
+        reply = by_anchor.write(columns, quick)
         for token, row in _written(reply, columns):
             if row.token != token:  # the anchor was on another row: write it the careful way
                 fields = dict(quick)[token]
                 log.warning("anchor of %s was on a row without it; writing %s again", token, sorted(fields))
                 try:
-                    queue.write_fields(token, fields, check=_checker(token, olds))
+                    by_anchor.write_fields(token, fields, check=_checker(token, olds))
                 except (LookupError, _MovedOn) as err:
                     log.info("fields of %s not written (%s)", token, err)
     order = sorted(olds, key=lambda st: st.value)  # a fixed order: a resent batch is the same batch
@@ -166,14 +164,14 @@ def finish_many(
     return out
 
 
-def _guards(queue: SheetQueue, columns: Any, row: Row, token: str, new: Status) -> list[dict[str, Any]]:
+def _guards(queue: QueueTab, columns: Any, row: Row, token: str, new: Status) -> list[dict[str, Any]]:
     """Two no-op ``findReplace``s at ``row``'s position (as read): its status cell holds ``new
     #token`` and its URL cell the URL read. Both replying 1 means the row carrying the token held
     that URL when the move was applied (tokens are unique: only its row can match)."""
     moved = status_value(new, token)
     return [
-        queue._find_replace(queue._cell(row.number, columns["status"]), moved, moved),
-        queue._find_replace(queue._cell(row.number, columns["url"]), row.url, row.url),
+        find_replace(queue.cell(row.number, columns["status"]), moved, moved),
+        find_replace(queue.cell(row.number, columns["url"]), row.url, row.url),
     ]
 
 
@@ -182,12 +180,12 @@ def _held(replies: Sequence[dict[str, Any]], guarded: Sequence[str]) -> set[str]
     return {
         token
         for i, token in enumerate(guarded)
-        if len(replies) >= 2 * i + 2 and all(_occurrences(r) == 1 for r in replies[2 * i : 2 * i + 2])
+        if len(replies) >= 2 * i + 2 and all(occurrences(r) == 1 for r in replies[2 * i : 2 * i + 2])
     }
 
 
 def _undo(
-    queue: SheetQueue,
+    queue: QueueTab,
     columns: Any,
     row: Row,
     token: str,
@@ -208,8 +206,8 @@ def _undo(
     """
     for _ in range(tries):
         requests = [
-            queue._find_replace(
-                queue._cell(row.number, columns["status"]),
+            find_replace(
+                queue.cell(row.number, columns["status"]),
                 status_value(new, token),
                 status_value(back, token),
             ),
@@ -217,13 +215,13 @@ def _undo(
         if anchor:
             requests.append(anchors.create(queue.sheet_id(), row.number, token))
         if link and columns.has("published_url"):
-            requests.append(queue._find_replace(queue._cell(row.number, columns["published_url"]), link, ""))
+            requests.append(find_replace(queue.cell(row.number, columns["published_url"]), link, ""))
         send = functools.partial(queue.transport.batch_update, requests)
         try:
             replies = queue.backoff.call(send)
         except ServerError:
             replies = []
-        if replies and _occurrences(replies[0]) == 1:
+        if replies and occurrences(replies[0]) == 1:
             return True
         created = anchors.created_id(replies[1]) if anchor and len(replies) > 1 else None
         if created is not None:
@@ -234,11 +232,6 @@ def _undo(
         row = rows[0]
     log.error("row of %s could not be put back in flight; sheet_reconcile will see it", token)
     return False
-
-
-def _occurrences(reply: dict[str, Any]) -> int:
-    # proto3 JSON omits zero values: a miss comes back as {"findReplace": {}}
-    return int(reply.get("findReplace", {}).get("occurrencesChanged", 0) or 0)
 
 
 class _MovedOn(Exception):
@@ -266,8 +259,6 @@ def _checker(
 
 def _written(reply: dict[str, Any], columns: Any) -> list[tuple[str, Row]]:
     """(token the filter named, row as written) for each range a ``batchUpdateByDataFilter`` wrote."""
-    from onceflow.sheets.model import make_row
-
     out = []
     for response in reply.get("responses", []):
         token = response.get("dataFilter", {}).get("developerMetadataLookup", {}).get("metadataValue")
@@ -277,40 +268,3 @@ def _written(reply: dict[str, Any], columns: Any) -> list[tuple[str, Row]]:
         if token:
             out.append((str(token), make_row(columns, number, values[0] if values else [])))
     return out
-
-
-def sweep_anchors(queue: SheetQueue, released: Collection[str] = ()) -> int:
-    """Delete this tab's claim anchors whose token is on no row in flight (PROCESSING or
-    NEEDS_REVIEW); return how many.
-
-    :param released: tokens of PROCESSING rows whose anchors may go too, because nothing will
-        write through them any more (``sheet_reconcile`` passes rows whose run has succeeded
-        while no article chain finishes rows yet; a later write to such a row, a recheck's, adopts
-        a fresh anchor).
-
-    The search comes **before** the read: an anchor is created in the same atomic batch as its
-    token's claim, so every anchor found had its token in the sheet before the read, and a token
-    the read does not show PROCESSING is final, gone or overwritten, never a claim in flight.
-    Deletion is by ``metadataId``, so it removes exactly the entries judged. Costs 2 reads, plus
-    1 write when there is something to delete.
-    """
-    found = queue.search_anchors()
-    if not found:
-        return 0
-    live = {
-        token
-        for token, rows in queue.snapshot().by_token().items()
-        if any(r.status in IN_FLIGHT_STATUSES for r in rows)
-    } - set(released)
-    sheet_id = queue.sheet_id()
-    doomed = [
-        int(m["metadataId"])
-        for m in found
-        if "metadataId" in m
-        and m.get("metadataValue") not in live
-        and m.get("location", {}).get("dimensionRange", {}).get("sheetId", 0) == sheet_id
-    ]
-    if doomed:
-        log.info("removing %d row anchors of rows no longer in flight", len(doomed))
-        queue.cleanup([anchors.delete(anchors.by_id(i)) for i in doomed])
-    return len(doomed)

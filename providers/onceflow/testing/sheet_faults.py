@@ -484,7 +484,7 @@ def run_schedule(
                 # room for the first copy's k anchors and fewer than k more: the resend is refused
                 limit = step.args["limit"]
                 before = queue.rng.getstate()
-                good, bad_rows = queue._pick_targets(Snapshot.from_values(values()), limit)
+                good, bad_rows = queue.pick_targets(Snapshot.from_values(values()), limit)
                 queue.rng.setstate(before)
                 k = len(good) + len(bad_rows)
                 room = k + (step.args["room"] - limit) * k // (limit + 1)

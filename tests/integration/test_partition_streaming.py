@@ -4,7 +4,10 @@ whole day in one frame; the result equals the one-frame load (SQLite and Postgre
 from __future__ import annotations
 
 import datetime as dt
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,8 +41,9 @@ def day_rows(n: int) -> pd.DataFrame:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("kind", ["arrow", "frames"])
 def test_a_staged_day_streams_in_batches_and_loads_what_one_frame_would(
-    sales_db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sales_db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     rows = day_rows(ROWS)
     rejects = pd.DataFrame({c: [] for c in REJECT_COLUMNS}).astype({"source_row_id": "int64"})
@@ -47,23 +51,30 @@ def test_a_staged_day_streams_in_batches_and_loads_what_one_frame_would(
     staging.write_clean(tmp_path, result, partition=DAY, processing_version="v")
 
     batch_sizes: list[int] = []
-    real_insert = bulk_load.insert_rows
+    copies: list[int] = []
+    real_copy = bulk_load.copy_chunks
 
-    def counting_insert(conn: object, table: object, batch: pd.DataFrame, method: str) -> None:
-        batch_sizes.append(len(batch))
-        real_insert(conn, table, batch, method)  # type: ignore[arg-type]
+    def counting_copy(conn: object, quoted: str, chunks: Iterator[bytes], **kwargs: object) -> None:
+        copies.append(1)
+        real_copy(conn, quoted, chunks, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(partition_store, "insert_rows", counting_insert)
+    def counted(batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            batch_sizes.append(len(batch))
+            yield batch
+
+    monkeypatch.setattr(partition_store, "copy_chunks", counting_copy)
     store = PartitionStore(make_engine(sales_db_url), "daily_sales")
     store.create_schema()
     lease = store.acquire_lease(DAY, run_id="r", try_number=1)
     with staging.open_clean(tmp_path) as staged:
         assert staged.row_count == ROWS and staged.duplicates_dropped == 3
+        batches = staged.arrow_batches(1_000) if kind == "arrow" else staged.row_batches(batch_rows=1_000)
         audit = store.overwrite(
-            lease, staged.row_batches(batch_rows=1_000), staged.rejects, processing_version="v",
-            duplicate_count=staged.duplicates_dropped,
+            lease, counted(batches), staged.rejects, processing_version="v", duplicate_count=staged.duplicates_dropped,
         )  # fmt: skip
     assert batch_sizes == [1_000, 1_000, 500]  # never the day in one frame
+    assert copies == ([1] if store.dialect == "postgresql" else [])  # one COPY of all the batches
     assert (audit.row_count, audit.duplicate_count) == (ROWS, 3)
     assert audit.checksum == frame_checksum(rows, SALES_COLUMNS) == store.partition_checksum(DAY)
 
@@ -85,11 +96,14 @@ def test_a_row_of_another_day_mid_stream_rolls_the_whole_load_back(sales_db_url:
 
 
 @pytest.mark.postgres
-def test_the_backend_terminated_between_two_streamed_copies_leaves_the_old_partition(
-    postgres_url: str,
-) -> None:
-    """pg_terminate_backend after the first batch's COPY: the old rows and audit stay, the retry loads."""
+@pytest.mark.parametrize("kind", ["arrow", "frames"])
+def test_the_backend_terminated_mid_copy_leaves_the_old_partition(postgres_url: str, kind: str) -> None:
+    """pg_terminate_backend while the COPY runs, its first batch sent: the old rows and audit stay,
+    the retry loads."""
+    import pyarrow as pa
     import sqlalchemy as sa
+
+    from onceflow.sales.schema import sales_arrow_schema
 
     engine = make_engine(postgres_url)
     store = PartitionStore(engine, "daily_sales")
@@ -100,17 +114,26 @@ def test_the_backend_terminated_between_two_streamed_copies_leaves_the_old_parti
     new = day_rows(2_500)
     admin = sa.create_engine(postgres_url)
 
-    def batches_then_terminate() -> object:
-        yield new.iloc[:1_000]
-        with admin.connect() as conn:  # the loader is idle in its transaction, its first COPY sent
-            killed = conn.execute(
-                sa.text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND pid <> pg_backend_pid() AND state = 'idle in transaction'"
-                )
-            ).all()
+    def batch(rows: pd.DataFrame) -> Any:
+        if kind == "frames":
+            return rows
+        return pa.RecordBatch.from_pandas(rows, schema=sales_arrow_schema(), preserve_index=False)
+
+    def batches_then_terminate() -> Iterator[Any]:
+        yield batch(new.iloc[:1_000])
+        copying = (
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND state = 'active' AND query LIKE 'COPY %'"
+        )
+        with admin.connect() as conn:  # the loader's COPY is running, waiting for the next rows
+            for _ in range(100):
+                pids = conn.execute(sa.text(copying)).scalars().all()
+                if pids:
+                    break
+                time.sleep(0.05)
+            killed = conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pids[0]}).all()
         assert killed == [(True,)]
-        yield new.iloc[1_000:]
+        yield batch(new.iloc[1_000:])
 
     import psycopg2
 
@@ -128,3 +151,48 @@ def test_the_backend_terminated_between_two_streamed_copies_leaves_the_old_parti
     )
     assert retried.row_count == 2_500 and store.partition_checksum(DAY) == retried.checksum
     admin.dispose()
+
+
+@pytest.mark.postgres
+def test_a_disk_full_error_at_row_50000_of_the_copy_leaves_the_old_partition(postgres_url: str) -> None:
+    """The server fails the COPY at its 50,000th row with SQLSTATE 53100 (disk_full, what "could not
+    extend file: No space left on device" raises; a trigger stands in for the full disk): the old
+    rows and audit stay, and the retry, once there is room, loads."""
+    import pyarrow as pa
+    import sqlalchemy as sa
+
+    from onceflow.sales.schema import sales_arrow_schema
+
+    engine = make_engine(postgres_url)
+    store = PartitionStore(engine, "daily_sales")
+    store.create_schema()
+    old = store.overwrite(
+        store.acquire_lease(DAY, run_id="r", try_number=1), day_rows(10), processing_version="v"
+    )
+    new = pa.RecordBatch.from_pandas(day_rows(60_000), schema=sales_arrow_schema(), preserve_index=False)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE SEQUENCE disk_rows")
+        conn.exec_driver_sql(
+            "CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " IF nextval('disk_rows') = 50000 THEN RAISE EXCEPTION 'could not extend file: No space left"
+            " on device' USING ERRCODE = 'disk_full'; END IF; RETURN NEW; END $$"
+        )
+        conn.exec_driver_sql(
+            "CREATE TRIGGER disk_full BEFORE INSERT ON daily_sales FOR EACH ROW EXECUTE FUNCTION disk_full()"
+        )
+    import psycopg2
+
+    with pytest.raises((sa.exc.DBAPIError, psycopg2.errors.DiskFull), match="No space left on device"):
+        store.overwrite(
+            store.acquire_lease(DAY, run_id="r", try_number=2),
+            [new.slice(i, 10_000) for i in range(0, 60_000, 10_000)],
+            processing_version="v",
+        )
+    assert store.audit(DAY) == old and len(store.partition_rows(DAY)) == 10
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TRIGGER disk_full ON daily_sales")
+    retried = store.overwrite(
+        store.acquire_lease(DAY, run_id="r", try_number=3), [new], processing_version="v"
+    )
+    assert retried.row_count == 60_000 and store.partition_checksum(DAY) == retried.checksum
+    engine.dispose()

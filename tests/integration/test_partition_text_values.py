@@ -12,12 +12,14 @@ import datetime as dt
 import random
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
 from onceflow.sales.clean import PROCESSING_VERSION, normalise_sales_frame
 from onceflow.sales.engine import make_engine
 from onceflow.sales.partition_store import PartitionStore
+from onceflow.sales.schema import sales_arrow_schema
 
 DAY = dt.date(2024, 3, 31)
 PIECES = [
@@ -98,15 +100,21 @@ def expected_rows(frame: pd.DataFrame) -> set[tuple[object, ...]]:
     }  # fmt: skip
 
 
-def load_and_compare(url: str, method: str, seed: int) -> None:
+def load_and_compare(url: str, method: str, seed: int, *, arrow: bool = False) -> None:
+    """``arrow``: the rows as Arrow record batches of 70 (formatted and checksummed by Arrow, as
+    the operator streams them), else one frame (pandas)."""
     frame = awkward_rows(seed, 300)
     assert frame["customer_id"].isna().any() and (frame["customer_id"] == "").any()
+    rows: object = frame
+    if arrow:
+        table = pa.Table.from_pandas(frame, schema=sales_arrow_schema(), preserve_index=False)
+        rows = table.to_batches(max_chunksize=70)
     engine = make_engine(url)
     try:
         store = PartitionStore(engine, "daily_sales")
         store.create_schema()
         lease = store.acquire_lease(DAY, run_id=f"awkward_{seed}", try_number=1)
-        audit = store.overwrite(lease, frame, None, processing_version=PROCESSING_VERSION, method=method)  # type: ignore[arg-type]
+        audit = store.overwrite(lease, rows, None, processing_version=PROCESSING_VERSION, method=method)  # type: ignore[arg-type]
         stored = stored_rows(engine)
         expected = expected_rows(frame)
         assert stored == expected, sorted(stored ^ expected, key=repr)[:6]
@@ -123,14 +131,19 @@ def load_and_compare(url: str, method: str, seed: int) -> None:
         engine.dispose()
 
 
+@pytest.mark.parametrize("arrow", [False, True], ids=["frame", "arrow"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_stored_rows_equal_the_frame_with_nulls_empty_strings_and_awkward_text(
-    sales_db_url: str, seed: int
+    sales_db_url: str, seed: int, arrow: bool
 ) -> None:
-    load_and_compare(sales_db_url, "auto", seed)  # COPY on PostgreSQL, INSERT on SQLite
+    load_and_compare(sales_db_url, "auto", seed, arrow=arrow)  # COPY on PostgreSQL, INSERT on SQLite
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("arrow", [False, True], ids=["frame", "arrow"])
 @pytest.mark.parametrize("driver", ["psycopg2", "psycopg"])
-def test_copy_keeps_empty_strings_and_nulls_apart_with_both_drivers(postgres_url: str, driver: str) -> None:
-    load_and_compare(postgres_url.replace("postgresql+psycopg2://", f"postgresql+{driver}://"), "copy", 3)
+def test_copy_keeps_empty_strings_and_nulls_apart_with_both_drivers(
+    postgres_url: str, driver: str, arrow: bool
+) -> None:
+    url = postgres_url.replace("postgresql+psycopg2://", f"postgresql+{driver}://")
+    load_and_compare(url, "copy", 3, arrow=arrow)

@@ -252,7 +252,7 @@ class PartitionOverwriteOperator(BaseOperator):
         else:
             audit = store.overwrite(
                 lease,
-                staged.row_batches(),
+                staged.arrow_batches(),
                 staged.rejects,
                 processing_version=staged.processing_version,
                 method=self.load_method,

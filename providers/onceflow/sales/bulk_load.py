@@ -1,17 +1,24 @@
-"""Writing a DataFrame of sales rows into the warehouse table: COPY, INSERT and the baselines.
+"""Writing sales rows into the warehouse table: COPY, INSERT and the baselines.
 
-COPY uses PostgreSQL's **text** format, built column-wise by pandas: tab-separated, ``\\N`` for
+COPY uses PostgreSQL's **text** format, built column-wise (by Arrow for record batches,
+:func:`arrow_copy_text`; by pandas for frames, :func:`copy_text`): tab-separated, ``\\N`` for
 NULL, and backslash, tab, newline and carriage return escaped inside values. Unlike CSV, text
 format has no "unquoted empty field" ambiguity: an empty string is an empty field and only ``\\N``
 is NULL (a value that is literally ``\\N`` is written ``\\\\N``). So ``customer_id = ""`` stays
 ``""`` and the stored rows equal the frame on PostgreSQL and SQLite alike.
+
+:func:`copy_chunks` streams one COPY from chunks of that text that a second thread produces (reads,
+formats, checksums) while the driver sends the previous chunk, so the client's work and the
+server's overlap.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import io
-from collections.abc import Sequence
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
@@ -77,6 +84,34 @@ def copy_text(rows: pd.DataFrame, columns: Sequence[str] = SALES_COLUMNS) -> io.
     return buf
 
 
+#: COPY text escapes of text values, in order (backslash first).
+COPY_ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"))
+
+
+def arrow_copy_text(batch: Any, columns: Sequence[str] = SALES_COLUMNS) -> bytes | None:
+    """An Arrow record batch's ``columns`` in COPY text format, one line per row, formatted
+    column-wise by Arrow; None if a column's type is not handled (:func:`copy_text` then)."""
+    from onceflow.sales.checksum import arrow_texts
+
+    texts = arrow_texts(batch, columns)
+    return None if texts is None else copy_lines_text(texts)
+
+
+def copy_lines_text(texts: Sequence[tuple[Any, bool]]) -> bytes:
+    """COPY text of :func:`onceflow.sales.checksum.arrow_texts`' columns: one line per row."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from onceflow.sales.checksum import join_lines
+
+    if not len(texts[0][0]):
+        return b""
+    lines = pc.binary_join_element_wise(join_lines(texts, "\t", COPY_ESCAPES), "\n", "")  # newline-ended
+    _validity, offsets, data = lines.buffers()
+    bounds = np.frombuffer(offsets, dtype=np.int32)[lines.offset : lines.offset + len(lines) + 1]
+    return data.to_pybytes()[int(bounds[0]) : int(bounds[-1])]
+
+
 def copy_statement(quoted_table: str, columns: Sequence[str] = SALES_COLUMNS) -> str:
     """``COPY ... FROM STDIN`` in text format with the NULL marker spelled out."""
     return f"COPY {quoted_table} ({', '.join(columns)}) FROM STDIN WITH (FORMAT text, NULL '\\N')"
@@ -117,22 +152,108 @@ def insert_rows(conn: Connection, table: sa.Table, rows: pd.DataFrame, method: L
 
 
 def _copy(conn: Connection, quoted_table: str, rows: pd.DataFrame) -> None:
+    buf = copy_text(rows)
+    copy_chunks(conn, quoted_table, iter(lambda: buf.read(1 << 20), ""), prefetch=False)
+
+
+def copy_chunks(
+    conn: Connection, quoted_table: str, chunks: Iterable[bytes | str], *, prefetch: bool = True
+) -> None:
+    """One ``COPY ... FROM STDIN`` (:func:`copy_statement`) of ``chunks`` of COPY text.
+
+    :param prefetch: iterate ``chunks`` in a second thread, a chunk or two ahead, while this one
+        sends (the drivers release the GIL while they wait for the socket), so formatting and
+        checksumming the next rows overlap the server's work on the previous ones. An error in
+        ``chunks`` aborts the COPY and is raised here (the caller's transaction rolls back).
+    """
     if conn.dialect.name != "postgresql":
         raise ValueError("COPY loads need PostgreSQL")
     sql = copy_statement(quoted_table)
-    buf = copy_text(rows)
+    source = _Prefetch(chunks) if prefetch else None
+    stream: Iterator[bytes | str] = iter(source) if source is not None else iter(chunks)
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
         if conn.dialect.driver == "psycopg2":
-            cursor.copy_expert(sql, buf)
+            cursor.copy_expert(sql, _Reader(stream), size=1 << 20)
         else:  # psycopg 3
             with cursor.copy(sql) as copy:
-                for chunk in iter(lambda: buf.read(1 << 20), ""):
+                for chunk in stream:
                     copy.write(chunk)
     except Exception as exc:
+        if source is not None and source.error is not None and source.error is not exc:
+            raise source.error from exc  # the rows' own error, not the aborted COPY's
         deadline = translate(conn, exc, sql)  # the raw cursor bypasses the engine's error hook
         if deadline is not None:
             raise deadline from exc
         raise
     finally:
+        if source is not None:
+            source.close()
         cursor.close()
+
+
+class _Reader:
+    """A file-like object psycopg2's ``copy_expert`` reads: one chunk per ``read`` call."""
+
+    def __init__(self, chunks: Iterator[bytes | str]) -> None:
+        self._chunks = chunks
+
+    def read(self, _size: int = -1) -> bytes | str:
+        for chunk in self._chunks:
+            if chunk:
+                return chunk
+        return b""
+
+    def readline(self, _size: int = -1) -> bytes | str:
+        return self.read()
+
+
+class _Prefetch:
+    """Iterate ``items`` in a daemon thread, at most ``depth`` items ahead of the consumer.
+
+    The producer's exception is kept (:attr:`error`) and raised to the consumer in its place in the
+    sequence; :meth:`close` stops the producer at its next item and waits for it.
+    """
+
+    _DONE = object()
+
+    def __init__(self, items: Iterable[Any], depth: int = 2) -> None:
+        self.error: BaseException | None = None
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(items,), name="onceflow-copy-rows", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, items: Iterable[Any]) -> None:
+        try:
+            for item in items:
+                if not self._put(item):
+                    return
+        except BaseException as exc:  # handed to the consumer
+            self.error = exc
+        self._put(self._DONE)
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                if self.error is not None:
+                    raise self.error
+                return
+            yield item
+
+    def close(self) -> None:
+        """Stop the producer (it ends at its next item) and wait for it."""
+        self._stop.set()
+        self._thread.join()

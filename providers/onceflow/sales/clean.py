@@ -281,7 +281,7 @@ def _str_values(series: pd.Series) -> list[str]:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        text = pc.strftime(pa.array(series.astype("datetime64[us]")), "%Y-%m-%d %H:%M:%S")
+        text = pa.array(series.astype("datetime64[us]")).cast(pa.string())  # "... HH:MM:SS.ffffff"
         if series.dtype == "datetime64[us]" or (series.dt.nanosecond == 0).all():
             return pc.replace_substring_regex(text, r"\.000000$", "").to_pylist()
     return [str(v) for v in series.tolist()]

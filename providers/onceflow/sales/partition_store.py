@@ -25,8 +25,22 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from onceflow.sales.audit import AuditRecord, describe_watermark, read_audit, replace_audit
-from onceflow.sales.bulk_load import LoadMethod, frame_records, insert_rows
-from onceflow.sales.checksum import RowDigests, frame_checksum, rows_checksum
+from onceflow.sales.bulk_load import (
+    LoadMethod,
+    copy_chunks,
+    copy_lines_text,
+    copy_text,
+    frame_records,
+    insert_rows,
+)
+from onceflow.sales.checksum import (
+    CANONICAL_ESCAPES,
+    RowDigests,
+    arrow_texts,
+    frame_checksum,
+    join_lines,
+    rows_checksum,
+)
 from onceflow.sales.fencing import (
     Lease,
     OlderExtractError,
@@ -60,6 +74,15 @@ Checkpoint = Callable[[str], None]
 
 #: Advisory lock serialising table creation in one warehouse (PostgreSQL).
 _SCHEMA_LOCK = "onceflow.warehouse.schema"
+
+
+def _as_frame(batch: Any) -> pd.DataFrame:
+    """A batch of sales rows as a normalised frame (Arrow batches converted)."""
+    import pandas as pd
+
+    from onceflow.sales.clean import normalise_sales_frame
+
+    return batch if isinstance(batch, pd.DataFrame) else normalise_sales_frame(batch.to_pandas())
 
 
 def utcnow_naive() -> dt.datetime:
@@ -187,7 +210,7 @@ class PartitionStore:
     def overwrite(
         self,
         lease: Lease,
-        rows: pd.DataFrame | Iterable[pd.DataFrame],
+        rows: pd.DataFrame | Iterable[Any],
         rejects: pd.DataFrame | None = None,
         *,
         processing_version: str,
@@ -200,9 +223,11 @@ class PartitionStore:
 
         :param lease: the attempt's lease (:meth:`acquire_lease` or :meth:`register_ledger_token`).
         :param rows: sales rows (columns :data:`SALES_COLUMNS`), all in ``lease.partition``: one
-            frame, or frames streamed batch by batch (e.g. :meth:`StreamedClean.row_batches
-            <onceflow.sales.staging.StreamedClean.row_batches>`), each inserted and added to the
-            checksum as it arrives, so memory holds one batch and 32 bytes a row.
+            frame, or frames or Arrow record batches streamed batch by batch (e.g.
+            :meth:`StreamedClean.arrow_batches <onceflow.sales.staging.StreamedClean.arrow_batches>`),
+            each inserted and added to the checksum as it arrives, so memory holds a few batches and
+            32 bytes a row (spilled to a temporary file past ``checksum.SPILL_ROWS`` rows). On
+            PostgreSQL the rows go into one COPY, Arrow batches formatted by Arrow.
         :param rejects: reject rows (columns :data:`REJECT_COLUMNS`) for the partition, or None.
         :param processing_version: version of the code and reference data that produced ``rows``.
         :param method: how rows are inserted; ``auto`` is COPY on PostgreSQL, INSERT elsewhere.
@@ -221,26 +246,68 @@ class PartitionStore:
         reject_records = frame_records(rejects, REJECT_COLUMNS) if rejects is not None else []
         digests = RowDigests(SALES_COLUMNS)
         notify = checkpoint or (lambda _stage: None)
-        with self.engine.begin() as conn:
-            self._check(conn, lease, source_watermark_utc)
-            conn.execute(self.table.delete().where(self.table.c.partition_date == lease.partition))
-            notify("deleted")
-            for batch in batches:
-                self._check_partition(lease, batch)  # a wrong row rolls the whole load back
-                insert_rows(conn, self.table, batch, method)
-                digests.add(batch)
-            notify("rows_written")
-            audit = self._commit_audit(
-                conn, lease, row_count=digests.rows, checksum=digests.hexdigest(), reject_records=reject_records,
-                processing_version=processing_version, source_watermark_utc=source_watermark_utc,
-                duplicate_count=duplicate_count,
-            )  # fmt: skip
+        if method == "auto":
+            method = "copy" if self.dialect == "postgresql" else "insert"
+        try:
+            with self.engine.begin() as conn:
+                self._check(conn, lease, source_watermark_utc)
+                conn.execute(self.table.delete().where(self.table.c.partition_date == lease.partition))
+                notify("deleted")
+                if method == "copy":
+                    # One COPY; a second thread reads, checks, formats and checksums the next batch
+                    # while this one sends (bulk_load.copy_chunks).
+                    quoted = conn.dialect.identifier_preparer.format_table(self.table)
+                    copy_chunks(conn, quoted, self._copy_text(lease, batches, digests))
+                else:
+                    for batch in batches:
+                        frame = _as_frame(batch)
+                        self._check_partition(lease, frame)  # a wrong row rolls the whole load back
+                        insert_rows(conn, self.table, frame, method)
+                        digests.add(frame)
+                notify("rows_written")
+                audit = self._commit_audit(
+                    conn, lease, row_count=digests.rows, checksum=digests.hexdigest(), reject_records=reject_records,
+                    processing_version=processing_version, source_watermark_utc=source_watermark_utc,
+                    duplicate_count=duplicate_count,
+                )  # fmt: skip
+        finally:
+            digests.close()
         notify("committed")
         return audit
+
+    def _copy_text(self, lease: Lease, batches: Iterable[Any], digests: RowDigests) -> Iterator[bytes | str]:
+        """Each batch checked, added to the checksum and formatted as COPY text (Arrow batches
+        column-wise by Arrow, frames by pandas)."""
+        import pandas as pd
+
+        for batch in batches:
+            if isinstance(batch, pd.DataFrame):
+                self._check_partition(lease, batch)
+                digests.add(batch)
+                yield copy_text(batch).getvalue()
+                continue
+            self._check_partition_arrow(lease, batch)
+            texts = arrow_texts(batch, SALES_COLUMNS)  # each column's text once, for both uses
+            if texts is None:  # a column type Arrow does not format here
+                frame = _as_frame(batch)
+                digests.add(frame)
+                yield copy_text(frame).getvalue()
+            else:
+                digests.add_lines(join_lines(texts, "\x1f", CANONICAL_ESCAPES))
+                yield copy_lines_text(texts)
 
     @staticmethod
     def _check_partition(lease: Lease, rows: pd.DataFrame) -> None:
         wrong = {d for d in rows["partition_date"].unique() if d != lease.partition}
+        if wrong:
+            key = partition_key(lease.partition)
+            raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")
+
+    @staticmethod
+    def _check_partition_arrow(lease: Lease, batch: Any) -> None:
+        import pyarrow.compute as pc
+
+        wrong = {d for d in pc.unique(batch.column("partition_date")).to_pylist() if d != lease.partition}
         if wrong:
             key = partition_key(lease.partition)
             raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")

@@ -12,7 +12,7 @@ convention keeps the two backends byte-identical. Money is stored as integer cen
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -56,6 +56,25 @@ SALES_COLUMNS: tuple[str, ...] = (
 )
 
 REJECT_COLUMNS: tuple[str, ...] = ("source_row_id", "order_id", "reason", "raw")
+
+
+def sales_arrow_schema() -> Any:
+    """The Arrow schema of sales rows (staged ``rows.parquet``, the load's record batches)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("partition_date", pa.date32()),
+            ("order_id", pa.string()),
+            ("customer_id", pa.string()),
+            ("source_currency", pa.string()),
+            ("gross_cents", pa.int64()),
+            ("refund_cents", pa.int64()),
+            ("net_cents", pa.int64()),
+            ("event_count", pa.int64()),
+            ("first_event_utc", pa.timestamp("us")),
+        ]
+    )
 
 
 def sales_table(name: str, metadata: sa.MetaData) -> sa.Table:

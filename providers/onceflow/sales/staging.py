@@ -55,7 +55,7 @@ from onceflow.objects import (
 )
 from onceflow.sales.clean import empty_sales_frame, normalise_sales_frame
 from onceflow.sales.partitions import partition_key, validate_partition
-from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS
+from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS, sales_arrow_schema
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -74,6 +74,8 @@ STORAGE_SUBFOLDER = "sales-staging"
 METADATA_KEY = b"onceflow.staging"
 #: rows per batch when staged rows stream (parquet row groups, COPY chunks).
 BATCH_ROWS = 100_000
+#: rows per Arrow batch the load formats and sends as one COPY chunk (about 4 MB of COPY text).
+COPY_BATCH_ROWS = 50_000
 #: extract rows per batch cleaning reads (the extract's row groups hold 50,000).
 EXTRACT_READ_ROWS = 50_000
 _TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
@@ -304,6 +306,11 @@ class StagedClean:
         """The rows as one batch (:meth:`StreamedClean.row_batches` streams them)."""
         yield self.rows
 
+    def arrow_batches(self) -> Iterator[pd.DataFrame]:
+        """The rows as one frame (``overwrite`` takes frames too; :meth:`StreamedClean.arrow_batches`
+        streams Arrow batches)."""
+        yield self.rows
+
     @property
     def reject_ratio(self) -> float:
         """The share of source rows rejected (0 for an empty day)."""
@@ -342,25 +349,6 @@ def write_clean(
         "reasons": result.reasons(),
     }
     write_object(folder / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-
-
-def rows_schema() -> Any:
-    """The Arrow schema of staged rows (``rows.parquet``)."""
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("partition_date", pa.date32()),
-            ("order_id", pa.string()),
-            ("customer_id", pa.string()),
-            ("source_currency", pa.string()),
-            ("gross_cents", pa.int64()),
-            ("refund_cents", pa.int64()),
-            ("net_cents", pa.int64()),
-            ("event_count", pa.int64()),
-            ("first_event_utc", pa.timestamp("us")),
-        ]
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,10 +414,10 @@ def clean_extract(
                 "duplicates_dropped": cleaner.duplicates_dropped,
             }
             metadata = {METADATA_KEY: json.dumps(facts, sort_keys=True).encode()}
-            schema = rows_schema().with_metadata(metadata)
+            schema = sales_arrow_schema().with_metadata(metadata)
             with _staged_file(folder / "rows.parquet") as sink, pq.ParquetWriter(sink, schema) as writer:
                 for rows in cleaner.rows():
-                    table = pa.Table.from_pandas(rows, schema=rows_schema(), preserve_index=False)
+                    table = pa.Table.from_pandas(rows, schema=sales_arrow_schema(), preserve_index=False)
                     writer.write_table(table.replace_schema_metadata(metadata), row_group_size=BATCH_ROWS)
             rejects = 0
             schema = reject_schema().with_metadata(metadata)
@@ -518,6 +506,15 @@ class StreamedClean:
         """The rows, ``batch_rows`` at a time, each a normalised sales frame."""
         for batch in self.rows_file.iter_batches(batch_size=batch_rows):
             yield normalise_sales_frame(batch.to_pandas())
+
+    def arrow_batches(self, batch_rows: int = COPY_BATCH_ROWS) -> Iterator[Any]:
+        """The rows, ``batch_rows`` at a time, as Arrow record batches of
+        :func:`~onceflow.sales.schema.sales_arrow_schema` (what the load's COPY path formats
+        column-wise; :meth:`PartitionStore.overwrite
+        <onceflow.sales.partition_store.PartitionStore.overwrite>` takes either)."""
+        schema = sales_arrow_schema()
+        for batch in self.rows_file.iter_batches(batch_size=batch_rows, columns=schema.names):
+            yield batch.cast(schema)  # files staged before the fixed schema: null or large types
 
 
 @contextlib.contextmanager

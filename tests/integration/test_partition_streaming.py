@@ -196,3 +196,26 @@ def test_a_disk_full_error_at_row_50000_of_the_copy_leaves_the_old_partition(pos
     )
     assert retried.row_count == 60_000 and store.partition_checksum(DAY) == retried.checksum
     engine.dispose()
+
+
+def test_a_checksum_spilled_to_runs_equals_the_read_back(
+    sales_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past checksum.SPILL_ROWS the digests go to sorted runs in a temporary file, merged at the end:
+    the audit's checksum is still the one the rows read back give."""
+    import pyarrow as pa
+
+    from onceflow.sales import checksum
+    from onceflow.sales.schema import sales_arrow_schema
+
+    monkeypatch.setattr(checksum, "SPILL_ROWS", 700)
+    monkeypatch.setattr(checksum, "_MERGE_ROWS", 64)
+    store = PartitionStore(make_engine(sales_db_url), "daily_sales")
+    store.create_schema()
+    table = pa.Table.from_pandas(day_rows(ROWS), schema=sales_arrow_schema(), preserve_index=False)
+    audit = store.overwrite(
+        store.acquire_lease(DAY, run_id="r", try_number=1),
+        table.to_batches(max_chunksize=300),
+        processing_version="v",
+    )
+    assert audit.row_count == ROWS and audit.checksum == store.partition_checksum(DAY)

@@ -15,7 +15,9 @@ server's overlap.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import io
+import itertools
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -99,7 +101,6 @@ def arrow_copy_text(batch: Any, columns: Sequence[str] = SALES_COLUMNS) -> bytes
 
 def copy_lines_text(texts: Sequence[tuple[Any, bool]]) -> bytes:
     """COPY text of :func:`onceflow.sales.checksum.arrow_texts`' columns: one line per row."""
-    import numpy as np
     import pyarrow.compute as pc
 
     from onceflow.sales.checksum import join_lines
@@ -107,9 +108,46 @@ def copy_lines_text(texts: Sequence[tuple[Any, bool]]) -> bytes:
     if not len(texts[0][0]):
         return b""
     lines = pc.binary_join_element_wise(join_lines(texts, "\t", COPY_ESCAPES), "\n", "")  # newline-ended
+    return _values(lines)[0]
+
+
+#: a character escaped in COPY text or in the checksum's canonical lines.
+_ESCAPED = r"[\\\t\n\r\x1f]"
+_TAB_TO_UNIT_SEPARATOR = bytes.maketrans(b"\t", b"\x1f")
+
+
+def copy_text_and_digests(texts: Sequence[tuple[Any, bool]]) -> tuple[bytes, bytes]:
+    """COPY text of :func:`onceflow.sales.checksum.arrow_texts`' columns, and the SHA-256 digest
+    of each row's canonical line (:func:`onceflow.sales.checksum.canonical_line`), concatenated.
+
+    When no text value holds a character either format escapes, a row's canonical line is its
+    COPY line without the newline, tabs read as ``\\x1f``: one join serves both (the bytes are
+    translated, not formatted again). Otherwise the two are joined apart.
+    """
+    import pyarrow.compute as pc
+
+    from onceflow.sales.checksum import CANONICAL_ESCAPES, join_lines, line_digests
+
+    if not len(texts[0][0]):
+        return b"", b""
+    if any(is_text and pc.any(pc.match_substring_regex(text, _ESCAPED)).as_py() for text, is_text in texts):
+        return copy_lines_text(texts), line_digests(join_lines(texts, "\x1f", CANONICAL_ESCAPES))
+    parts = [pc.fill_null(text, "\\N") for text, _is_text in texts]
+    parts[-1] = pc.binary_join_element_wise(parts[-1], "\n", "")  # each line ends with a newline
+    values, bounds = _values(pc.binary_join_element_wise(*parts, "\t"))
+    canonical = values.translate(_TAB_TO_UNIT_SEPARATOR)
+    sha = hashlib.sha256
+    return values, b"".join([sha(canonical[a : b - 1]).digest() for a, b in itertools.pairwise(bounds)])
+
+
+def _values(lines: Any) -> tuple[bytes, list[int]]:
+    """The bytes of an Arrow string array's values, end to end, and each value's bounds in them."""
+    import numpy as np
+
     _validity, offsets, data = lines.buffers()
     bounds = np.frombuffer(offsets, dtype=np.int32)[lines.offset : lines.offset + len(lines) + 1]
-    return data.to_pybytes()[int(bounds[0]) : int(bounds[-1])]
+    first = int(bounds[0])
+    return data.to_pybytes()[first : int(bounds[-1])], (bounds - first).tolist()
 
 
 def copy_statement(quoted_table: str, columns: Sequence[str] = SALES_COLUMNS) -> str:

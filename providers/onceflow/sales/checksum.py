@@ -84,7 +84,7 @@ def _canonical_column(series: pd.Series) -> pd.Series:
 #: canonical text escapes of text values, in order (as :func:`canonical_value` applies them).
 CANONICAL_ESCAPES = (("\\", "\\\\"), ("\x1f", "\\x1f"), ("\n", "\\n"))
 #: digests kept in memory before they are sorted and spilled as a run (32 bytes each).
-SPILL_ROWS = 2_000_000
+SPILL_ROWS = 1_000_000
 #: digests read from each run at a time while runs are merged.
 _MERGE_ROWS = 65_536
 
@@ -202,6 +202,11 @@ class RowDigests:
         for chunk in lines.chunks if hasattr(lines, "chunks") else [lines]:
             if len(chunk):
                 self._add_packed(line_digests(chunk))
+
+    def add_digests(self, packed: bytes) -> None:
+        """Add rows given as the SHA-256 digests of their canonical lines, concatenated."""
+        if packed:
+            self._add_packed(packed)
 
     def _add_packed(self, packed: bytes) -> None:
         import numpy as np

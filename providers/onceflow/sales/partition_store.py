@@ -28,17 +28,15 @@ from onceflow.sales.audit import AuditRecord, describe_watermark, read_audit, re
 from onceflow.sales.bulk_load import (
     LoadMethod,
     copy_chunks,
-    copy_lines_text,
     copy_text,
+    copy_text_and_digests,
     frame_records,
     insert_rows,
 )
 from onceflow.sales.checksum import (
-    CANONICAL_ESCAPES,
     RowDigests,
     arrow_texts,
     frame_checksum,
-    join_lines,
     rows_checksum,
 )
 from onceflow.sales.fencing import (
@@ -74,6 +72,14 @@ Checkpoint = Callable[[str], None]
 
 #: Advisory lock serialising table creation in one warehouse (PostgreSQL).
 _SCHEMA_LOCK = "onceflow.warehouse.schema"
+
+
+def _release_arrow_memory() -> None:
+    """Hand the memory Arrow's pool keeps after a batch back to the system (mimalloc holds freed
+    pages; without this a load's RSS grows by about 50 MB per million rows)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def _as_frame(batch: Any) -> pd.DataFrame:
@@ -293,8 +299,11 @@ class PartitionStore:
                 digests.add(frame)
                 yield copy_text(frame).getvalue()
             else:
-                digests.add_lines(join_lines(texts, "\x1f", CANONICAL_ESCAPES))
-                yield copy_lines_text(texts)
+                text, packed = copy_text_and_digests(texts)
+                digests.add_digests(packed)
+                del texts, batch
+                _release_arrow_memory()
+                yield text
 
     @staticmethod
     def _check_partition(lease: Lease, rows: pd.DataFrame) -> None:

@@ -184,6 +184,13 @@ class Claimer:
                 log.warning("claim batch refused (%s); nothing applied, reading again", err)
 
     def claim_once(self, limit: int, *, squeezed: bool = False) -> ClaimResult:
+        """One claim pass: read the tab, claim up to ``limit`` NEW rows in one conditional batch and
+        settle any outcome left unknown by reading back.
+
+        :param limit: the most rows to claim.
+        :param squeezed: a retry after a refusal at Google's metadata cap: bad rows take only the
+            anchors the good ones leave (one anchor per target, at most ``limit`` in all).
+        """
         result = ClaimResult()
         snapshot = self.tab.snapshot(with_id=True)
         if snapshot.columns is None or limit <= 0:

@@ -36,6 +36,64 @@ def test_text_that_does_not_start_with_the_url_is_kept_under_the_title_line() ->
         assert titled_note("T", URL, f"T — {URL}\n\n{kept}") == f"T — {URL}\n\n{kept}"
 
 
+@pytest.mark.parametrize(
+    "typed",
+    [
+        f"NOT THIS ONE, see row 9: Title — {URL} — claimed from row 3",  # a person's words before our line
+        f"Ana — {URL} is the wrong page",
+        f"Ana: wrong — {URL}",
+        f"{URL} is the wrong page",  # starts with the URL, but is not the claim's line
+        f"{URL} — claimed from row 3 (moved to 9)",
+    ],
+)
+def test_text_a_person_typed_around_the_url_is_kept_whole(typed: str) -> None:
+    """Only a line provably ours is rewritten: anything else stays whole under the title line."""
+    assert titled_note("Title", URL, typed) == f"Title — {URL}\n\n{typed}"
+    assert titled_note("Title", URL, typed, by_person=True) == f"Title — {URL}\n\n{typed}"
+
+
+def test_a_title_in_a_note_a_person_wrote_is_not_replaced() -> None:
+    """Written by a person (``dag_run_note.user_id`` set), even a line of our exact shape may be
+    their words: the new title goes on top; the same title changes nothing."""
+    ours = f"Old — {URL} — claimed from row 3\n\nAna: checked"
+    assert titled_note("New", URL, ours) == f"New — {URL} — claimed from row 3\n\nAna: checked"
+    assert titled_note("New", URL, ours, by_person=True) == f"New — {URL}\n\n{ours}"
+    assert titled_note("Old", URL, ours, by_person=True) == ours
+    # a claim line with no title loses nothing when the title goes in front, whoever wrote it
+    assert titled_note("New", URL, claim_note(URL, 3), by_person=True) == f"New — {claim_note(URL, 3)}"
+
+
+def test_every_line_this_module_writes_takes_a_new_title() -> None:
+    escaped = "Los \\[huertos\\] de 2025\\: Madrid…"
+    for before, after in [
+        (f"{escaped} — {URL} — claimed from row 3", f"T — {URL} — claimed from row 3"),
+        (f"{escaped} — {URL}\n\nAna: typo", f"T — {URL}\n\nAna: typo"),
+        (f"{escaped} — {URL}", f"T — {URL}"),
+        # the claim note before titles, untitled and titled
+        (
+            f"{URL}\n\nClaimed from row 3 of the article queue sheet.",
+            f"T — {URL}\n\nClaimed from row 3 of the article queue sheet.",
+        ),
+        (
+            f"{escaped} — {URL}\n\nClaimed from row 3 of the article queue sheet.",
+            f"T — {URL}\n\nClaimed from row 3 of the article queue sheet.",
+        ),
+    ]:
+        assert titled_note("T", URL, before) == after, before
+
+
+def test_no_url_known_titles_do_not_pile_up() -> None:
+    """Without a URL the title line is ``<title>``, above a blank line when there was a note: the
+    next title replaces it; a line alone may be anyone's and is kept."""
+    first = titled_note("New", "", "Old")
+    assert first == "New\n\nOld"
+    assert titled_note("Newer", "", first) == "Newer\n\nOld"
+    assert titled_note("Newer", "", titled_note("Newer", "", first)) == "Newer\n\nOld"
+    assert titled_note("New", "", first) == first
+    assert titled_note("Newer", "", first, by_person=True) == f"Newer\n\n{first}"
+    assert titled_note("Newest", "", titled_note("Newer", "", "T")) == "Newest\n\nT"
+
+
 def test_the_rest_of_a_multi_line_note_is_kept() -> None:
     note = f"{URL} — claimed from row 7\n\nmoved to row 9 by Ana"
     assert titled_note("T", URL, note) == f"T — {note}"
@@ -74,12 +132,16 @@ def result(step: str, run_id: str, payload: dict[str, Any], token: int, at: floa
         ),
         ([result("fetch", "r1", {"url": URL}, 1, 1)], None),  # ended before extract
         ([result("extract", "r1", {"title": ""}, 2, 2)], None),  # a page without a title
-        (  # another run of the article replaced this run's results: its title, its URL
+        (  # another run's title never names this run (it ended before extract, or was replaced)
             [
                 result("fetch", "r2", {"url": URL + "?2"}, 3, 3),
                 result("extract", "r2", {"title": "Later"}, 4, 4),
             ],
-            ("Later", URL + "?2"),
+            None,
+        ),
+        (
+            [result("fetch", "r1", {"url": URL}, 1, 1), result("extract", "r2", {"title": "Theirs"}, 4, 4)],
+            None,
         ),
         (  # this run's title before a newer run's
             [

@@ -42,6 +42,26 @@ def create_ledger_engine(url: str, **kwargs: Any) -> Engine:
     return engine
 
 
+def postgres_socket_deadlines(seconds: float) -> dict[str, Any]:
+    """libpq connection options (``connect_args``) that bound a PostgreSQL connection's socket to
+    about ``seconds``: ``connect_timeout`` (a connect that is never answered, e.g. a black-holed
+    address), TCP keepalives and ``tcp_user_timeout`` (an open connection whose peer is gone: sent
+    bytes never acknowledged). What they cannot bound is a peer that acknowledges and never
+    answers (a frozen proxy or backend); ``statement_timeout`` is the server's own.
+
+    The watchdog's engines (``onceflow.watchdog.runner.bounded_engine``) and the read-only engines
+    (``onceflow.opsview.sources.create_read_engine``, also the run-notes listener's) use them.
+    """
+    return {
+        "connect_timeout": max(1, int(seconds)),
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(seconds / 2)),
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(seconds * 1000),
+    }
+
+
 def is_sqlite(engine_or_conn: Engine | Connection) -> bool:
     """Whether the engine or connection talks to SQLite."""
     return engine_or_conn.dialect.name == "sqlite"

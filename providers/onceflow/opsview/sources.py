@@ -74,14 +74,26 @@ def read_engine(url: str) -> Engine:
         return engine
 
 
-def create_read_engine(url: str) -> Engine:
+def create_read_engine(url: str, *, application_name: str = "onceflow-read") -> Engine:
     """An engine for reading ``url``: no SQLite write lock (unlike the ledger's own engines), and a
-    time limit on every statement (:data:`STATEMENT_TIMEOUT_MS`). ``onceflow.run_notes`` reads the
-    ledger through one too."""
+    time limit on every statement (:data:`STATEMENT_TIMEOUT_MS`); on PostgreSQL the same limit on
+    connecting and on an open connection whose peer is gone (``connect_timeout``, TCP keepalives,
+    ``tcp_user_timeout``: :func:`onceflow.ledger.db.postgres_socket_deadlines`), so a black-holed
+    database is an error within seconds, not a hang of minutes. ``onceflow.run_notes`` reads the
+    ledger through one too.
+
+    :param application_name: how the connections show in PostgreSQL's ``pg_stat_activity``.
+    """
+    from onceflow.ledger.db import postgres_socket_deadlines
+
     parsed = sa.engine.make_url(url)
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if parsed.get_backend_name() == "postgresql":
-        kwargs["connect_args"] = {"options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"}
+        kwargs["connect_args"] = {
+            **postgres_socket_deadlines(STATEMENT_TIMEOUT_MS / 1000),
+            "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+            "application_name": application_name,
+        }
     elif parsed.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"timeout": STATEMENT_TIMEOUT_MS / 1000, "check_same_thread": False}
     return sa.create_engine(url, **kwargs)

@@ -396,19 +396,14 @@ def bounded_engine(url: str, seconds: float) -> Engine:
     """An engine whose every call has a deadline of about ``seconds`` (see the module docstring)."""
     from sqlalchemy import event
 
-    from onceflow.ledger.db import create_ledger_engine
+    from onceflow.ledger.db import create_ledger_engine, postgres_socket_deadlines
 
     ms = int(seconds * 1000)
     if url.startswith("postgresql"):
         connect_args: dict[str, Any] = {
-            "connect_timeout": max(1, int(seconds)),
+            **postgres_socket_deadlines(seconds),
             "options": f"-c statement_timeout={ms} -c lock_timeout={ms} "
             f"-c idle_in_transaction_session_timeout={ms * 3}",
-            "keepalives": 1,
-            "keepalives_idle": max(1, int(seconds / 2)),
-            "keepalives_interval": 1,
-            "keepalives_count": 3,
-            "tcp_user_timeout": ms,
             "application_name": "onceflow-watchdog",
         }
         return create_ledger_engine(url, pool_pre_ping=True, pool_timeout=seconds, connect_args=connect_args)

@@ -27,14 +27,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk import BaseOperator
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from airflow.sdk import Context
 
     from onceflow.articles.chain import StepRun
     from onceflow.ledger.core import Ledger
     from onceflow.ledger.models import FollowUp
+    from onceflow.ledger.steps import StepOutcome
     from onceflow.sheets.model import Status
+    from onceflow.sheets.protocol import SheetQueue
     from onceflow.sheets.relay import SheetRelayReport
     from onceflow.shutdown import GracefulShutdown
 
@@ -47,25 +49,43 @@ def claimed_queue(conf: dict[str, Any]) -> Any:
     return hook.queue(str(conf.get("processing_version", "v1")))
 
 
+def claim_target(conf: dict[str, Any]) -> str:
+    """The outbox target (spreadsheet and tab) of a claim's queue, from its conf: no connection
+    lookup (:func:`onceflow.sheets.relay.queue_target` of the queue :func:`claimed_queue` opens)."""
+    from onceflow.sheets.relay import sheet_target
+
+    spreadsheet, sheet = conf.get("spreadsheet_id"), conf.get("sheet")
+    if not spreadsheet or not sheet:
+        from onceflow.sheets.relay import queue_target
+
+        return queue_target(claimed_queue(conf))  # the connection's defaults fill the gaps
+    return sheet_target(str(spreadsheet), str(sheet))
+
+
 def row_status(
     run: StepRun, status: Status, fields: dict[str, str], old: Sequence[Status] | None = None
 ) -> FollowUp:
     """The ``sheet_row`` follow-up that moves the run's row to ``status`` with ``fields`` (only
     while its URL still names the run's article), for the sheet relay."""
     from onceflow.sheets.model import Status
-    from onceflow.sheets.relay import queue_target, row_write
+    from onceflow.sheets.relay import row_write
 
     old = old or (Status.PROCESSING, Status.NEEDS_REVIEW)
-    target = queue_target(claimed_queue(run.conf))
+    target = claim_target(run.conf)
     return row_write(target, str(run.conf["claim_token"]), status, fields, old=old, row_key=run.row_key)
 
 
-def relay_claimed_sheet(ledger: Ledger, conf: dict[str, Any]) -> SheetRelayReport:
+def relay_claimed_sheet(
+    ledger: Ledger, conf: dict[str, Any], queue: SheetQueue | None = None
+) -> SheetRelayReport:
     """Relay the pending write-backs of the run's queue sheet, this row's among them (1 read + 2
-    writes for all of them, :mod:`onceflow.sheets.relay`)."""
+    writes for all of them, :mod:`onceflow.sheets.relay`).
+
+    :param queue: the claim's queue when the caller has one (else it is opened from ``conf``).
+    """
     from onceflow.sheets.relay import queue_target, relay_sheet_rows
 
-    queue = claimed_queue(conf)
+    queue = queue if queue is not None else claimed_queue(conf)
     return relay_sheet_rows(ledger, lambda _sid, _tab: queue, target=queue_target(queue))
 
 
@@ -172,6 +192,7 @@ class ArticleStepOperator(BaseOperator):
         self.lane = lane
         self.claim = claim
         self._shutdown: GracefulShutdown | None = None
+        self._memo: dict[Any, Any] = {}
 
     def work(self, run: StepRun, context: Context) -> dict[str, Any]:
         """Do the step with the lease in hand (``run.token``); return the payload to commit."""
@@ -210,46 +231,16 @@ class ArticleStepOperator(BaseOperator):
             self._shutdown.request()
 
     def _execute(self, context: Context, *, waits: int) -> Any:
-        if self.requires_extra:
-            from onceflow.extras import require
-
-            require(self.requires_extra)  # the task log names the extra to install, not a bare ImportError
         from onceflow.articles import chain
         from onceflow.articles.errors import TransientStepError
         from onceflow.compat import AirflowFailException
-        from onceflow.hooks.ledger import LedgerHook
         from onceflow.ledger import LeaseHeld, WrongVersion
-        from onceflow.ledger.steps import InvalidInput, run_keyed_step
-        from onceflow.sheets.keys import RUN_CONF_KEYS
-        from onceflow.sheets.ledger_link import KIND
-        from onceflow.shutdown import GracefulShutdown
+        from onceflow.ledger.steps import InvalidInput
 
-        ledger = LedgerHook(self.ledger_conn_id).get_ledger()
+        ledger = self.prepare()
         conf = run_claim_conf(context, ledger, self.lane, self.dag_id, self.claim)
-        run = step_run(context, ledger, conf)
-        self._shutdown = GracefulShutdown()
-        ti = context["ti"]
-
-        def work(lease: Any) -> dict[str, Any]:
-            run.token = int(lease.token)  # outputs are keyed by it: a retry never overwrites
-            return self.work(run, context)
-
         try:
-            outcome = run_keyed_step(
-                ledger,
-                kind=KIND,
-                work_key=run.work_key,
-                step=self.step,
-                owner=f"{ti.dag_id}/{ti.run_id}/{ti.try_number}/{ti.task_id}",
-                worker_version=run.version,
-                work=work,
-                lease_seconds=self.lease_seconds,
-                reuse_prefix=run.reuse_prefix,
-                payload={k: conf[k] for k in RUN_CONF_KEYS if k in conf},
-                shutdown=self._shutdown,
-                follow_ups=lambda result: self.follow_ups(run, result, context),
-                invalid_follow_ups=lambda exc: self.invalid_follow_ups(run, exc),
-            )
+            _, outcome = self.run_step(context, ledger, conf)
         except InvalidInput as exc:
             self.record_invalid(ledger, conf, exc)
             raise AirflowFailException(str(exc)) from exc  # recorded in the ledger; a retry cannot help
@@ -257,15 +248,14 @@ class ArticleStepOperator(BaseOperator):
             self._wait_for_version(exc)
         except LeaseHeld as exc:
             # an earlier try was killed holding the lease: its expiry is when we may take over
-            left = (exc.expires_at or 0.0) - time.time()
-            self._wait(exc, min(max(left, 0.0), self.lease_seconds) + 1.0, waits)
+            self._wait(exc, self.lease_wait(exc), waits)
         except TransientStepError as exc:
             if exc.retry_after is None:
                 raise  # Airflow's retry, with its exponential backoff
             self._wait(exc, float(exc.retry_after), waits)
         chain.checkpoint(f"{self.step}.committed")
         if self.relays:
-            report = relay_claimed_sheet(ledger, conf)
+            report = relay_claimed_sheet(ledger, conf, self.queue_of(conf))
             if report.errors:
                 raise TransientStepError(f"write-back relay: {report.errors[0]}", step=self.step)
         if outcome.repeated:
@@ -273,6 +263,93 @@ class ArticleStepOperator(BaseOperator):
                 "ledger already holds %s's result (token %s): nothing repeated", self.step, outcome.token
             )
         return dict(outcome.payload)
+
+    def prepare(self) -> Ledger:
+        """Check the step's extra, install the stop flag; the ledger to work on."""
+        if self.requires_extra:
+            from onceflow.extras import require
+
+            require(self.requires_extra)  # the task log names the extra to install, not a bare ImportError
+        from onceflow.hooks.ledger import LedgerHook
+        from onceflow.shutdown import GracefulShutdown
+
+        self._shutdown = GracefulShutdown()
+        return self.cached("ledger", lambda: LedgerHook(self.ledger_conn_id).get_ledger())
+
+    def run_step(
+        self, context: Context, ledger: Ledger, conf: dict[str, Any], run: StepRun | None = None
+    ) -> tuple[StepRun, StepOutcome]:
+        """The step on the article of ``conf`` as one fenced keyed step: its own lease (fencing
+        token + 1), its own result and follow-ups, committed together (or the earlier commit of
+        this run, returned without working).
+
+        :raises InvalidInput: a permanent failure, recorded (``needs_correction``, the row's FAILED
+            in the outbox).
+        :raises LeaseHeld: an earlier try's lease is current.
+        :raises WrongVersion: the item requires another processing version.
+        :raises TransientStepError: and any other error of the work: recorded as a transient
+            failure of the item, for Airflow's retry.
+        :param run: the article's :func:`step_run` when the caller already made it.
+        """
+        from onceflow.ledger.steps import run_keyed_step
+        from onceflow.sheets.keys import RUN_CONF_KEYS
+        from onceflow.sheets.ledger_link import KIND
+
+        run = run if run is not None else step_run(context, ledger, conf)
+        ti = context["ti"]
+
+        def work(lease: Any) -> dict[str, Any]:
+            run.token = int(lease.token)  # outputs are keyed by it: a retry never overwrites
+            return self.work(run, context)
+
+        outcome = run_keyed_step(
+            ledger,
+            kind=KIND,
+            work_key=run.work_key,
+            step=self.step,
+            owner=f"{ti.dag_id}/{ti.run_id}/{ti.try_number}/{ti.task_id}",
+            worker_version=run.version,
+            work=work,
+            lease_seconds=self.lease_seconds,
+            reuse_prefix=run.reuse_prefix,
+            payload={k: conf[k] for k in RUN_CONF_KEYS if k in conf},
+            shutdown=self._shutdown,
+            follow_ups=lambda result: self.follow_ups(run, result, context),
+            invalid_follow_ups=lambda exc: self.invalid_follow_ups(run, exc),
+        )
+        return run, outcome
+
+    def lease_wait(self, exc: Any) -> float:
+        """Seconds until the held lease of ``exc`` (a :class:`LeaseHeld`) expires, plus one."""
+        left = (exc.expires_at or 0.0) - time.time()
+        return min(max(left, 0.0), self.lease_seconds) + 1.0
+
+    def cached(self, key: Any, make: Callable[[], Any]) -> Any:
+        """One ``make()`` per task for ``key`` (a hook, a store, a queue): the articles of a batch
+        step share them instead of looking up the connection (and building a client) each."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def storage_hook(self) -> Any:
+        """The ``onceflow_storage`` hook, one per task."""
+        from onceflow.hooks.storage import StorageHook
+
+        return self.cached("storage", StorageHook)
+
+    def step_store(self) -> Any:
+        """The step outputs' store (:class:`~onceflow.articles.storage.StepStore`), one per task."""
+        return self.cached("store", lambda: self.storage_hook().step_store())
+
+    def queue_of(self, conf: dict[str, Any]) -> SheetQueue:
+        """The queue sheet of a claim (:func:`claimed_queue`), one per sheet and version per task."""
+        key = (
+            "queue",
+            conf.get("spreadsheet_id"),
+            conf.get("sheet"),
+            str(conf.get("processing_version", "v1")),
+        )
+        return self.cached(key, lambda: claimed_queue(conf))
 
     def record_invalid(self, ledger: Ledger, conf: dict[str, Any], exc: Exception) -> None:
         """A permanent step failure: relay the row's FAILED (committed to the outbox with the
@@ -287,7 +364,7 @@ class ArticleStepOperator(BaseOperator):
             return
         token = str(conf["claim_token"])
         try:
-            report = relay_claimed_sheet(ledger, conf)
+            report = relay_claimed_sheet(ledger, conf, self.queue_of(conf))
         except Exception:
             self.log.exception("could not relay the row's FAILED; the next relay pass will")
             return

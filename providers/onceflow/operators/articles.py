@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator, Param
 from onceflow.hitl_guard import REQUIRED_FOR_KEY
 from onceflow.operators.article_step import (
     ArticleStepOperator,
-    claimed_queue,
+    claim_target,
     row_status,
     run_claim_conf,
     step_run,
@@ -56,7 +56,8 @@ class FetchArticleOperator(ArticleStepOperator):
         from onceflow.hooks.fetch import FetchHook
 
         # no connection: the default policy (public addresses only); a broken one is an error
-        return chain.fetch(run, _step_store(), FetchHook(self.fetch_conn_id).policy)
+        policy = self.cached("fetch policy", lambda: FetchHook(self.fetch_conn_id).policy)
+        return chain.fetch(run, self.step_store(), policy)
 
 
 class ExtractArticleOperator(ArticleStepOperator):
@@ -67,7 +68,7 @@ class ExtractArticleOperator(ArticleStepOperator):
     def work(self, run: StepRun, context: Context) -> dict[str, Any]:
         from onceflow.articles import chain
 
-        return chain.extract(run, _step_store())
+        return chain.extract(run, self.step_store())
 
 
 class TranslateArticleOperator(ArticleStepOperator):
@@ -86,14 +87,14 @@ class TranslateArticleOperator(ArticleStepOperator):
         from onceflow.hooks.translate import TranslateConfigError, TranslateHook
 
         try:
-            hook = TranslateHook(conn_id=self.translate_conn_id)
+            hook = self.cached("translate hook", lambda: TranslateHook(conn_id=self.translate_conn_id))
             max_chars = int(hook.max_chars)
         except TranslateConfigError as exc:
             # the connection is wrong, not the article: no retry can help, and the row is not
             # marked FAILED; the ledger records the failure and sheet_reconcile re-drives the
             # article once the connection is fixed (docs/articles.md)
             raise AirflowFailException(f"{exc}; fix the connection, the article is re-driven after") from exc
-        return chain.translate(run, _step_store(), hook.get_translator, max_chars)
+        return chain.translate(run, self.step_store(), hook.get_translator, max_chars)
 
 
 class ScoreArticleOperator(ArticleStepOperator):
@@ -104,7 +105,7 @@ class ScoreArticleOperator(ArticleStepOperator):
     def work(self, run: StepRun, context: Context) -> dict[str, Any]:
         from onceflow.articles import chain
 
-        return chain.score(run, _step_store())
+        return chain.score(run, self.step_store())
 
 
 class PolishArticleOperator(ArticleStepOperator):
@@ -120,57 +121,80 @@ class PolishArticleOperator(ArticleStepOperator):
         from onceflow.articles import chain
         from onceflow.articles.polish import read_glossary
 
-        queue = claimed_queue(run.conf)
-        return chain.polish(
-            run, _step_store(), read_glossary(queue.transport, queue.transport.spreadsheet_id)
-        )
+        queue = self.queue_of(run.conf)
+        spreadsheet = str(getattr(queue.transport, "spreadsheet_id", ""))
+        # one read of the glossary tab per task: a batch step's articles share it
+        glossary = self.cached(("glossary", spreadsheet), lambda: read_glossary(queue.transport, spreadsheet))
+        return chain.polish(run, self.step_store(), glossary)
 
 
 class PublishArticleOperator(ArticleStepOperator):
     """Publish the sanitized page create-only at the article's deterministic path.
 
     Runs when the score passed, or the reviewer approved (trigger rule: none failed, one success).
+
+    :param review_task_id: the review whose answer names the approver (``None``: no review
+        precedes this task, as in the batch lane's publish of the articles that passed).
     """
 
     step = "publish"
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, review_task_id: str | None = "review", **kwargs: Any) -> None:
         kwargs.setdefault("trigger_rule", "none_failed_min_one_success")
         super().__init__(**kwargs)
+        self.review_task_id = review_task_id
 
     def work(self, run: StepRun, context: Context) -> dict[str, Any]:
         from onceflow.articles import chain
-        from onceflow.hooks.storage import StorageHook
 
-        hook = StorageHook()  # one connection lookup for the step outputs and the publisher
-        return chain.publish(run, hook.step_store(), hook.publisher())
+        publisher = self.cached("publisher", lambda: self.storage_hook().publisher())
+        return chain.publish(run, self.step_store(), publisher)
 
     def follow_ups(self, run: StepRun, result: dict[str, Any], context: Context) -> Sequence[Any]:
         """The row's DONE, score and link, committed with the result (the relay writes it)."""
         from onceflow.articles import chain
-        from onceflow.sheets.relay import queue_target
 
-        review = context["ti"].xcom_pull(task_ids="review")  # None when nobody was asked
-        target = queue_target(claimed_queue(run.conf))
-        return [chain.done_write(run, target, result, responder_name(review))]
+        return [chain.done_write(run, claim_target(run.conf), result, self.approved_by(context))]
+
+    def approved_by(self, context: Context) -> str | None:
+        """Who approved the article in review: the review task's answer (None when nobody was
+        asked; the review of this map index when the review is mapped)."""
+        return responder_name(review_answer(context, self.review_task_id))
 
 
 class WriteBackOperator(ArticleStepOperator):
     """Relay the sheet's pending write-backs: this row's DONE, score and link (committed by
-    ``publish``) and every other row's waiting in the outbox, in 1 read + 2 writes."""
+    ``publish``) and every other row's waiting in the outbox, in 1 read + 2 writes.
+
+    :param review_task_id: as :class:`PublishArticleOperator`'s.
+    """
 
     step = "write_back"
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, review_task_id: str | None = "review", **kwargs: Any) -> None:
         kwargs.setdefault("pool", "onceflow_sheets")
         super().__init__(**kwargs)
+        self.review_task_id = review_task_id
 
     def work(self, run: StepRun, context: Context) -> dict[str, Any]:
         from onceflow.articles import chain
 
         # the review's answer (None when the score passed and nobody was asked)
-        review = context["ti"].xcom_pull(task_ids="review")
-        return chain.write_back(run, claimed_queue(run.conf), approved_by=responder_name(review))
+        approved_by = responder_name(review_answer(context, self.review_task_id))
+        return chain.write_back(run, self.queue_of(run.conf), approved_by=approved_by)
+
+
+def review_answer(context: Context, review_task_id: str | None) -> Any:
+    """The answer of the review task ``review_task_id`` (None when there is none or nobody was
+    asked). A task mapped with its review (a mapped task group, one map index per article) reads
+    the review of its own map index; unmapped, the review's one answer."""
+    if review_task_id is None:
+        return None
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", -1)
+    if map_index is not None and map_index >= 0:
+        return ti.xcom_pull(task_ids=review_task_id, map_indexes=map_index)
+    return ti.xcom_pull(task_ids=review_task_id)
 
 
 def responder_name(answer: Any) -> str | None:
@@ -182,12 +206,15 @@ def responder_name(answer: Any) -> str | None:
     return str(name).strip() or None if name else None
 
 
-def _run_view(op: BaseOperator, context: Context, ledger_conn_id: str, lane: str) -> StepRun:
-    """The article's claim and this run's results, for the tasks that are not ledger steps."""
+def _run_view(
+    op: BaseOperator, context: Context, ledger_conn_id: str, lane: str, claim: dict[str, Any] | None = None
+) -> StepRun:
+    """The article's claim (``claim``, else the run's conf) and this run's results, for the tasks
+    that are not ledger steps."""
     from onceflow.hooks.ledger import LedgerHook
 
     ledger = LedgerHook(ledger_conn_id).get_ledger()
-    return step_run(context, ledger, run_claim_conf(context, ledger, lane, op.dag_id))
+    return step_run(context, ledger, run_claim_conf(context, ledger, lane, op.dag_id, claim))
 
 
 class ScoreBranchOperator(BaseBranchOperator):
@@ -267,9 +294,12 @@ class ArticleReviewOperator(ApprovalOperator):
     The request (text, score and source link in the body) and the answer live in Airflow's
     metadata DB (``hitl_detail``); the task waits in ``awaiting_input``, so the decision survives
     restarts of the scheduler and the api-server. A rejection skips ``publish`` and the rest.
+
+    :param claim: the claim conf to review instead of the run's (templated; a review mapped over
+        the articles of a batch run that need one gets one each).
     """
 
-    template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "threshold")
+    template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "threshold", "claim")
 
     def __init__(
         self,
@@ -277,6 +307,7 @@ class ArticleReviewOperator(ApprovalOperator):
         threshold: float | str = THRESHOLD_TEMPLATE,
         ledger_conn_id: str = "onceflow_ledger",
         lane: str = "new",
+        claim: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("subject", "Review a machine translation before it is published")
@@ -299,11 +330,12 @@ class ArticleReviewOperator(ApprovalOperator):
         self.threshold = threshold
         self.ledger_conn_id = ledger_conn_id
         self.lane = lane
+        self.claim = claim
 
     def execute(self, context: Context) -> Any:
         from onceflow.articles import chain
 
-        run = _run_view(self, context, self.ledger_conn_id, self.lane)
+        run = _run_view(self, context, self.ledger_conn_id, self.lane, self.claim)
         self.body = chain.review_body(run, _step_store(), float(self.threshold))
         self.subject = f"Review: {run.conf.get('url', run.row_key)}"
         return super().execute(context)
@@ -329,7 +361,7 @@ class ArticleReviewOperator(ApprovalOperator):
         from onceflow.sheets.ledger_link import KIND
         from onceflow.sheets.model import Status
 
-        run = _run_view(self, context, self.ledger_conn_id, self.lane)
+        run = _run_view(self, context, self.ledger_conn_id, self.lane, self.claim)
         score = float(run.result("polish")["value"])
         write = row_status(
             run, Status.REJECTED, rejected_fields(note=note, score=score), old=(Status.NEEDS_REVIEW,)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from onceflow.operators.article_step import ArticleStepOperator, claimed_queue
+from onceflow.operators.article_step import ArticleStepOperator
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -310,7 +310,7 @@ class ClaimedRowOperator(ArticleStepOperator):
         from onceflow.sheets.validation import judge_url
 
         token = str(conf["claim_token"])
-        queue = claimed_queue(conf)
+        queue = self.queue_of(conf)
 
         read: list[Row] = []
 

@@ -25,6 +25,12 @@ run that already exists counts as success when its conf carries this claim's tok
 carries another claim's (two claimers each won a row of the same URL), this row is marked
 DUPLICATE of the row the run works on.
 
+**Lanes.** `batch_size` 0 (the default) makes one `article_pipeline` run per row. With 2 or
+more, the claimed rows whose article is new to the ledger go in batches of that many to
+`article_batch` (one run per batch, each task carrying one step for every article of it, each
+article still its own fenced ledger step): fewer task processes and Sheets requests per article,
+and a failure of one article never fails the others. Docs: `docs/articles.md` ("The batch lane").
+
 Connection `onceflow_sheets` (extras `spreadsheet_id`, `sheet`, and `api_endpoint` for the
 emulator). Pool `onceflow_sheets`. Orphaned claims are repaired by `sheet_reconcile`.
 Docs: `docs/sheet-queue.md`.
@@ -39,7 +45,7 @@ Docs: `docs/sheet-queue.md`.
     max_active_runs=1,
     tags=["onceflow", "sheet-queue"],
     doc_md=DOC_MD,
-    params={"max_rows": 50, "processing_version": "v1"},
+    params={"max_rows": 50, "processing_version": "v1", "batch_size": 0},
     default_args={"owner": "onceflow", "retries": 2, "retry_delay": timedelta(seconds=30)},
 )
 def sheet_claim() -> None:
@@ -55,6 +61,7 @@ def sheet_claim() -> None:
         task_id="claim_rows",
         max_rows="{{ params.max_rows }}",  # type: ignore[arg-type]  # rendered to a number
         processing_version="{{ params.processing_version }}",
+        batch_size="{{ params.batch_size }}",
     )
     wait >> claim
 

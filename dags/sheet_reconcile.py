@@ -17,7 +17,9 @@ Scans the queue sheet against Airflow and repairs what the normal path cannot se
   the claim token) with no queued or running `article_pipeline` run: a missing run (the claimer
   died between claim and run creation) is created, a failed one is cleared, both under the same
   deterministic run id, so repair never duplicates work; after `max_redrives` failures the row
-  is marked FAILED. The run id uses the processing version the row was **claimed under** (carried
+  is marked FAILED. A row of the batch lane (its ledger item names an `article_batch` run) is
+  left to its batch run while that is queued or running; once it has ended without the row's
+  outcome, the row is re-driven alone in `article_pipeline`. The run id uses the processing version the row was **claimed under** (carried
   in its claim token); the `processing_version` param only serves claims whose token carries no
   version (made before tokens did);
 * a URL claimed by two rows: the row the article's run does not work on (its conf carries the
@@ -57,7 +59,7 @@ def sheet_reconcile() -> None:
 
         from onceflow.hooks.ledger import LedgerHook
         from onceflow.hooks.sheets import SheetQueueHook
-        from onceflow.operators.sheets import ARTICLE_PIPELINE, create_dag_run, run_claim_token
+        from onceflow.operators.sheets import ARTICLE_BATCH, ARTICLE_PIPELINE, create_dag_run, run_claim_token
         from onceflow.sheets import ledger_link, relay
         from onceflow.sheets import reconcile as rec
 
@@ -68,10 +70,10 @@ def sheet_reconcile() -> None:
         queue = SheetQueueHook().queue(version)
         ledger = LedgerHook().get_ledger()
 
-        def run_state(run_id: str) -> str | None:
-            if not ti.get_dr_count(dag_id=ARTICLE_PIPELINE, run_ids=[run_id]):
+        def state_of(dag_id: str, run_id: str) -> str | None:
+            if not ti.get_dr_count(dag_id=dag_id, run_ids=[run_id]):
                 return None
-            state = ti.get_dagrun_state(dag_id=ARTICLE_PIPELINE, run_id=run_id)
+            state = ti.get_dagrun_state(dag_id=dag_id, run_id=run_id)
             # the Task SDK answers with its DagRunState enum, whose str() is "DagRunState.FAILED":
             # the plan compares the value ("failed", "success", ...)
             return str(getattr(state, "value", state))
@@ -83,11 +85,15 @@ def sheet_reconcile() -> None:
             now=now,
             lease=timedelta(minutes=float(params["lease_minutes"])),
             version=version,
-            run_state=run_state,
+            run_state=lambda run_id: state_of(ARTICLE_PIPELINE, run_id),
+            batch_state=lambda run_id: state_of(ARTICLE_BATCH, run_id),
             audit=queue.read_audit(),
             max_redrives=int(params["max_redrives"]),
             ledger=lambda row_key: ledger_link.ledger_view(ledger, row_key),
-            run_claim=lambda run_id: run_claim_token(ARTICLE_PIPELINE, run_id),
+            # the claim in the article's run conf; in the batch lane, the claim its item names
+            run_claim=lambda run_id: (
+                run_claim_token(ARTICLE_PIPELINE, run_id) or ledger_link.batch_claim(ledger, run_id)
+            ),
         )
         entries = rec.apply(
             plan.actions,

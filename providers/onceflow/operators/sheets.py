@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 #: The ``article_pipeline`` DAG each claimed row starts.
 ARTICLE_PIPELINE = "article_pipeline"
+#: The batch lane's DAG (``dags/article_batch.py``): one run per batch of claims.
+ARTICLE_BATCH = "article_batch"
 
 
 def create_dag_run(
@@ -117,9 +119,23 @@ class SheetClaimOperator(BaseOperator):
     :param trigger_dag_id: the DAG started per row.
     :param ledger_conn_id: the work ledger; each claimed row becomes a pending ``article`` item
         (after the sheet claim, before its run). ``None`` leaves the ledger out.
+    :param batch_size: 0 or 1 (default): one ``trigger_dag_id`` run per claimed row. 2 or more:
+        the batch lane, one ``batch_dag_id`` run per batch of up to this many claims whose ledger
+        item is new (conf ``claims``; run id ``batch__<first claim token>``, written into each
+        item's payload as ``batch_run_id`` before the run exists). A claim whose item existed
+        goes alone to ``trigger_dag_id`` as before, or is marked DUPLICATE when a batch at the
+        same processing version owns the article under another claim. Needs the ledger; when
+        registering fails, every claim goes alone (templated).
+    :param batch_dag_id: the batch lane's DAG.
     """
 
-    template_fields: Sequence[str] = ("max_rows", "processing_version", "spreadsheet_id", "sheet")
+    template_fields: Sequence[str] = (
+        "max_rows",
+        "processing_version",
+        "spreadsheet_id",
+        "sheet",
+        "batch_size",
+    )
     ui_color = "#e8f7e4"
 
     def __init__(
@@ -132,10 +148,14 @@ class SheetClaimOperator(BaseOperator):
         sheet: str | None = None,
         trigger_dag_id: str = ARTICLE_PIPELINE,
         ledger_conn_id: str | None = "onceflow_ledger",
+        batch_size: int | str = 0,
+        batch_dag_id: str = ARTICLE_BATCH,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("pool", "onceflow_sheets")
         super().__init__(**kwargs)
+        self.batch_size = batch_size
+        self.batch_dag_id = batch_dag_id
         self.max_rows = max_rows
         self.processing_version = processing_version
         self.gcp_conn_id = gcp_conn_id
@@ -146,6 +166,7 @@ class SheetClaimOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from onceflow.hooks.sheets import SheetQueueHook
+        from onceflow.sheets.keys import BATCH_RUN_KEY
         from onceflow.sheets.wakeup import wake_up
 
         hook = SheetQueueHook(self.gcp_conn_id, spreadsheet_id=self.spreadsheet_id, sheet=self.sheet)
@@ -173,6 +194,8 @@ class SheetClaimOperator(BaseOperator):
             )
         version = str(self.processing_version)
         confs = {c.token: c.conf(hook.spreadsheet_id, hook.sheet, version) for c in result.claims}
+        size = int(self.batch_size or 0)
+        batches = self._plan_batches(result.claims, confs, size) if size >= 2 and self.ledger_conn_id else {}
         failures: list[str] = []
         registered: list[str] = []
         if self.ledger_conn_id and result.claims:
@@ -181,10 +204,18 @@ class SheetClaimOperator(BaseOperator):
             except Exception as err:  # the claims stand; the runs still start; sheet_reconcile registers
                 self.log.exception("could not register the claims in the ledger")
                 failures.append(f"ledger: {err}")
+                batches = {}  # not registered: no payload names a batch, so every claim goes alone
         runs: dict[str, str] = {}
         duplicates: list[dict[str, str]] = []
-        for claim in result.claims:
-            conf = confs[claim.token]
+        alone = list(result.claims)
+        started: dict[str, list[str]] = {}
+        if batches:
+            alone = self._start_batches(
+                queue, ledger, batches, confs, registered, started, duplicates, failures
+            )
+            runs.update(dict.fromkeys(started, "created"))
+        for claim in alone:
+            conf = {k: v for k, v in confs[claim.token].items() if k != BATCH_RUN_KEY}
             try:
                 runs[claim.run_id] = create_dag_run(
                     self.trigger_dag_id, claim.run_id, conf, note=claim_note(claim.url, claim.row_number)
@@ -219,12 +250,82 @@ class SheetClaimOperator(BaseOperator):
                 for c in result.claims
             ],
             "runs": runs,
+            "batches": started,
             "rejected": [
                 {"claim_token": r.token, "status": r.status.value, "reason": r.reason}
                 for r in result.rejected
             ],
             "duplicates": duplicates,
         }
+
+    def _plan_batches(
+        self, claims: Sequence[Any], confs: dict[str, dict[str, str]], size: int
+    ) -> dict[str, list[Any]]:
+        """Claims in order, ``size`` a batch, each batch's run id written into its members' confs
+        (and so into their ledger items' payload) before anything is registered."""
+        from onceflow.sheets.keys import BATCH_RUN_KEY, batch_run_id
+
+        batches: dict[str, list[Any]] = {}
+        for start in range(0, len(claims), size):
+            chunk = list(claims[start : start + size])
+            run_id = batch_run_id(chunk[0].token)
+            for claim in chunk:
+                confs[claim.token][BATCH_RUN_KEY] = run_id
+            batches[run_id] = chunk
+        return batches
+
+    def _start_batches(
+        self,
+        queue: SheetQueue,
+        ledger: Any,
+        batches: dict[str, list[Any]],
+        confs: dict[str, dict[str, str]],
+        registered: Sequence[str],
+        started: dict[str, list[str]],
+        duplicates: list[dict[str, str]],
+        failures: list[str],
+    ) -> list[Any]:
+        """Create one batch run per batch of the claims whose ledger item is new (``started``: run
+        id -> claim tokens); return the claims that go alone (their item existed), minus those
+        marked DUPLICATE of a batch."""
+        from onceflow.sheets.keys import BATCH_RUN_KEY
+        from onceflow.sheets.ledger_link import work_key
+
+        new = set(registered)
+        alone: list[Any] = []
+        for run_id, chunk in batches.items():
+            members = [c for c in chunk if work_key(c.row_key) in new]
+            for claim in chunk:
+                if claim in members:
+                    continue
+                owner = batch_owner(ledger, claim.row_key, confs[claim.token])
+                if owner is None:
+                    alone.append(claim)
+                    continue
+                reason = self._step_aside(queue, ledger, claim, owner[0])
+                duplicates.append({"claim_token": claim.token, "owner_token": owner[0], "reason": reason})
+            if not members:
+                continue
+            claims = [confs[c.token] for c in members]
+            note = "\n".join(f"- {c.url} (row {c.row_number})" for c in members)
+            try:
+                outcome = create_dag_run(
+                    self.batch_dag_id,
+                    run_id,
+                    {"claims": claims},
+                    note=f"Batch of {len(members)} claimed rows of the article queue sheet:\n\n{note}",
+                )
+            except Exception as err:  # the claims stand; sheet_reconcile re-drives them alone
+                self.log.exception("could not create batch run %s", run_id)
+                failures.append(f"{run_id}: {err}")
+                continue
+            started[run_id] = [c.token for c in members]
+            self.log.info(
+                "batch run %s %s: %d article(s) (%s)",
+                run_id, outcome, len(members), ", ".join(c.url for c in members),
+            )  # fmt: skip
+            assert all(confs[c.token][BATCH_RUN_KEY] == run_id for c in members)
+        return alone
 
     def _step_aside(self, queue: SheetQueue, ledger: Any, claim: Any, owner: str) -> str:
         """Mark our row DUPLICATE of the row whose claim the existing run carries; return the reason.
@@ -270,6 +371,30 @@ class SheetClaimOperator(BaseOperator):
         created = register_claims(ledger, records)
         self.log.info("ledger: %d new article item(s) of %d claims", len(created), len(records))
         return created
+
+
+def batch_owner(ledger: Any, row_key: str, conf: dict[str, str]) -> tuple[str, str] | None:
+    """``(claim token, batch run id)`` of the batch that owns the article of ``conf`` at its
+    processing version under another claim, or ``None``.
+
+    In the batch lane the article's ledger item, not a per-article run id, is what makes a second
+    claim of one article a duplicate: its payload is the conf of the claim that registered it,
+    naming its batch run.
+    """
+    from onceflow.ledger.errors import UnknownWorkItem
+    from onceflow.sheets.keys import BATCH_RUN_KEY
+    from onceflow.sheets.ledger_link import conf_payload, work_key
+
+    try:
+        payload = conf_payload(ledger.item(work_key(row_key)).payload)
+    except UnknownWorkItem:
+        return None
+    batch = payload.get(BATCH_RUN_KEY)
+    token = payload.get("claim_token")
+    same_version = payload.get("processing_version") == conf.get("processing_version")
+    if not batch or not token or token == conf.get("claim_token") or not same_version:
+        return None
+    return token, batch
 
 
 class ClaimedRowOperator(ArticleStepOperator):

@@ -92,6 +92,17 @@ def parse_run_id(run_id: str) -> tuple[str, str] | None:
 
 #: The keys of an ``article_pipeline`` run conf (and of its ledger item's payload).
 RUN_CONF_KEYS = ("claim_token", "row_key", "url", "spreadsheet_id", "sheet", "processing_version")
+#: The conf key (and ledger payload key) naming the ``article_batch`` run a claim went to.
+BATCH_RUN_KEY = "batch_run_id"
+BATCH_RUN_PREFIX = "batch"
+
+
+def batch_run_id(first_token: str) -> str:
+    """The ``article_batch`` run id of a batch: from its first claim token (unique: a claim time
+    and random hex), valid under Airflow's default ``allowed_run_id_pattern``."""
+    if not first_token or not re.fullmatch(r"[A-Za-z0-9_.~:+-]+", first_token):
+        raise ValueError(f"not a claim token a run id can carry: {first_token!r}")
+    return f"{BATCH_RUN_PREFIX}__{first_token}"
 
 
 def article_run_conf(

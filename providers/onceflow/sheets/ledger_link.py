@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.ledger import states
 from onceflow.ledger.errors import IllegalTransition, UnknownWorkItem
-from onceflow.sheets.keys import pipeline_run_id
+from onceflow.sheets.keys import BATCH_RUN_KEY, parse_run_id, pipeline_run_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -31,6 +31,8 @@ KIND = "article"
 CLAIM_STEP = "read_claimed_row"
 #: The step the reconciler records when the sheet says DONE and the ledger missed it.
 SHEET_DONE_STEP = "sheet_done"
+#: Steps whose commit carries the row's final outcome to the outbox (DONE; REJECTED).
+OUTCOME_STEPS = ("publish", "review")
 
 
 def work_key(row_key: str) -> str:
@@ -69,12 +71,27 @@ def register_claims(
 
 @dataclass(frozen=True)
 class LedgerView:
-    """What the sheet reconciler needs to know about an article's ledger item."""
+    """What the sheet reconciler needs to know about an article's ledger item.
+
+    :param batch_run: the ``article_batch`` run the item was registered for (its payload's
+        ``batch_run_id``), with :attr:`batch_token` the claim it was registered under; ``None``
+        for the per-article lane.
+    :param outcome: a batch item only: a step that carries the row's final outcome to the outbox
+        (``publish``, a rejecting ``review``) committed at the payload's processing version.
+    """
 
     state: str
     lease_expired: bool
     reason: str
     fencing_token: int
+    batch_run: str | None = None
+    batch_token: str | None = None
+    outcome: bool = False
+
+    def batch_of(self, token: str | None) -> str | None:
+        """The batch run that carries the claim ``token``, or ``None`` (another claim registered
+        the item, or it is no batch's)."""
+        return self.batch_run if self.batch_run and token and self.batch_token == token else None
 
 
 def ledger_view(ledger: Ledger, row_key: str) -> LedgerView | None:
@@ -90,7 +107,33 @@ def ledger_view(ledger: Ledger, row_key: str) -> LedgerView | None:
     if item.last_error:  # a worker's report: the exception class says what kind of failure
         plain = item.last_error_class in (None, "InvalidInput")
         why = item.last_error if plain else f"{item.last_error_class}: {item.last_error}"
-    return LedgerView(item.state, expired, why, item.fencing_token)
+    payload = conf_payload(item.payload)
+    batch = payload.get(BATCH_RUN_KEY) or None
+    outcome = False
+    if batch:  # one more query, for batch items only
+        version = payload.get("processing_version")
+        outcome = any(
+            r.step in OUTCOME_STEPS and r.processing_version == version for r in ledger.results(item.work_key)
+        )
+    return LedgerView(
+        item.state, expired, why, item.fencing_token, batch, payload.get("claim_token"), outcome
+    )
+
+
+def batch_claim(ledger: Ledger, run_id: str) -> str | None:
+    """The claim token of the batch that owns the article of the ``article_pipeline`` run id
+    ``run_id`` (its item registered for a batch at that version), or ``None``: in the batch lane
+    the item, not a per-article run, says which of two rows of one URL owns the article."""
+    parsed = parse_run_id(run_id)
+    if parsed is None:
+        return None
+    try:
+        payload = conf_payload(ledger.item(work_key(parsed[0])).payload)
+    except UnknownWorkItem:
+        return None
+    if not payload.get(BATCH_RUN_KEY) or payload.get("processing_version") != parsed[1]:
+        return None
+    return payload.get("claim_token") or None
 
 
 def conf_payload(item_payload: Any) -> dict[str, str]:

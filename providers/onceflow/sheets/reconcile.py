@@ -62,6 +62,10 @@ REDRIVE_FAILED = "run failed; cleared and re-run under the same run id"
 GIVE_UP = "run failed after {n} re-drives; row marked FAILED"
 SUCCESS_NOT_DONE = "run succeeded but the row is still PROCESSING (nothing wrote the result back)"
 SUCCESS_IN_REVIEW = "run succeeded but the row is still NEEDS_REVIEW (nothing wrote the decision back)"
+REDRIVE_BATCH = "batch run {run} {state} before the row's outcome; re-driven alone under the article's run id"
+BATCH_NOT_WRITTEN = (
+    "batch run {run} committed the row's outcome but the row does not show it yet (the outbox holds it)"
+)
 DONE_NO_LINK = "row is DONE but has no published_url"
 LINK_NOT_DONE = "row has a published_url but its status is not DONE"
 CLAIMED_TWICE = "same URL claimed by two rows; this claim is a duplicate of {first}"
@@ -161,6 +165,7 @@ def plan(
     max_redrives: int = 3,
     ledger: Callable[[str], LedgerView | None] | None = None,
     run_claim: Callable[[str], str | None] | None = None,
+    batch_state: Callable[[str], str | None] | None = None,
 ) -> Plan:
     """Decide what to repair.
 
@@ -179,6 +184,12 @@ def plan(
     :param run_claim: run id -> the claim token in that run's conf (``None`` when there is no such
         run or its conf has none); decides which of two live rows of one URL owns the article.
         Asked only for URLs held by more than one live row.
+    :param batch_state: ``article_batch`` run id -> its state (``None``: no such run). A row whose
+        ledger item was registered for a batch run (the batch lane) and has no ``article_pipeline``
+        run is driven by that batch run: left alone while it is queued or running (a review can
+        keep it running for days); once it has ended without committing the row's outcome, the
+        row is re-driven alone in ``article_pipeline`` under the article's run id (then repaired
+        like any per-article row). Leave it out and such rows are treated as per-article rows.
     """
     result = Plan()
 
@@ -213,7 +224,7 @@ def plan(
             add(Action("flag", LINK_NOT_DONE, row), once=True)
         view: LedgerView | None = None
         if ledger is not None:
-            view, settled = _against_ledger(row, ledger, run_state, version, duplicates, add)
+            view, settled = _against_ledger(row, ledger, run_state, version, duplicates, add, batch_state)
             if settled:
                 continue  # the ledger settled this row
         # NEEDS_REVIEW is in flight too: its run waits (deferred, so "running") for a reviewer,
@@ -238,7 +249,19 @@ def plan(
             continue
         run_id = pipeline_run_id(verdict.key, claim_version(row, version))
         state = run_state(run_id)
-        if state is None:
+        batch = view.batch_of(row.token) if view is not None and batch_state is not None else None
+        if state is None and batch is not None and batch_state is not None:
+            # the batch lane: the batch run drives the row until it ends
+            ended = batch_state(batch)
+            if ended in ACTIVE_RUN_STATES:
+                continue
+            if view is not None and view.outcome:
+                result.released.append(row.token)
+                add(Action("flag", BATCH_NOT_WRITTEN.format(run=batch), row, batch), once=True)
+                continue
+            why = REDRIVE_BATCH.format(run=batch, state=f"ended {ended}" if ended else "is gone")
+            add(Action("create_run", why, row, run_id))
+        elif state is None:
             add(Action("create_run", REDRIVE_MISSING, row, run_id))
         elif state in ACTIVE_RUN_STATES:
             continue
@@ -278,6 +301,7 @@ def _against_ledger(
     version: str,
     duplicates: set[str | None],
     add: Callable[..., None],
+    batch_state: Callable[[str], str | None] | None = None,
 ) -> tuple[LedgerView | None, bool]:
     """Compare one claimed row with its ledger item (and its run, where that decides).
 
@@ -289,13 +313,22 @@ def _against_ledger(
         return None, False
     view = ledger(key)
     run_id = pipeline_run_id(key, claim_version(row, version))
+    batch = view.batch_of(row.token) if view is not None and batch_state is not None else None
+
+    def driver_state() -> str | None:
+        """The state of the run driving the row: its own, else (batch lane) its batch run's."""
+        state = run_state(run_id)
+        if state is None and batch is not None and batch_state is not None:
+            return batch_state(batch)
+        return state
+
     if row.status in IN_FLIGHT_STATUSES:
         if view is None:
             add(Action("ledger_register", LEDGER_MISSING, row, run_id))
             return view, False
         if view.state in (states.FAILED, states.NEEDS_CORRECTION):
-            if run_state(run_id) in ACTIVE_RUN_STATES:
-                return view, False  # a run (a recheck, a re-drive) may still settle it
+            if driver_state() in ACTIVE_RUN_STATES:
+                return view, False  # a run (a recheck, a re-drive, its batch) may still settle it
             failed = view.state == states.FAILED
             why = (view.reason or "no reason recorded").splitlines()[0][:300]
             add(

@@ -13,7 +13,9 @@ SIGSTOP to that process, which is the task process the scheduler started.
 
 Configured by the environment of the Airflow components (so a cluster's task processes inherit it):
 
-* ``ONCEFLOW_CRASH_POINTS``: ``dag_id:stage:try_number`` entries, comma-separated;
+* ``ONCEFLOW_CRASH_POINTS``: ``dag_id:stage:try_number`` entries, comma-separated; a stage
+  ``<stage>#<n>`` means the n-th time this task process reaches it (a batch lane's task reaches
+  ``fetch.stored`` once per article: ``fetch.stored#3`` is the third article's);
 * ``ONCEFLOW_CRASH_POINTS_DIR``: the folder for the marker files.
 
 A test DAG file calls :func:`install_from_env` after defining its DAG; without the variables it
@@ -91,12 +93,19 @@ def _with_checkpoint(func: Any, pause: Any) -> Any:
     return wrapper
 
 
+_REACHED: dict[str, int] = {}
+
+
 def _pause(folder: Path, points: set[tuple[str, ...]], stage: str) -> None:
     from airflow.sdk import get_current_context
 
     context = get_current_context()
     dag_id, try_number = context["dag"].dag_id, int(context["ti"].try_number)
-    if (dag_id, stage, str(try_number)) not in points:
+    _REACHED[stage] = _REACHED.get(stage, 0) + 1
+    counted = f"{stage}#{_REACHED[stage]}"
+    if (dag_id, counted, str(try_number)) in points:
+        stage = counted
+    elif (dag_id, stage, str(try_number)) not in points:
         return
     paused = marker(folder, dag_id, stage, try_number, "paused")
     tmp = paused.with_suffix(".tmp")

@@ -1,4 +1,4 @@
-"""Article chain end to end through the real scheduler: against a same-shape empty chain, and batched.
+"""Article chain end to end through the real scheduler: against a same-shape empty chain, mapped, and the batch lane.
 
 Real Airflow (api-server, scheduler with the LocalExecutor, dag-processor, triggerer) on a
 PostgreSQL metadata DB, the Sheets emulator and the demo article site in this process on
@@ -20,11 +20,16 @@ alternated, every pass printed with the load average):
 * ``per-article``: the real ``sheet_claim`` (a copy with ``schedule=None``, so only the trigger
   claims; ``max_rows`` = N through the run's conf) creating one real ``article_pipeline`` run per
   row;
-* ``batch``: a benchmark DAG whose first task claims N rows once and registers them in the ledger
+* ``mapped``: a benchmark DAG whose first task claims N rows once and registers them in the ledger
   (``register_claims``, as ``sheet_claim`` does), then the SAME step operators mapped over the
   claims (``.partial(...).expand(claim=...)``): read_claimed_row, fetch, extract, translate,
   score, publish, write_back, in the pools ``article_pipeline`` uses. No score branch: every page
-  scores above the threshold (checked on the rows afterwards).
+  scores above the threshold (checked on the rows afterwards). One task instance per article and
+  step, as in the per-article chain, in one run;
+* ``batch-lane``: the real ``sheet_claim`` with ``batch_size`` = ``--batch-size`` (10) through the
+  run's conf, creating one real ``article_batch`` run per batch (``dags/article_batch.py``): one
+  task instance per step for the whole batch, each article still its own fenced ledger step.
+  Its articles/min is printed against the per-article chain's.
 
 The compared figure is ``runs wall``: from the trigger to the end of the last run of the pass
 (``dag_run.end_date`` in the metadata DB), the same clock for every side; the ratio of each side's
@@ -89,13 +94,13 @@ PAGES = [
     "historia-del-cafe",
 ]
 POOLS = {"onceflow_sheets": 10, "onceflow_fetch": 4, "onceflow_translate": 2}
-CHAIN, BATCH, CLAIM = "article_pipeline", "article_batch", "sheet_claim"
+CHAIN, MAPPED, CLAIM, LANE = "article_pipeline", "article_mapped", "sheet_claim", "article_batch"
 EMPTY_CLAIM, EMPTY_CHAIN = "empty_claim", "empty_pipeline"
-MODES = ("empty-chain", "per-article", "batch")
-THRESHOLD = 0.7  # the default of onceflow_score_threshold; the batch DAG has no branch
+MODES = ("empty-chain", "per-article", "mapped", "batch-lane")
+THRESHOLD = 0.7  # the default of onceflow_score_threshold; the mapped DAG has no branch
 FINAL = {"DONE", "FAILED", "REJECTED", "NEEDS_REVIEW", "INVALID", "DUPLICATE"}
 
-BATCH_DAG = """
+MAPPED_DAG = """
 from datetime import timedelta
 
 import pendulum
@@ -113,7 +118,7 @@ from onceflow.operators.sheets import ClaimedRowOperator
 
 
 @dag(
-    dag_id="article_batch",
+    dag_id="article_mapped",
     schedule=None,
     start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
     catchup=False,
@@ -122,7 +127,7 @@ from onceflow.operators.sheets import ClaimedRowOperator
     default_args={"owner": "onceflow", "retries": 3, "retry_delay": timedelta(seconds=30)},
     tags=["benchmark"],
 )
-def article_batch():
+def article_mapped():
     @task(pool="onceflow_sheets")
     def claim_batch(params=None):
         # what SheetClaimOperator does, minus creating runs: claim in the sheet, then the ledger
@@ -156,7 +161,7 @@ def article_batch():
         upstream = mapped
 
 
-article_batch()
+article_mapped()
 """
 
 
@@ -303,7 +308,7 @@ def run_figures(
 
 def measure(
     cluster: Any, emulator: SheetsEmulator, sid: str, mode: str, urls: list[str], parallelism: int,
-    timeout: float,
+    timeout: float, batch_size: int = 10,
 ) -> dict[str, Any]:  # fmt: skip
     """One timed pass of ``mode`` over ``urls``; the figures of the module docstring."""
     if mode == "empty-chain":
@@ -315,8 +320,11 @@ def measure(
     load_before = load_average()
     t0_wall = dt.datetime.now(dt.UTC)
     started = time.monotonic()
-    dag_id = CLAIM if mode == "per-article" else BATCH
-    run_id = cluster.trigger(dag_id, conf={"max_rows": len(urls), "processing_version": "v1"})
+    dag_id = MAPPED if mode == "mapped" else CLAIM
+    conf: dict[str, Any] = {"max_rows": len(urls), "processing_version": "v1"}
+    if mode == "batch-lane":
+        conf["batch_size"] = batch_size
+    run_id = cluster.trigger(dag_id, conf=conf)
     trigger_s = time.monotonic() - started  # the `airflow dags trigger` CLI, inside the wall time
     deadline = started + timeout
     while True:
@@ -338,13 +346,14 @@ def measure(
     # the runs of this pass must end before the metadata DB says all about them
     dag_runs = [(dag_id, run_id)]
     cluster.wait_for_run(dag_id, run_id, timeout=600)
-    if mode == "per-article":
+    if mode in ("per-article", "batch-lane"):
+        chain = CHAIN if mode == "per-article" else LANE
         chain_runs = cluster.query(
-            "SELECT run_id FROM dag_run WHERE dag_id = :d AND queued_at >= :t", d=CHAIN, t=t0_wall
+            "SELECT run_id FROM dag_run WHERE dag_id = :d AND queued_at >= :t", d=chain, t=t0_wall
         )
         for r in chain_runs:
-            cluster.wait_for_run(CHAIN, r["run_id"], timeout=600)
-        dag_runs += [(CHAIN, r["run_id"]) for r in chain_runs]
+            cluster.wait_for_run(chain, r["run_id"], timeout=600)
+        dag_runs += [(chain, r["run_id"]) for r in chain_runs]
     figures, _, tis = run_figures(
         cluster, dag_runs, {d for d, _ in dag_runs if d != CLAIM}, t0_wall, wall, parallelism
     )
@@ -436,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"sides to run, the first is the ratios' baseline ({','.join(MODES)})",
     )
     parser.add_argument("--workers", type=int, default=4, help="LocalExecutor parallelism (default 4)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=10,
+        help="sheet_claim's batch_size for the batch-lane side (default 10)",
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per measurement")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: cluster stopped, DBs dropped
@@ -462,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
                 claim_source.replace('schedule="*/5 * * * *"', "schedule=None")
             )
             shutil.copy(DAGS / "article_pipeline.py", dags / "article_pipeline.py")
-            (dags / "article_batch.py").write_text(textwrap.dedent(BATCH_DAG))
+            shutil.copy(DAGS / "article_batch.py", dags / "article_batch.py")
+            (dags / "article_mapped.py").write_text(textwrap.dedent(MAPPED_DAG))
             (dags / "empty_claim.py").write_text(textwrap.dedent(EMPTY_CLAIM_DAG))
             (work / "probe").mkdir()
             (dags / "empty_pipeline.py").write_text(empty_chain_dag(article_pipeline_shape(work / "probe")))
@@ -486,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             }
             with standalone_cluster(work, dags, env=env, pools=POOLS, parallelism=args.workers) as cluster:
-                for dag_id in (CLAIM, CHAIN, BATCH, EMPTY_CLAIM, EMPTY_CHAIN):
+                for dag_id in (CLAIM, CHAIN, MAPPED, LANE, EMPTY_CLAIM, EMPTY_CHAIN):
                     cluster.wait_for_dag(dag_id)
 
                 def side(mode: str) -> Any:
@@ -495,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
                             site.url(f"/articles/{PAGES[i % len(PAGES)]}.html?n={mode}-{rep}-{i}")
                             for i in range(n)
                         ]
-                        r = measure(cluster, emulator, sid, mode, urls, args.workers, args.timeout)
+                        r = measure(
+                            cluster, emulator, sid, mode, urls, args.workers, args.timeout, args.batch_size
+                        )
                         print(
                             f"    {r['done']} done in {r['wall']:.1f} s ({r['per_min']:.1f}/min), runs ended "
                             f"after {r['runs_wall']:.1f} s, other {r['other']}, DONE below the threshold "
@@ -550,9 +568,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{m['chain_per_article.writes']:.2f} writes"
         )
     print_table(samples, baseline=modes[0], unit="s from the trigger to the last run's end")
-    if "batch" in medians and "per-article" in medians:
-        ratio = medians["batch"]["per_min"] / medians["per-article"]["per_min"]
-        print(f"batch / per-article articles per minute: {ratio:.2f}x")
+    for mode in ("mapped", "batch-lane"):
+        if mode in medians and "per-article" in medians:
+            ratio = medians[mode]["per_min"] / medians["per-article"]["per_min"]
+            size = f" (batch_size {args.batch_size})" if mode == "batch-lane" else ""
+            print(
+                f"{mode}{size} / per-article articles per minute: {medians[mode]['per_min']:.1f} / "
+                f"{medians['per-article']['per_min']:.1f} = {ratio:.2f}x"
+            )
     for mode in (m for m in modes if m != "empty-chain"):
         m = medians[mode]
         reads = m["claim_per_article.reads"] + m["chain_per_article.reads"]

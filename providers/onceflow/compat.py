@@ -22,6 +22,7 @@ __all__ = [
     "OLDEST_SUPPORTED_AIRFLOW",
     "AirflowFailException",
     "AirflowNotFoundException",
+    "AirflowSkipException",
     "AsyncCallback",
     "BaseDeadlineReference",
     "CronDataIntervalTimetable",
@@ -38,9 +39,13 @@ log = logging.getLogger(__name__)
 OLDEST_SUPPORTED_AIRFLOW = "3.1"
 
 try:  # 3.2+
-    from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
+    from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException, AirflowSkipException
 except ImportError:  # 3.1: the Task SDK raises and catches the core classes
-    from airflow.exceptions import AirflowFailException, AirflowNotFoundException  # type: ignore[no-redef]
+    from airflow.exceptions import (  # type: ignore[no-redef]
+        AirflowFailException,
+        AirflowNotFoundException,
+        AirflowSkipException,
+    )
 
 try:  # 3.2+
     from airflow.sdk import CronDataIntervalTimetable

@@ -320,6 +320,22 @@ def _hitl(cluster: Any, run_id: str, map_index: int, body: dict[str, Any] | None
         return dict(json.load(resp))
 
 
+def _scheduler_saw_the_pause(cluster: Any, run_id: str, map_index: int) -> bool:
+    """Whether the scheduler has processed the executor's event of the review's pause.
+
+    Airflow 3.3.2 races an answer that arrives before it: the answer re-queues the task, the late
+    "workload finished" event of the pause then finds it queued, and the scheduler marks the
+    resumed try failed (up for retry: the review is asked again, the answer lost). A reviewer takes
+    longer than that second; a test answering at once must wait for it.
+    """
+    log = (cluster.workdir / "scheduler.log").read_text(errors="replace")
+    needle = (
+        f"TaskInstance Finished: dag_id={BATCH}, task_id=review_article.review, run_id={run_id}, "
+        f"map_index={map_index},"
+    )
+    return any(needle in line and "state=awaiting_input" in line for line in log.splitlines())
+
+
 def test_a_failed_article_leaves_the_others_going_and_each_article_below_the_threshold_gets_its_own_review(
     airflow_cluster_factory: Any,
     sheets_emulator: SheetsEmulator,
@@ -346,6 +362,8 @@ def test_a_failed_article_leaves_the_others_going_and_each_article_below_the_thr
             r=run_id,
         )
         if len(rows) != 2 or {r["state"] for r in rows} != {"awaiting_input"}:
+            return None
+        if not all(_scheduler_saw_the_pause(cluster, run_id, int(r["map_index"])) for r in rows):
             return None
         asked = {int(r["map_index"]): _hitl(cluster, run_id, int(r["map_index"])) for r in rows}
         return {next(u for u in (approve, reject) if f"<{u}>" in d["body"]): i for i, d in asked.items()}

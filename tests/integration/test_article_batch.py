@@ -149,10 +149,65 @@ def test_one_articles_permanent_failure_never_fails_the_others_and_a_busy_server
     catalan_steps = [r.step for r in ledger_env.results(ledger_link.work_key(by_url[catalan].row_key))]
     assert catalan_steps == ["read_claimed_row", "fetch", "extract"], catalan_steps
 
-    # Sheets requests of the whole batch (five rows): 1 read + 1 write per row to read it back,
-    # one relay pass for the FAILED rows of each step that had one (fetch, translate), one for the
-    # DONE rows; one spreadsheets.get per task that moves rows
+    # Sheets requests of the whole batch (five rows): 1 read + 1 write to read every row back and
+    # write the run id beside it, one relay pass for the FAILED rows of each step that had one
+    # (fetch, translate) and one for the DONE rows (1 read + 1 field write + 1 status batch each)
     counts = dict(sheets_emulator.request_log.counts)
-    assert counts.get("values.batchGetByDataFilter", 0) == len(urls) + 3, counts
-    assert counts.get("values.batchUpdateByDataFilter", 0) == len(urls) + 3, counts
+    assert counts.get("values.batchGetByDataFilter", 0) == 1 + 3, counts
+    assert counts.get("values.batchUpdateByDataFilter", 0) == 1 + 3, counts
     assert counts.get("spreadsheets.batchUpdate", 0) == 3, counts
+
+
+def test_a_transient_failure_is_retried_for_that_article_alone_and_dropped_on_the_last_try(
+    run_dag: Any, ledger_env: Ledger, site: ArticleSite, sheets_emulator: SheetsEmulator, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from datetime import timedelta
+
+    import pendulum
+    from airflow.sdk import chain, dag
+
+    from onceflow.operators import article_batch as ops
+
+    good = site.url("/articles/huertos-urbanos.html")
+    # a 503 without Retry-After once, then the page: Airflow's retry, for this article alone
+    flaky = site.url("/busy/1?status=503&retry_after=&to=/articles/gazpacho.html")
+    dead = site.url("/status/503")  # never recovers: dropped on the last try, the rest go on
+    sid, claims = claimed(sheets_emulator, monkeypatch, [good, flaky, dead])
+    by_url = {c.url: c for c in claims}
+    conf = batch_conf(ledger_env, sid, claims)
+
+    @dag(
+        dag_id=f"batch_retries_{tmp_path.name}",
+        schedule=None,
+        start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+        default_args={"owner": "onceflow", "retries": 1, "retry_delay": timedelta(seconds=1)},
+    )
+    def batch_retries() -> None:
+        chain(
+            ops.ClaimedRowBatchOperator(task_id="read_claimed_row"),
+            ops.FetchBatchOperator(task_id="fetch"),
+            ops.ExtractBatchOperator(task_id="extract"),
+            ops.TranslateBatchOperator(task_id="translate"),
+            ops.ScoreBatchOperator(task_id="score"),
+            ops.PublishBatchOperator(task_id="publish"),
+            ops.WriteBackBatchOperator(task_id="write_back"),
+        )
+
+    run = run_dag(batch_retries(), conf=conf)
+
+    assert run.state == "success", run.ti_states
+    assert run.try_numbers["fetch"] == 2, "the first try left two articles for the retry"
+    assert {t: run.try_numbers[t] for t in STEPS if t != "fetch"} == dict.fromkeys(set(STEPS) - {"fetch"}, 1)
+    for url in (good, flaky):
+        assert row_of(sheets_emulator, sid, by_url[url].token).status.value == "DONE", url
+    # the dead server's row stays in flight, for sheet_reconcile to re-drive alone past the lease
+    assert row_of(sheets_emulator, sid, by_url[dead].token).status.value == "PROCESSING"
+    item = ledger_env.item(ledger_link.work_key(by_url[dead].row_key))
+    assert item.state == "pending" and "503" in str(item.last_error), item
+    # the good article was fetched once: the retry repeated its committed result
+    good_key = ledger_link.work_key(by_url[good].row_key)
+    fetches = [
+        h for h in ledger_env.history(good_key) if h.event == "claim" and str(h.owner).endswith("/fetch")
+    ]
+    assert len(fetches) == 1, fetches

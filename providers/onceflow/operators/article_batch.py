@@ -140,6 +140,10 @@ class BatchStep(ArticleStepOperator, SkipMixin):
         """Whether this step carries an article that passed ``after`` (score rules override)."""
         return True
 
+    def before_batch(self, context: Context, runs: list[StepRun]) -> None:
+        """Work the articles of ``runs`` (those this run has not committed the step for) share,
+        done once before their keyed steps (none by default)."""
+
     # -- who is in the step ----------------------------------------------------------------------
     def batch_claims(self, context: Context) -> list[dict[str, Any]]:
         """The batch's claim confs: ``claims=``, else the run conf's ``claims``."""
@@ -166,15 +170,16 @@ class BatchStep(ArticleStepOperator, SkipMixin):
         for claim in claims:
             conf = run_claim_conf(context, ledger, self.lane, self.dag_id, claim)
             run = step_run(context, ledger, conf)
-            if self.after is not None:
-                try:
-                    state = ledger.item(run.work_key).state
-                except UnknownWorkItem:
-                    state = None
-                out = state in (states.NEEDS_CORRECTION, states.FAILED)
-                if out or not run.result(self.after, required=False) or not self.admits(run, threshold):
-                    passed += 1
-                    continue
+            try:
+                state = ledger.item(run.work_key).state
+            except UnknownWorkItem:
+                state = None
+            # sent back for correction (a permanent failure) or given up: out of the batch for good
+            out = state in (states.NEEDS_CORRECTION, states.FAILED)
+            before = self.after is None or bool(run.result(self.after, required=False))
+            if out or not before or not self.admits(run, threshold):
+                passed += 1
+                continue
             runs.append(run)
         return runs, passed
 
@@ -198,6 +203,7 @@ class BatchStep(ArticleStepOperator, SkipMixin):
         runs, passed = self.members(context, ledger, claims, threshold)
         report = BatchReport(passed_over=passed)
         self.log.info("%s for %d of the batch's %d articles", self.step, len(runs), len(claims))
+        self.before_batch(context, [r for r in runs if not r.result(self.step, required=False)])
         for run in runs:
             if self._shutdown is not None and self._shutdown.requested:
                 break  # the rest is for the next try; the lease in hand went back
@@ -223,7 +229,7 @@ class BatchStep(ArticleStepOperator, SkipMixin):
     def _carry(self, context: Context, ledger: Ledger, run: StepRun, report: BatchReport) -> bool:
         """The step on one article, its outcome put in ``report``; ``True`` when it committed now."""
         from onceflow.articles.errors import TransientStepError
-        from onceflow.compat import AirflowFailException
+        from onceflow.compat import AirflowFailException, AirflowSkipException
         from onceflow.ledger import LeaseHeld, StaleFenceError, WrongVersion
         from onceflow.ledger.steps import InvalidInput
         from onceflow.ledger.worker import ShutdownRequested
@@ -233,6 +239,10 @@ class BatchStep(ArticleStepOperator, SkipMixin):
             _, outcome = self.run_step(context, ledger, run.conf, run)
         except (AirflowFailException, ShutdownRequested):
             raise  # a broken connection fails every article alike; a stop stops the task
+        except AirflowSkipException as exc:  # not this article's step after all (a rejection)
+            self.log.info("%s", exc)
+            report.passed_over += 1
+            return False
         except InvalidInput as exc:  # recorded: needs_correction, and the row's FAILED in the outbox
             self.log.warning("%s of %s failed for good: %s", self.step, run.work_key, exc)
             report.failed[token] = str(exc)
@@ -353,8 +363,34 @@ class BatchStep(ArticleStepOperator, SkipMixin):
 
 # -- the chain's steps in the batch lane (``dags/article_batch.py``) --------------------------------
 class ClaimedRowBatchOperator(BatchStep, ClaimedRowOperator):
-    """``read_claimed_row`` for every claim of the batch: each row read back by its token,
-    checked, and given the batch run's id (1 read + 1 write per row)."""
+    """``read_claimed_row`` for every claim of the batch: every row read back by its token and
+    checked, and given the batch run's id, in 1 read + 1 write for the whole batch
+    (:func:`~onceflow.operators.sheets.read_claimed_rows`, before the keyed steps); each article
+    then commits its own result under its own lease. A row that read cannot settle (gone, moved
+    to another article, a stray anchor) goes the per-article way inside its step, which repairs
+    it or fails that article with the reason (1 read + 1 write for it)."""
+
+    def before_batch(self, context: Context, runs: list[StepRun]) -> None:
+        from onceflow.operators.sheets import read_claimed_rows
+
+        self._read: dict[str, dict[str, Any]] = {}
+        by_queue: dict[tuple[Any, ...], list[StepRun]] = {}
+        for run in runs:
+            key = (run.conf.get("spreadsheet_id"), run.conf.get("sheet"), run.conf.get("processing_version"))
+            by_queue.setdefault(key, []).append(run)
+        for group in by_queue.values():
+            try:
+                read = read_claimed_rows(
+                    self.queue_of(group[0].conf), [r.conf for r in group], group[0].run_id
+                )
+            except Exception:  # each article reads its row alone instead
+                self.log.exception("could not read the batch's rows at once; reading them one by one")
+                continue
+            self._read.update(read)
+
+    def work(self, run: StepRun, context: Context) -> dict[str, Any]:
+        found = getattr(self, "_read", {}).pop(str(run.conf["claim_token"]), None)
+        return found if found is not None else super().work(run, context)
 
 
 class FetchBatchOperator(BatchStep, FetchArticleOperator):

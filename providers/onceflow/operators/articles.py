@@ -144,6 +144,19 @@ class PublishArticleOperator(ArticleStepOperator):
         super().__init__(**kwargs)
         self.review_task_id = review_task_id
 
+    def run_step(
+        self, context: Context, ledger: Any, conf: dict[str, Any], run: StepRun | None = None
+    ) -> tuple[StepRun, Any]:
+        """Refuse, before any lease, to publish an article this run's reviewer rejected (the
+        ledger's ``review`` step): the review's skip of this task does not reach a task mapped
+        with it that Airflow has not expanded yet (a mapped task group), so this is the guard."""
+        from onceflow.compat import AirflowSkipException
+
+        run = run if run is not None else step_run(context, ledger, conf)
+        if run.result("review", required=False).get("decision") == "rejected":
+            raise AirflowSkipException(f"{run.work_key} was rejected in review: not published")
+        return super().run_step(context, ledger, conf, run)
+
     def work(self, run: StepRun, context: Context) -> dict[str, Any]:
         from onceflow.articles import chain
 

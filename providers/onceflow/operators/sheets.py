@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from onceflow.articles.chain import StepRun
+    from onceflow.sheets.model import Row
     from onceflow.sheets.protocol import SheetQueue
 
 #: The ``article_pipeline`` DAG each claimed row starts.
@@ -431,7 +432,6 @@ class ClaimedRowOperator(ArticleStepOperator):
 
     def _read_row(self, conf: dict[str, Any], run_id: str) -> dict[str, Any]:
         from onceflow.ledger.steps import InvalidInput
-        from onceflow.sheets.model import Row, token_time
         from onceflow.sheets.validation import judge_url
 
         token = str(conf["claim_token"])
@@ -447,10 +447,7 @@ class ClaimedRowOperator(ArticleStepOperator):
                     f"article this run was created for ({conf.get('url')!r})"
                 )
 
-        fields = {"run_id": run_id, "claim_token": token}
-        claimed_at = token_time(token)
-        if claimed_at is not None:
-            fields["claimed_at"] = claimed_at.isoformat(timespec="seconds")
+        fields = claimed_row_fields(token, run_id)
         try:
             # the check rides on write_fields' own read: 1 read + 1 write per row, the sheet's
             # per-user quota being what caps articles per minute
@@ -459,12 +456,81 @@ class ClaimedRowOperator(ArticleStepOperator):
             raise InvalidInput(
                 f"no row of the queue carries claim token {token!r}: the claim was removed"
             ) from exc
-        verdict = judge_url(read[-1])  # the row as read (the write's echo holds only what it wrote)
-        return {
-            "row_number_at_read": row.number,
-            "url": verdict.normalised_url,
-            "row_key": verdict.key,
-            "status": row.status_cell.raw,
-            "claim_token": token,
-            "run_id": run_id,
-        }
+        # the row as read (the write's echo holds only what it wrote)
+        return claimed_row_result(read[-1], row.number, token, run_id)
+
+
+def claimed_row_fields(token: str, run_id: str) -> dict[str, str]:
+    """What ``read_claimed_row`` writes beside a claimed row: the run, the token, the claim time."""
+    from onceflow.sheets.model import token_time
+
+    fields = {"run_id": run_id, "claim_token": token}
+    claimed_at = token_time(token)
+    if claimed_at is not None:
+        fields["claimed_at"] = claimed_at.isoformat(timespec="seconds")
+    return fields
+
+
+def claimed_row_result(read: Row, number: int, token: str, run_id: str) -> dict[str, Any]:
+    """The committed result of ``read_claimed_row``: the row as read, where it was, whose run."""
+    from onceflow.sheets.validation import judge_url
+
+    verdict = judge_url(read)
+    return {
+        "row_number_at_read": number,
+        "url": verdict.normalised_url,
+        "row_key": verdict.key,
+        "status": read.status_cell.raw,
+        "claim_token": token,
+        "run_id": run_id,
+    }
+
+
+def read_claimed_rows(
+    queue: SheetQueue, confs: Sequence[dict[str, Any]], run_id: str
+) -> dict[str, dict[str, Any]]:
+    """``read_claimed_row``'s sheet work for many claims of one queue: one read of every row by
+    its anchor, then one write of :func:`claimed_row_fields` beside each row that still carries
+    its token and names its article (2 requests, where one claim at a time costs 2 each).
+
+    Returns claim token -> the result to commit, for the rows settled so; a claim left out (its
+    row is gone or moved to another article, an anchor sits on a row that lost the token, the
+    echo of the write does not show the token) goes the one-claim way
+    (:meth:`AnchoredRows.write_fields`), which repairs or refuses it with its reason.
+    """
+    from onceflow.sheets import anchors
+    from onceflow.sheets.model import make_row
+    from onceflow.sheets.validation import judge_url
+
+    tokens = [str(c["claim_token"]) for c in confs]
+    columns, rows = queue.anchored_rows(tokens)
+    if columns is None:
+        return {}
+    read: dict[str, Row] = {}
+    updates: list[tuple[str, dict[str, str]]] = []
+    for conf, token in zip(confs, tokens, strict=True):
+        found = rows.get(token, [])
+        if len(found) != 1 or found[0].token != token or judge_url(found[0]).key != conf.get("row_key"):
+            continue
+        read[token] = found[0]
+        wanted = {k: v for k, v in claimed_row_fields(token, run_id).items() if columns.has(k)}
+        if any(found[0].get(k) != v for k, v in wanted.items()):
+            updates.append((token, wanted))
+    echoed: dict[str, int] = {}
+    if updates:
+        reply = queue.write_anchored(columns, updates)
+        for response in reply.get("responses", []):
+            token = str(
+                response.get("dataFilter", {}).get("developerMetadataLookup", {}).get("metadataValue", "")
+            )
+            data = response.get("updatedData", {})
+            values = data.get("values", [])
+            number = anchors.row_number(data.get("range", response.get("updatedRange", "")))
+            if number is not None and make_row(columns, number, values[0] if values else []).token == token:
+                echoed[token] = number
+    written = {t for t, _ in updates}
+    return {
+        token: claimed_row_result(row, echoed.get(token, row.number), token, run_id)
+        for token, row in read.items()
+        if token not in written or token in echoed
+    }

@@ -76,8 +76,10 @@ class LedgerView:
     :param batch_run: the ``article_batch`` run the item was registered for (its payload's
         ``batch_run_id``), with :attr:`batch_token` the claim it was registered under; ``None``
         for the per-article lane.
-    :param outcome: a batch item only: a step that carries the row's final outcome to the outbox
-        (``publish``, a rejecting ``review``) committed at the payload's processing version.
+    :param outcome: a batch item only: whether a step that carries the row's final outcome to the
+        outbox (``publish``, a rejecting ``review``) was committed at the payload's processing
+        version; a callable is asked only when the reconciler needs the answer (:meth:`has_outcome`:
+        one more query, for the few rows whose batch run has ended), not on every pass's every row.
     """
 
     state: str
@@ -86,7 +88,11 @@ class LedgerView:
     fencing_token: int
     batch_run: str | None = None
     batch_token: str | None = None
-    outcome: bool = False
+    outcome: bool | Callable[[], bool] = False
+
+    def has_outcome(self) -> bool:
+        """:attr:`outcome`, asked now if it is a callable."""
+        return bool(self.outcome() if callable(self.outcome) else self.outcome)
 
     def batch_of(self, token: str | None) -> str | None:
         """The batch run that carries the claim ``token``, or ``None`` (another claim registered
@@ -108,13 +114,13 @@ def ledger_view(ledger: Ledger, row_key: str) -> LedgerView | None:
         plain = item.last_error_class in (None, "InvalidInput")
         why = item.last_error if plain else f"{item.last_error_class}: {item.last_error}"
     payload = conf_payload(item.payload)
+    version = payload.get("processing_version")
+
+    def outcome() -> bool:
+        results = ledger.results(item.work_key)
+        return any(r.step in OUTCOME_STEPS and r.processing_version == version for r in results)
+
     batch = payload.get(BATCH_RUN_KEY) or None
-    outcome = False
-    if batch:  # one more query, for batch items only
-        version = payload.get("processing_version")
-        outcome = any(
-            r.step in OUTCOME_STEPS and r.processing_version == version for r in ledger.results(item.work_key)
-        )
     return LedgerView(
         item.state, expired, why, item.fencing_token, batch, payload.get("claim_token"), outcome
     )

@@ -255,7 +255,7 @@ def plan(
             ended = batch_state(batch)
             if ended in ACTIVE_RUN_STATES:
                 continue
-            if view is not None and view.outcome:
+            if view is not None and view.has_outcome():
                 result.released.append(row.token)
                 add(Action("flag", BATCH_NOT_WRITTEN.format(run=batch), row, batch), once=True)
                 continue

@@ -10,7 +10,9 @@ Routes (GET and HEAD):
 - ``/status/<code>``: that status, with ``Retry-After`` when ``?retry_after=`` is given.
 - ``/busy/<n>``: ``429 Too Many Requests`` with ``Retry-After: <retry_after>`` (default 1) to the
   first ``n`` requests of that exact path and query, then the article ``?to=`` names (default
-  ``/articles/gazpacho.html``): a server that asks to be retried later.
+  ``/articles/gazpacho.html``): a server that asks to be retried later. ``?status=503`` refuses
+  with that status instead; an empty ``retry_after=`` sends no ``Retry-After`` (a server that
+  fails for a while and says nothing).
 - ``/huge``: 50 MB of HTML generated while it is sent (``?bytes=N``; ``?declare=1`` sends a
   ``Content-Length``); ``/slow``: HTML headers, then one byte per second forever
   (``?interval=s``); ``/slow-headers``: the same inside a header line that never ends.
@@ -328,7 +330,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404)
             return
         if site._busy_count(self.path) < int(refusals):
-            self._error(429, {"Retry-After": query.get("retry_after", "1")})
+            after = query.get("retry_after", "1")
+            status = query.get("status", "429")
+            self._error(int(status) if status.isdigit() else 429, {"Retry-After": after} if after else {})
         else:
             self._send(200, page_bytes(entry), entry.content_type)
 

@@ -297,10 +297,13 @@ def test_sigkill_mid_batch_takes_the_killed_article_over_and_publishes_each_arti
         # the killed article's retry found its page published and wrote nothing; the others made theirs
         assert [p["created"] for p in publish.values()] == [True, False, True, True], publish
         # each killed article was taken over once its lease expired, under a new fencing token (the
-        # orphaned output under the old token was never read)
-        for url in (urls[1], urls[2]):
-            events = [h.event for h in ledger.history(_key(url))]
-            assert events.count("reclaim_expired") == (2 if url == urls[1] else 1), (url, events)
+        # orphaned output under the old token was never read): the second article at fetch and at
+        # publish, and at translate (two articles at a time) the one whose output was third to be
+        # stored, and the other one if it was still being translated when the process died
+        taken_over = {
+            url: [h.event for h in ledger.history(_key(url))].count("reclaim_expired") for url in urls
+        }
+        assert taken_over[urls[1]] >= 2 and 3 <= sum(taken_over.values()) <= 4, taken_over
     finally:
         engine.dispose()
 

@@ -36,6 +36,8 @@ detector are paid once per batch instead of once per article.
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -81,6 +83,8 @@ class BatchReport:
     waits: dict[str, float] = field(default_factory=dict)
     #: claims not carried (an earlier step did not commit them, or the step does not admit them)
     passed_over: int = 0
+    #: the articles of a step run side by side (``concurrency``) report under it
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def summary(self) -> dict[str, Any]:
         """The task's XCom: counts and the tokens of each outcome."""
@@ -113,6 +117,9 @@ class BatchStep(ArticleStepOperator, SkipMixin):
     :param threshold: the publication threshold (templated) for the steps that choose by score.
     :param skip_if_none: downstream task ids (batch steps) to skip when, after this step, no
         article would reach them.
+    :param concurrency: articles worked on side by side, each in its own thread (default: the
+        step's ``default_concurrency``, 1; ``translate``'s 2, since each chunk is an Apertium
+        process and the work runs outside Python).
     """
 
     template_fields: Sequence[str] = ("claims", "threshold")
@@ -121,6 +128,8 @@ class BatchStep(ArticleStepOperator, SkipMixin):
     #: Return the committed articles' claims (what a mapped review expands over: Airflow maps only
     #: over a return value) instead of the summary of outcomes.
     returns_claims: ClassVar[bool] = False
+    #: Articles worked on side by side when ``concurrency`` is not given.
+    default_concurrency: ClassVar[int] = 1
     ui_color = "#cfe8c6"
 
     def __init__(
@@ -129,12 +138,24 @@ class BatchStep(ArticleStepOperator, SkipMixin):
         claims: list[dict[str, Any]] | None = None,
         threshold: float | str = THRESHOLD_TEMPLATE,
         skip_if_none: Sequence[str] = (),
+        concurrency: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.claims = claims
         self.threshold = threshold
         self.skip_if_none = list(skip_if_none)
+        self.concurrency = int(concurrency or self.default_concurrency)
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+
+    def cached(self, key: Any, make: Any) -> Any:
+        """:meth:`ArticleStepOperator.cached`, made once even when articles run side by side (the
+        lock is made by the first call, :meth:`prepare`'s, before any thread starts; not in
+        ``__init__``: Airflow copies operators, and a lock cannot be copied)."""
+        lock = self.__dict__.setdefault("_memo_lock", threading.RLock())
+        with lock:
+            return super().cached(key, make)
 
     def admits(self, run: StepRun, threshold: float) -> bool:
         """Whether this step carries an article that passed ``after`` (score rules override)."""
@@ -195,8 +216,6 @@ class BatchStep(ArticleStepOperator, SkipMixin):
         return self._execute_batch(context, waits=0)
 
     def _execute_batch(self, context: Context, *, waits: int) -> Any:
-        from onceflow.articles import chain
-
         ledger = self.prepare()
         threshold = float(self.threshold)
         claims = self.batch_claims(context)
@@ -204,11 +223,16 @@ class BatchStep(ArticleStepOperator, SkipMixin):
         report = BatchReport(passed_over=passed)
         self.log.info("%s for %d of the batch's %d articles", self.step, len(runs), len(claims))
         self.before_batch(context, [r for r in runs if not r.result(self.step, required=False)])
-        for run in runs:
-            if self._shutdown is not None and self._shutdown.requested:
-                break  # the rest is for the next try; the lease in hand went back
-            if self._carry(context, ledger, run, report):
-                chain.checkpoint(f"{self.step}.committed")
+        if self.concurrency > 1 and len(runs) > 1:
+            workers = min(self.concurrency, len(runs))
+            with ThreadPoolExecutor(workers, thread_name_prefix=f"onceflow {self.step}") as pool:
+                # list(): the first AirflowFailException or stop raises here, after the others end
+                list(pool.map(lambda run: self._carry(context, ledger, run, report), runs))
+        else:
+            for run in runs:
+                self._carry(context, ledger, run, report)
+        order = {str(c.get("claim_token")): i for i, c in enumerate(claims)}
+        report.committed.sort(key=lambda c: order.get(str(c["claim_token"]), len(order)))
         self._relay(ledger, report)
         self.log.info(
             "%s: %d committed (%d earlier), %d failed, %d left, %d waiting, %d passed over",
@@ -226,54 +250,66 @@ class BatchStep(ArticleStepOperator, SkipMixin):
         self._skip_unreached(context, ledger, claims, threshold)
         return report.committed if self.returns_claims else report.summary()
 
-    def _carry(self, context: Context, ledger: Ledger, run: StepRun, report: BatchReport) -> bool:
-        """The step on one article, its outcome put in ``report``; ``True`` when it committed now."""
+    def _carry(self, context: Context, ledger: Ledger, run: StepRun, report: BatchReport) -> None:
+        """The step on one article, its outcome put in ``report``."""
+        from onceflow.articles import chain
+
+        if self._shutdown is not None and self._shutdown.requested:
+            return  # the rest is for the next try; the lease in hand went back
+        outcome = self._outcome(context, ledger, run)
+        kind, detail = outcome[0], outcome[1]
+        token = str(run.conf["claim_token"])
+        with report.lock:
+            if kind == "committed" or kind == "repeated":
+                report.committed.append(dict(run.conf))
+                report.repeated += kind == "repeated"
+            elif kind == "failed":
+                report.failed[token] = str(detail)
+                report.failed_confs.append(dict(run.conf))
+            elif kind == "wait":
+                report.waits[token] = float(detail)
+            elif kind == "left":
+                report.left[token] = str(detail)
+            else:
+                report.passed_over += 1
+        if kind == "committed":
+            chain.checkpoint(f"{self.step}.committed")
+
+    def _outcome(self, context: Context, ledger: Ledger, run: StepRun) -> tuple[str, Any]:
+        """The step on one article: ``(kind, detail)``, kind ``committed``, ``repeated``,
+        ``failed``, ``wait`` (seconds), ``left`` (why) or ``passed``."""
         from onceflow.articles.errors import TransientStepError
         from onceflow.compat import AirflowFailException, AirflowSkipException
         from onceflow.ledger import LeaseHeld, StaleFenceError, WrongVersion
         from onceflow.ledger.steps import InvalidInput
         from onceflow.ledger.worker import ShutdownRequested
 
-        token = str(run.conf["claim_token"])
         try:
             _, outcome = self.run_step(context, ledger, run.conf, run)
         except (AirflowFailException, ShutdownRequested):
             raise  # a broken connection fails every article alike; a stop stops the task
         except AirflowSkipException as exc:  # not this article's step after all (a rejection)
             self.log.info("%s", exc)
-            report.passed_over += 1
-            return False
+            return "passed", None
         except InvalidInput as exc:  # recorded: needs_correction, and the row's FAILED in the outbox
             self.log.warning("%s of %s failed for good: %s", self.step, run.work_key, exc)
-            report.failed[token] = str(exc)
-            report.failed_confs.append(dict(run.conf))
-            return False
+            return "failed", exc
         except StaleFenceError as exc:  # a newer try holds the item: for it, or for our retry
-            report.left[token] = f"lease taken over: {exc}"
-            return False
+            return "left", f"lease taken over: {exc}"
         except LeaseHeld as exc:
-            report.waits[token] = self.lease_wait(exc)
-            return False
+            return "wait", self.lease_wait(exc)
         except WrongVersion as exc:
             self.log.warning("%s", exc)
-            report.waits[token] = float(self.version_wait_seconds)
-            return False
+            return "wait", float(self.version_wait_seconds)
         except TransientStepError as exc:
-            if exc.retry_after is not None:
-                report.waits[token] = float(exc.retry_after)
-            else:
-                report.left[token] = str(exc)
             self.log.warning("%s of %s left for later: %s", self.step, run.work_key, exc)
-            return False
+            if exc.retry_after is not None:
+                return "wait", float(exc.retry_after)
+            return "left", exc
         except Exception as exc:  # recorded as a transient failure of the item (run_keyed_step)
             self.log.exception("%s of %s left for the retry", self.step, run.work_key)
-            report.left[token] = f"{type(exc).__name__}: {exc}"
-            return False
-        report.committed.append(dict(run.conf))
-        if outcome.repeated:
-            report.repeated += 1
-            return False
-        return True
+            return "left", f"{type(exc).__name__}: {exc}"
+        return ("repeated" if outcome.repeated else "committed"), None
 
     def _relay(self, ledger: Ledger, report: BatchReport) -> None:
         """One relay pass per sheet for the step's row moves: the FAILED rows of permanent
@@ -406,9 +442,11 @@ class ExtractBatchOperator(BatchStep, ExtractArticleOperator):
 
 
 class TranslateBatchOperator(BatchStep, TranslateArticleOperator):
-    """``translate`` for the articles extracted in this run."""
+    """``translate`` for the articles extracted in this run, two at a time (each chunk is an
+    Apertium process: the work is outside Python, so two threads keep two cores busy)."""
 
     after = "extract"
+    default_concurrency = 2
 
 
 class ScoreBatchOperator(BatchStep, ScoreArticleOperator):

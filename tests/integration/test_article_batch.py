@@ -131,6 +131,9 @@ def test_one_articles_permanent_failure_never_fails_the_others_and_a_busy_server
         assert row.get("published_url").startswith(site.url("/published/articles/"))
     failed = row_of(sheets_emulator, sid, by_url[missing].token)
     assert failed.status.value == "FAILED" and "404" in failed.get("reason"), failed
+    # the fetch step ran three times (two waits for the busy server); the 404 was asked once:
+    # a permanent failure leaves the batch for good
+    assert [a.path for a in site.requests_to("/status/404")] == ["/status/404"]
     refused = row_of(sheets_emulator, sid, by_url[catalan].token)
     assert refused.status.value == "FAILED" and "cat-eng" in refused.get("reason"), refused
 

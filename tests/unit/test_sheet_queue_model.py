@@ -253,3 +253,22 @@ def test_reconcile_recomputes_reasons_and_run_ids_that_do_not_belong_to_their_ro
         "20260105T100000Z-cc": {"reason": "empty URL"},
         "20260105T100000Z-dd": {"reason": "duplicate of row 2 (https://a.example/1)"},
     }
+
+
+@pytest.mark.parametrize("owner", ["REJECTED", "DONE", "FAILED", "NEEDS_REVIEW"])
+def test_a_row_that_went_past_processing_owns_its_url_against_a_claim_of_the_same_second(owner: str) -> None:
+    """The fault schedules found it (seed 468 of 200-1199): a NEW row repeating a REJECTED row's
+    URL, claimed within the same second as that row's own claim, sorted its random token part
+    before the owner's, kept the URL, and the rejected article was published. Only claims still
+    PROCESSING race by claim time."""
+    when = datetime(2026, 12, 3, 9, 38, 3, tzinfo=timezone.utc)
+    old, mine = new_token(when, "b506ea0ad2", "v1"), new_token(when, "a6a94575df", "v1")
+    assert mine < old, "the later claim's token sorts first: same second, smaller random part"
+    s = snap(["https://a.example/x", f"{owner} #{old}"], ["https://a.example/x", f"PROCESSING #{mine}"])
+    (verdict,) = classify_claimed(s, {mine: s.rows[1]}).values()
+    assert verdict.status is Status.DUPLICATE and verdict.reason == "duplicate of row 2 (https://a.example/x)"
+    # two claims still PROCESSING race by token: the earlier-sorting one keeps the URL
+    racing = snap(
+        ["https://a.example/x", f"PROCESSING #{old}"], ["https://a.example/x", f"PROCESSING #{mine}"]
+    )
+    assert classify_claimed(racing, {mine: racing.rows[1]})[mine].ok

@@ -93,13 +93,18 @@ def classify_claimed(snapshot: Snapshot, mine: dict[str, Row]) -> dict[str, Verd
 
     :param mine: claim token -> the row carrying it.
     """
-    others: dict[str, str] = {}  # key -> smallest foreign token ("" for a hand-typed live status)
+    # key -> the foreign owner's rank: its token while it is PROCESSING (claims racing for one URL
+    # are ordered by claim time, the same for every claimer), "" for a row that went further
+    # (NEEDS_REVIEW, DONE, FAILED, REJECTED) or a hand-typed live status: it owns the URL whatever
+    # its token, since a claim made within the same second could otherwise sort before it
+    others: dict[str, str] = {}
     first_other: dict[str, Row] = {}
     for row in snapshot.rows:
         if row.status in LIVE_STATUSES and row.token not in mine:
             key = judge_url(row).key
-            if key is not None and (key not in others or (row.token or "") < others[key]):
-                others[key] = row.token or ""
+            rank = row.token or "" if row.status is Status.PROCESSING else ""
+            if key is not None and (key not in others or rank < others[key]):
+                others[key] = rank
                 first_other[key] = row
     judged = {token: judge_url(row) for token, row in mine.items()}
     my_min: dict[str, str] = {}

@@ -23,10 +23,12 @@ with the load average beside each section:
    task does with the sheet (``write_fields``, its check on the same read); the naive side reads the row and
    writes its fields by row number. Rows/min measured, and the steady state computed from the
    measured requests per row;
-5. Sheets requests per article, counted: the claim's share (a wake-up of K), the write-back
-   relay's (K rows' DONE committed to a ledger's outbox as ``publish`` commits them, then one
-   pass with a fresh queue as ``write_back`` makes it), and the first task's ``write_fields``;
-   and the articles/min ceiling each total allows under 60 reads + 60 writes per minute.
+5. Sheets requests per article, counted: a ``sheet_claim`` wake-up in the steady state (K NEW
+   rows to claim while the DONE of the K rows the previous wake-up claimed waits in a ledger's
+   outbox, committed as ``publish`` commits it; one ``wake_up`` with a fresh queue, the relay
+   riding in the claim's read and ``batchUpdate``), beside the claim alone and a relay pass alone
+   (``write_back``'s), and the first task's ``write_fields``; and the articles/min ceiling each
+   total allows under 60 reads + 60 writes per minute.
 
 The naive protocol is the one from the seed post: read the sheet, then ``values.update`` the status
 cell of each row picked to ``PROCESSING`` (last writer wins, no token). Under quota both sides use
@@ -328,52 +330,89 @@ def _publish_done(ledger: Any, target: str, claim: Claim) -> None:
     )  # fmt: skip
 
 
+def _ledger_with_done(server: SheetsEmulatorServer, sid: str, claims: list[Claim], tmp: str) -> Any:
+    """A SQLite ledger whose outbox holds the DONE of each of ``claims``, as ``publish`` commits it."""
+    from onceflow.ledger import Ledger, create_ledger_engine
+    from onceflow.sheets.relay import sheet_target
+
+    ledger = Ledger(create_ledger_engine(f"sqlite:///{tmp}/ledger.db"))
+    for claim in claims:
+        _publish_done(ledger, sheet_target(sid, "queue"), claim)
+    return ledger
+
+
 def relay_cost(server: SheetsEmulatorServer, batch: int) -> tuple[float, float]:
-    """Requests per article of the write-back relay: ``batch`` claimed rows' DONE committed to a
-    SQLite ledger's outbox, then one relay pass with a fresh queue: (reads, writes)."""
+    """Requests per article of a relay pass alone (``write_back``'s, a chain's own): ``batch``
+    claimed rows' DONE committed to a SQLite ledger's outbox, then one pass with a fresh queue."""
     import tempfile
 
-    from onceflow.ledger import Ledger, create_ledger_engine
-    from onceflow.sheets.relay import relay_sheet_rows, sheet_target
+    from onceflow.sheets.relay import relay_sheet_rows
 
     sid = seed(server, batch)
     claims = SheetQueue(GoogleSheetsTransport(anonymous_service(server.endpoint), sid), spread=1).claim(batch)
     with tempfile.TemporaryDirectory() as tmp:
-        engine = create_ledger_engine(f"sqlite:///{tmp}/ledger.db")
+        ledger = _ledger_with_done(server, sid, claims.claims, tmp)
         try:
-            ledger = Ledger(engine)
-            for claim in claims.claims:
-                _publish_done(ledger, sheet_target(sid, "queue"), claim)
             server.request_log.reset()
             queue = SheetQueue(GoogleSheetsTransport(anonymous_service(server.endpoint), sid))
             report = relay_sheet_rows(ledger, lambda _sid, _tab: queue)
         finally:
-            engine.dispose()
+            ledger.engine.dispose()
     assert sorted(report.written) == sorted(c.token for c in claims.claims), report
     log = server.request_log
     return log.reads / batch, log.writes / batch
 
 
+def wakeup_cost(server: SheetsEmulatorServer, batch: int) -> tuple[float, float]:
+    """Requests per article of a ``sheet_claim`` wake-up in the steady state: ``batch`` NEW rows to
+    claim while the DONE of the ``batch`` rows the previous wake-up claimed waits in the outbox;
+    one :func:`~onceflow.sheets.wakeup.wake_up` with a fresh queue (the relay riding in the claim's
+    read and batch) claims the first and writes the second: (reads, writes) per article."""
+    import tempfile
+
+    from onceflow.sheets.wakeup import wake_up
+
+    sid = seed(server, 2 * batch)
+    earlier = SheetQueue(GoogleSheetsTransport(anonymous_service(server.endpoint), sid), spread=1).claim(
+        batch
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        ledger = _ledger_with_done(server, sid, earlier.claims, tmp)
+        try:
+            server.request_log.reset()
+            queue = SheetQueue(GoogleSheetsTransport(anonymous_service(server.endpoint), sid), spread=1)
+            woke = wake_up(queue, ledger, batch)
+        finally:
+            ledger.engine.dispose()
+    assert len(woke.claim.claims) == batch, woke.claim
+    assert sorted(woke.relayed.written) == sorted(c.token for c in earlier.claims), woke.relayed
+    log = server.request_log
+    return log.reads / batch, log.writes / batch
+
+
 def per_article(server: SheetsEmulatorServer, batches: list[int], task: tuple[float, float]) -> None:
-    """Sheets requests per article (claim + write-back relay, each batched at K; + the first task)."""
+    """Sheets requests per article: a ``sheet_claim`` wake-up that claims K rows and relays K
+    write-backs (the relay riding in the claim's read and batch), beside the claim alone and a
+    relay pass alone; + the first task."""
     print(
-        "Sheets requests per article, counted: claim wake-ups of K, write-back relay passes of K"
-        f" (spreadsheets.get included), article_pipeline's first task; ceilings under 60 reads + 60"
-        f" writes per minute; {load()}"
+        "Sheets requests per article, counted: a sheet_claim wake-up claiming K rows and relaying K"
+        " write-backs, beside a claim alone and a relay pass alone (spreadsheets.get included);"
+        " article_pipeline's first task; ceilings under 60 reads + 60 writes per minute;"
+        f" {load()}"
     )
     print(
-        f"{'K':>4} | {'claim r/w':>11} | {'relay r/w':>11} | {'claim+write-back r/w':>20} {'art/min':>8} |"
-        f" {'+ first task r/w':>16} {'art/min':>8}"
+        f"{'K':>4} | {'claim r/w':>11} | {'relay alone r/w':>15} | {'wake-up: claim+write-back r/w':>29}"
+        f" {'art/min':>8} | {'+ first task r/w':>16} {'art/min':>8}"
     )
     for batch in batches:
         claim = measure(server, max(100, 2 * batch), batch, 2)["protocol"]
         c = (claim["reads_per_claim"], claim["writes_per_claim"])
         r = relay_cost(server, batch)
-        both = (c[0] + r[0], c[1] + r[1])
+        both = wakeup_cost(server, batch)
         every = (both[0] + task[0], both[1] + task[1])
         print(
-            f"{batch:>4} | {c[0]:>5.2f}/{c[1]:<5.2f} | {r[0]:>5.2f}/{r[1]:<5.2f} |"
-            f" {both[0]:>10.2f}/{both[1]:<9.2f} {rate(*both):>8.0f} |"
+            f"{batch:>4} | {c[0]:>5.2f}/{c[1]:<5.2f} | {r[0]:>7.2f}/{r[1]:<7.2f} |"
+            f" {both[0]:>14.2f}/{both[1]:<14.2f} {rate(*both):>8.0f} |"
             f" {every[0]:>7.2f}/{every[1]:<8.2f} {rate(*every):>8.1f}",
             flush=True,
         )
@@ -505,8 +544,9 @@ def measure_under_quota(
         e2e += rest
         p_rate, n_rate = p.done * per_min, n.done * per_min
         ratio = f"{p_rate / n_rate:5.1f}x" if n_rate else "  n/a"
-        # per protocol wake-up: 2 reads (the tab ids, the tab) + 1 write; naive: 1 read + 1 write per row
-        computed = f"{rate(2 / batch, 1 / batch):,.0f} / {rate(1 / batch, 1.0):,.0f}"
+        # per protocol wake-up: 1 read (the tab and its id, one spreadsheets.get) + 1 write; naive:
+        # 1 read per wake-up + 1 write per row (this column said 2 reads, the ids' get of before 2026-12-02)
+        computed = f"{rate(1 / batch, 1 / batch):,.0f} / {rate(1 / batch, 1.0):,.0f}"
         print(
             f"{batch:>5} | {p_rate:>19,.0f} {p.refused:>5} | {n_rate:>16,.0f} {n.refused:>5} | {ratio} |"
             f" {computed:>34} | {admitted(p)[1]}/{capacity} / {admitted(n)[1]}/{capacity}",

@@ -100,10 +100,11 @@ def test_a_row_goes_from_new_to_done_with_a_link_to_its_page_published_once(
     run = run_dag("article_pipeline", conf=claim.conf(sid, "queue", "v1"))
     assert run.state == "success", run.ti_states
     # Sheets requests of the chain beyond the claim, from the emulator's request log:
-    # read_claimed_row's write_fields (1 read + 1 write) and write_back's finish (the tab id,
-    # 1 read, 2 writes); no task reads the whole tab (docs/articles.md#write-back-and-statuses)
+    # read_claimed_row's write_fields (1 read by the anchor + 1 write) and write_back's relay pass
+    # (1 read of the tab, with its id and rows' anchors; 2 writes)
+    # (docs/articles.md#write-back-and-statuses)
     assert dict(sheets_emulator.request_log.counts) == {
-        "values.batchGetByDataFilter": 2,
+        "values.batchGetByDataFilter": 1,
         "values.batchUpdateByDataFilter": 2,
         "spreadsheets.get": 1,
         "spreadsheets.batchUpdate": 1,

@@ -26,8 +26,15 @@ if TYPE_CHECKING:
     from onceflow.testing.sheets_fixtures import SheetsEmulator
 
 HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
-#: what a task pays per write-back: the tab id (every fresh queue), 1 read, 2 writes
+#: what a task pays per final write-back: 1 read (the tab with its id and its rows' anchors), 2
+#: writes (the fields through the anchor; the status move and the anchor's deletion)
 WRITE_BACK = {
+    "spreadsheets.get": 1,
+    "values.batchUpdateByDataFilter": 1,
+    "spreadsheets.batchUpdate": 1,
+}
+#: NEEDS_REVIEW (the anchor kept): the row by its anchor, the fields, the tab id, the status move
+NEEDS_REVIEW = {
     "spreadsheets.get": 1,
     "values.batchGetByDataFilter": 1,
     "values.batchUpdateByDataFilter": 1,
@@ -105,7 +112,7 @@ def test_needs_review_keeps_the_anchor_and_an_approval_then_finishes_the_row(
     sid, _, tokens = _sheet(sheets_emulator, 2)
     sheets_emulator.request_log.reset()
     assert write_needs_review(_queue(sid), tokens[0], score=0.41, reason="score 0.41 below 0.60 after polish")
-    assert _counted(sheets_emulator) == WRITE_BACK
+    assert _counted(sheets_emulator) == NEEDS_REVIEW
     row = _row(sheets_emulator, sid, tokens[0])
     assert row["status"] == f"NEEDS_REVIEW #{tokens[0]}"
     assert (row["score"], row["reason"]) == ("0.41", "score 0.41 below 0.60 after polish")

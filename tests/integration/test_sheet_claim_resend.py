@@ -66,3 +66,24 @@ def test_a_final_transition_resent_after_its_reply_was_dropped_reports_moved(
     assert sheets_emulator.request_log.snapshot()["faults"] == {"apply_then_drop": 1}
     row = queue.find(claims[0].token)
     assert row is not None and row.status is Status.DONE
+
+
+def test_a_claim_applied_twice_with_both_replies_lost_keeps_one_anchor_per_row(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    """The resend's connection is dropped too: both copies applied, no reply at all. The claims are
+    won (read back), and the second copy's anchors, whose ids no reply gave, are found in the
+    read-back (the tab with its rows' anchors) and deleted: each row in flight holds one anchor.
+    The fault schedules found the second anchors left (seed 1663 of 200-1999, 2026-12-03)."""
+    from collections import Counter
+
+    queue, sid = _setup(sheets_emulator)
+    queue.sheet_id()
+    sheets_emulator.faults.add("apply_then_drop", count=2, methods=["spreadsheets.batchUpdate"])
+    result = queue.claim(5)
+    assert sheets_emulator.request_log.snapshot()["faults"] == {"apply_then_drop": 2}
+    assert sorted(c.url for c in result.claims) == URLS and result.recovered == 5
+    book = sheets_emulator.server.store.spreadsheets[sid]
+    assert Counter(m.value for m in book.all_metadata() if m.key == CLAIM_KEY) == dict.fromkeys(
+        (c.token for c in result.claims), 1
+    )

@@ -59,7 +59,6 @@ HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
 RUN = "manual__1"
 ONE_PASS = {
     "spreadsheets.get": 1,
-    "values.batchGetByDataFilter": 1,
     "values.batchUpdateByDataFilter": 1,
     "spreadsheets.batchUpdate": 1,
 }
@@ -250,14 +249,14 @@ RELAYER = textwrap.dedent(
     from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 
     args = json.loads(sys.argv[1])
-    settle_rows = relay.settle_rows
+    outcome = relay.RowWrites.outcome
 
-    def settle_then_stop(*a, **k):
-        out = settle_rows(*a, **k)
+    def settle_then_stop(self):
+        out = outcome(self)  # the sheet batch applied; the outbox rows are marked after this
         pathlib.Path(args["marker"]).write_text(json.dumps(out))
         time.sleep(600)
 
-    relay.settle_rows = settle_then_stop
+    relay.RowWrites.outcome = settle_then_stop
     ledger = Ledger(create_ledger_engine(args["ledger"]))
     queue = SheetQueue(GoogleSheetsTransport(anonymous_service(args["endpoint"]), args["sid"]))
     relay.relay_sheet_rows(ledger, lambda sid, tab: queue)

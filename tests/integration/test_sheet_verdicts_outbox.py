@@ -106,11 +106,11 @@ def test_a_claim_writes_no_final_status_its_invalid_and_duplicate_leave_through_
     sheets_emulator.request_log.reset()
     report = send_rows(queue, sqlite_ledger, CLAIM_STEP, _writes(queue, result.rejected))
     assert sorted(report.written) == sorted(r.token for r in result.rejected) and not report.errors
-    # one relay pass for all three: the header and rows by anchor, their reasons, one batchUpdate;
-    # and a read-back, for the row with an empty URL: no findReplace can guard an empty cell in
-    # the batch, so whether the editor typed a URL in meanwhile is read after it
+    # one relay pass for all three: the tab with its rows' anchors, their reasons, one
+    # batchUpdate; and a read-back, for the row with an empty URL: no findReplace can guard an
+    # empty cell in the batch, so whether the editor typed a URL in meanwhile is read after it
     assert sheets_emulator.request_log.counts == {
-        "values.batchGetByDataFilter": 1,
+        "spreadsheets.get": 1,
         "values.batchUpdateByDataFilter": 1,
         "spreadsheets.batchUpdate": 1,
         "values.batchGet": 1,
@@ -198,14 +198,14 @@ KILLED_AFTER_RELAY_BATCH = textwrap.dedent(
     from onceflow.sheets.wakeup import wake_up
 
     args = json.loads(sys.argv[1])
-    settle_rows = relay.settle_rows
+    outcome = relay.RowWrites.outcome
 
-    def settle_then_stop(*a, **k):
-        out = settle_rows(*a, **k)
+    def settle_then_stop(self):
+        out = outcome(self)  # the sheet batch applied; the outbox rows are marked after this
         pathlib.Path(args["marker"]).write_text(json.dumps(out))
         time.sleep(600)
 
-    relay.settle_rows = settle_then_stop
+    relay.RowWrites.outcome = settle_then_stop
     ledger = Ledger(create_ledger_engine(args["ledger"]))
     queue = SheetQueue(GoogleSheetsTransport(anonymous_service(args["endpoint"]), args["sid"]), spread=1)
     wake_up(queue, ledger, 10)

@@ -59,7 +59,6 @@ HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
 # One relay pass over any number of rows of one sheet, from a fresh queue.
 ONE_PASS = {
     "spreadsheets.get": 1,
-    "values.batchGetByDataFilter": 1,
     "values.batchUpdateByDataFilter": 1,
     "spreadsheets.batchUpdate": 1,
 }
@@ -95,19 +94,19 @@ RELAYER = textwrap.dedent(
     """
     import json, pathlib, sys, time
     from onceflow.ledger import Ledger, create_ledger_engine
-    from onceflow.sheets import relay, settle
+    from onceflow.sheets import relay
     from onceflow.sheets.protocol import SheetQueue
     from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 
     args = json.loads(sys.argv[1])
-    finish_many = settle.finish_many
+    outcome = relay.RowWrites.outcome
 
-    def finish_then_stop(*a, **k):
-        out = finish_many(*a, **k)
-        pathlib.Path(args["marker"]).write_text(json.dumps(out))
+    def settle_then_stop(self):
+        out = outcome(self)  # the sheet batch applied; the outbox rows are marked after this
+        pathlib.Path(args["marker"]).write_text(json.dumps([out[t] for t, *_ in self.items]))
         time.sleep(600)
 
-    settle.finish_many = finish_then_stop
+    relay.RowWrites.outcome = settle_then_stop
     ledger = Ledger(create_ledger_engine(args["ledger"]))
     queue = SheetQueue(GoogleSheetsTransport(anonymous_service(args["endpoint"]), args["sid"]))
     relay.relay_sheet_rows(ledger, lambda sid, tab: queue)

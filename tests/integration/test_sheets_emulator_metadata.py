@@ -285,3 +285,38 @@ def test_writes_by_filter_race_inserts_and_deletes_without_landing_elsewhere(
     final = sheets_emulator.values(sid, "Queue")[1:]
     assert len(final) == 40
     assert all(row[2] == "score-" + row[0].rsplit("/", 1)[1] for row in final)
+
+
+def test_grid_data_carries_each_rows_developer_metadata_and_it_moves_with_the_row(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    """``spreadsheets.get`` grid data: ``rowMetadata`` holds one ``DimensionProperties`` per row of
+    the range, whose ``developerMetadata`` is what is anchored to that row (Google's reference:
+    "the developer metadata associated with a single row or column"); a ``fields`` mask keeps only
+    what it names. The sheet queue's claim read takes its rows' anchors from there."""
+    service, sid = _book(sheets_emulator)
+    _batch(service, sid, _create(1, "t-a"), _create(3, "t-c"))
+    mask = "sheets(data(rowMetadata(developerMetadata(metadataKey,metadataValue))))"
+
+    def anchored() -> dict[int, list[str]]:
+        reply = service.spreadsheets().get(spreadsheetId=sid, ranges=["Queue"], fields=mask).execute()
+        (data,) = reply["sheets"][0]["data"]
+        return {
+            i: [m["metadataValue"] for m in props["developerMetadata"]]
+            for i, props in enumerate(data["rowMetadata"])
+            if props
+        }
+
+    assert anchored() == {1: ["t-a"], 3: ["t-c"]}
+    insert = {
+        "insertDimension": {"range": {"sheetId": 0, "dimension": "ROWS", "startIndex": 1, "endIndex": 2}}
+    }
+    _batch(service, sid, insert)
+    assert anchored() == {2: ["t-a"], 4: ["t-c"]}
+    part = service.spreadsheets().get(spreadsheetId=sid, ranges=["Queue!A3:C5"], fields=mask).execute()
+    (data,) = part["sheets"][0]["data"]
+    assert [p.get("developerMetadata", [{}])[0].get("metadataValue") for p in data["rowMetadata"]] == [
+        "t-a",
+        None,
+        "t-c",
+    ], "a range's rowMetadata starts at its first row"

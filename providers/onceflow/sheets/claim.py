@@ -26,7 +26,7 @@ import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from onceflow.sheets import anchors
 from onceflow.sheets.anchored import sweep_anchors
@@ -96,6 +96,26 @@ class ClaimResult:
     requests: Counter[str] = field(default_factory=Counter)
 
 
+class RideAlong(Protocol):
+    """Requests that ride in a claim's ``batchUpdate``, planned from the claim's own read (a
+    ``sheet_claim`` wake-up's relay: :class:`onceflow.sheets.relay.RowWrites`), so that one read
+    and one batch serve both. Only the first attempt's batch carries them; a refused batch tells
+    them ``None`` and a retry of the claim goes alone."""
+
+    def read(self, snapshot: Snapshot) -> None:
+        """The claim's read (the tab with its id and its rows' anchors); write what must come
+        before the batch now."""
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The requests to send first in the batch (the same list on every call)."""
+
+    def answer(self, replies: list[dict[str, Any]] | None) -> None:
+        """Their replies, in order; ``None`` when the batch's outcome is unknown (a 5xx, a 400)."""
+
+    def read_back(self, snapshot: Snapshot) -> None:
+        """A read the claim made after the batch (to be used instead of reading again)."""
+
+
 class Claimer:
     """The claim protocol on one queue tab.
 
@@ -133,7 +153,7 @@ class Claimer:
         ][:limit]
         return chosen, bad
 
-    def claim(self, limit: int, attempts: int = 3) -> ClaimResult:
+    def claim(self, limit: int, attempts: int = 3, *, ride: RideAlong | None = None) -> ClaimResult:
         """Claim up to ``limit`` NEW rows; also take (up to ``limit``) bad NEW rows for their verdict.
 
         Costs one read and one ``batchUpdate`` whatever ``limit`` and the sheet size, plus one
@@ -145,6 +165,8 @@ class Claimer:
         :param attempts: tries when the claim batch is refused (400) because rows were deleted
             under it so that an aimed-at row is past the end of the sheet; nothing was applied,
             so the claim starts again from a fresh read.
+        :param ride: requests that ride in the first claim batch (:class:`RideAlong`: a relay
+            settling rows in the same wake-up), planned from the claim's read.
         :return: the rows won (create their runs now) and the rows rejected.
         """
         before = Counter(self.tab.transport.calls)
@@ -153,10 +175,11 @@ class Claimer:
         refusals = 0
         while True:
             try:
-                result = self.claim_once(limit, squeezed=squeezed)
+                result = self.claim_once(limit, squeezed=squeezed, ride=ride)
                 result.requests = Counter(self.tab.transport.calls) - before
                 return result
             except Refused as err:
+                ride = None  # it rode in the refused batch (and was told so): a retry goes alone
                 if "developer metadata" in str(err).lower() and not swept:
                     # Google's cap on developer metadata: drop the anchors of rows no longer in
                     # flight (finished some other way), then try again
@@ -183,16 +206,20 @@ class Claimer:
                     raise
                 log.warning("claim batch refused (%s); nothing applied, reading again", err)
 
-    def claim_once(self, limit: int, *, squeezed: bool = False) -> ClaimResult:
-        """One claim pass: read the tab, claim up to ``limit`` NEW rows in one conditional batch and
-        settle any outcome left unknown by reading back.
+    def claim_once(self, limit: int, *, squeezed: bool = False, ride: RideAlong | None = None) -> ClaimResult:
+        """One claim pass: read the tab, claim up to ``limit`` NEW rows in one conditional batch (with
+        ``ride``'s requests first) and settle any outcome left unknown by reading back.
 
         :param limit: the most rows to claim.
         :param squeezed: a retry after a refusal at Google's metadata cap: bad rows take only the
             anchors the good ones leave (one anchor per target, at most ``limit`` in all).
+        :param ride: requests riding in the batch (:class:`RideAlong`), planned from this read.
+        :raises Refused: the batch was refused (400) and no earlier copy of it applied.
         """
         result = ClaimResult()
         snapshot = self.tab.snapshot(with_id=True)
+        if ride is not None:
+            ride.read(snapshot)  # plans from this read, and writes what must precede the batch
         if snapshot.columns is None or limit <= 0:
             return result
         good, bad = self.pick_targets(snapshot, limit)
@@ -206,6 +233,8 @@ class Claimer:
         status_col, url_col = snapshot.columns["status"], snapshot.columns["url"]
         layout: list[tuple[str, bool]] = []  # per target: its token, whether a URL guard follows
         sheet_id = self.tab.sheet_id()
+        # first in the batch: a relay's anchor deletions make room before the claim's anchors
+        riding = ride.requests() if ride is not None else []
 
         def attempt() -> list[dict[str, Any]]:
             # fresh tokens on every attempt: one token can then match at most one cell, ever
@@ -231,16 +260,23 @@ class Claimer:
                 # status cell the claim changed (if it changed one); later writes go through it
                 requests.append(anchors.create(sheet_id, row.number, token))
                 layout.append((token, guarded))
-            return self.tab.transport.batch_update(requests)
+            return self.tab.transport.batch_update(riding + requests)
 
         replies: list[dict[str, Any]] | None = None
         refusal: Refused | None = None
         try:
             replies = self.tab.backoff.call(attempt)
+            if ride is not None:
+                ride.answer(replies[: len(riding)])
+                replies = replies[len(riding) :]
             log.info("claim write: %d replies for %d rows", len(replies), len(targets))
         except ServerError as err:  # maybe applied: the verification read decides
+            if ride is not None:
+                ride.answer(None)
             log.warning("claim write outcome unknown (%s); verifying by reading back", err)
         except Refused as err:
+            if ride is not None:
+                ride.answer(None)
             # a 400 only says *this copy* applied nothing: httplib2 may have sent an earlier copy
             # whose reply was lost and which was applied (its anchors then fill the metadata room
             # the resent copy is refused for). Only the sheet can tell: read back below.
@@ -268,10 +304,16 @@ class Claimer:
                     # reply, whatever num_retries says; the resend then finds our own token). Only
                     # the sheet can tell, and the anchors of a claim taken for lost are deleted.
                     must_read = True
+        doubled: list[int] = []
         if must_read:
-            verified = self.tab.snapshot()
+            # an unknown outcome may hide two applied copies (a resend whose reply was lost too):
+            # then read the rows' anchors with the values (one spreadsheets.get, as the claim's read)
+            verified = self.tab.snapshot(with_id=replies is None)
+            if ride is not None:
+                ride.read_back(verified)
             found = {t: rows for t, rows in verified.by_token().items() if t in issued}
             mine = {t: rows[0] for t, rows in found.items()}
+            doubled = verified.extra_anchors(mine)
             extra = [(t, r) for t, rows in found.items() for r in rows[1:]]
             if extra:  # only possible if something repeated our exact request body
                 self.retoken(verified, extra)
@@ -295,6 +337,8 @@ class Claimer:
         # anchored by both copies: the resent copy's anchor goes by its id, so each row in flight
         # holds one anchor and resends do not eat the metadata room
         stray += [anchors.delete(anchors.by_id(i)) for t, i in unapplied.items() if t in mine]
+        # ... and when both copies' replies were lost, the extra anchors the read-back shows
+        stray += [anchors.delete(anchors.by_id(i)) for i in doubled if i not in unapplied.values()]
         verdicts = classify_claimed(verified, mine)
         rejects = {t: v for t, v in verdicts.items() if not v.ok}
         result.redirected = sum(1 for t, row in mine.items() if row.url != issued[t].url)

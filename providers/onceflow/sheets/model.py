@@ -16,6 +16,10 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 #: Columns the queue cannot work without. ``status`` carries the claim; ``reason`` receives the
 #: explanation for INVALID/DUPLICATE rows and reconcile flags; ``run_id`` records the Airflow run;
@@ -206,13 +210,20 @@ def make_row(columns: ColumnMap, number: int, raw: list[object]) -> Row:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One consistent read of the queue tab (a single API call, so one point in time)."""
+    """One consistent read of the queue tab (a single API call, so one point in time).
+
+    ``anchors``: 1-based row number -> the claim anchors on that row, as (token, metadata id),
+    when the read brought the rows' developer metadata (``None`` when it did not).
+    """
 
     columns: ColumnMap | None
     rows: list[Row] = field(default_factory=list)
+    anchors: dict[int, tuple[tuple[str, int], ...]] | None = None
 
     @classmethod
-    def from_values(cls, values: list[list[object]]) -> Snapshot:
+    def from_values(
+        cls, values: list[list[object]], anchors: dict[int, tuple[tuple[str, int], ...]] | None = None
+    ) -> Snapshot:
         """Build from ``values`` as returned by the API (ragged rows, trailing blanks trimmed).
 
         An entirely empty sheet is an empty queue; a header without the required columns raises
@@ -221,9 +232,39 @@ class Snapshot:
         if not values or not any(str(v).strip() for v in values[0]):
             if any(any(str(v).strip() for v in row) for row in values[1:]):
                 raise MissingColumnsError(list(REQUIRED_COLUMNS), [])
-            return cls(None, [])
+            return cls(None, [], anchors)
         columns = ColumnMap.from_header([str(v) for v in values[0]])
-        return cls(columns, [make_row(columns, offset + 2, raw) for offset, raw in enumerate(values[1:])])
+        rows = [make_row(columns, offset + 2, raw) for offset, raw in enumerate(values[1:])]
+        return cls(columns, rows, anchors)
+
+    def anchored(self, tokens: Iterable[str]) -> dict[str, list[Row]] | None:
+        """Per token, every row anchored to it (as a by-anchor read of those tokens returns them);
+        ``None`` when this read did not bring the rows' anchors."""
+        if self.anchors is None or self.columns is None:
+            return None
+        wanted = set(tokens)
+        by_number = {row.number: row for row in self.rows}
+        found: dict[str, list[Row]] = {}
+        for number in sorted(self.anchors):
+            for token in dict.fromkeys(token for token, _ in self.anchors[number]):
+                if token in wanted:
+                    row = by_number.get(number) or make_row(self.columns, number, [])
+                    found.setdefault(token, []).append(row)
+        return found
+
+    def extra_anchors(self, tokens: Iterable[str]) -> list[int]:
+        """The metadata ids of the anchors of ``tokens`` beyond the first on each row (two copies
+        of one claim batch applied, both replies lost); empty when the read brought no anchors."""
+        wanted = set(tokens)
+        extra: list[int] = []
+        for pairs in (self.anchors or {}).values():
+            seen: set[str] = set()
+            for token, metadata_id in sorted(pairs, key=lambda pair: pair[1]):
+                if token in wanted:
+                    if token in seen:
+                        extra.append(metadata_id)
+                    seen.add(token)
+        return extra
 
     def rows_with_token(self, token: str) -> list[Row]:
         """The rows that carry claim token ``token``."""

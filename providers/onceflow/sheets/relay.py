@@ -17,11 +17,14 @@ ledger steps that commit theirs with their result. So
   pass finds the row already final (its fenced ``findReplace`` matches nothing, the read-back
   sees the status), writes no field, and marks the outbox row.
 
-:func:`relay_sheet_rows` settles every pending row of a sheet at once with
-:func:`onceflow.sheets.settle.finish_many`: **1 read + 2 writes per sheet and pass, whatever the
-number of rows** (header and rows by their anchors; the fields through the anchors; every fenced
-status move, URL guard and anchor deletion in one ``spreadsheets.batchUpdate``), +1
-``spreadsheets.get`` for a fresh queue's tab ids, +1 read when some move replied 0. A row is
+:func:`relay_sheet_rows` settles every pending row of a sheet at once (:class:`RowWrites`, on
+:class:`onceflow.sheets.settle.Settling`): **1 read + 2 writes per sheet and pass, whatever the
+number of rows** (one ``spreadsheets.get`` of the tab: its id, its rows and their anchors; the
+fields through the anchors; every fenced status move, URL guard and anchor deletion in one
+``spreadsheets.batchUpdate``), +1 read when some move or guard did not reply 1. In a
+``sheet_claim`` wake-up the pass rides in the claim (:mod:`onceflow.sheets.wakeup`): the claim's
+read is its read and its batch goes first in the claim's ``batchUpdate``, so it adds one write. A
+row is
 finished only while its URL still names the article that was published (``row_key``): an editor's
 new URL, typed before the read or between the read and the batch, is never left DONE with the old
 link (``finish_many``'s guards put it back in flight, and ``sheet_reconcile`` runs the new URL).
@@ -29,6 +32,7 @@ link (``finish_many``'s guards put it back in flight, and ``sheet_reconcile`` ru
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.sheets import settle
 from onceflow.sheets.model import Status, status_value
+from onceflow.sheets.retry import ServerError
 from onceflow.sheets.validation import judge_url
 
 if TYPE_CHECKING:
@@ -44,7 +49,7 @@ if TYPE_CHECKING:
     from onceflow.ledger.core import Ledger
     from onceflow.ledger.models import FollowUp
     from onceflow.ledger.outbox import OutboxRow
-    from onceflow.sheets.model import Row
+    from onceflow.sheets.model import Row, Snapshot
     from onceflow.sheets.tab import QueueTab
 
 log = logging.getLogger(__name__)
@@ -190,28 +195,54 @@ def relay_sheet_rows(
         by_sheet.setdefault(row.target, []).append(row)
     for sheet, rows in by_sheet.items():
         spreadsheet_id, _, tab = sheet.partition("/")
-        queue: QueueTab | None = None
+        opened: list[QueueTab] = []
+        outcome = functools.partial(_open_and_settle, open_queue, (spreadsheet_id, tab), rows, opened)
         try:
-            queue = open_queue(spreadsheet_id, tab)
-            outcome = settle_rows(queue, [row.data for row in rows])
-        except Exception as exc:  # recorded on the rows; the next pass tries again
-            error = f"{type(exc).__name__}: {exc}"
-            log.warning("sheet %s: %d write-back(s) not relayed: %s", sheet, len(rows), error)
-            outbox.mark_failed_delivery(ledger, [row.id for row in rows], error)
-            report.errors.append(f"{sheet}: {error}")
-            continue
+            record(ledger, sheet, rows, outcome, report)
         finally:
-            if queue is not None:
+            for queue in opened:
                 report.requests.update(queue.transport.calls)
-        for token, ok in outcome.items():
-            (report.written if ok else report.waiting if ok is None else report.left).append(token)
-        done = [row.id for row in rows if outcome.get(str(row.data.get("token"))) is not None]
-        report.relayed += outbox.mark_relayed(ledger, done)
-        if report.waiting:
-            error = f"not applied, the rows still wait for it: {sorted(report.waiting)}"
-            outbox.mark_failed_delivery(ledger, [row.id for row in rows if row.id not in done], error)
-            report.errors.append(f"{sheet}: {error}")
     return report
+
+
+def _open_and_settle(
+    open_queue: Callable[[str, str], QueueTab],
+    where: tuple[str, str],
+    rows: Sequence[OutboxRow],
+    opened: list[QueueTab],
+) -> dict[str, bool | None]:
+    opened.append(open_queue(*where))
+    return RowWrites(opened[-1], [row.data for row in rows]).outcome()
+
+
+def record(
+    ledger: Ledger,
+    sheet: str,
+    rows: Sequence[OutboxRow],
+    outcome: Callable[[], dict[str, bool | None]],
+    report: SheetRelayReport,
+) -> None:
+    """Settle ``rows`` of ``sheet`` (``outcome``: per token, written, left, or still waiting) and
+    mark in the outbox those the sheet answered; the rest stay pending with the error recorded."""
+    from onceflow.ledger import outbox
+
+    try:
+        found = outcome()
+    except Exception as exc:  # recorded on the rows; the next pass tries again
+        error = f"{type(exc).__name__}: {exc}"
+        log.warning("sheet %s: %d write-back(s) not relayed: %s", sheet, len(rows), error)
+        outbox.mark_failed_delivery(ledger, [row.id for row in rows], error)
+        report.errors.append(f"{sheet}: {error}")
+        return
+    waiting = [token for token, ok in found.items() if ok is None]
+    for token, ok in found.items():
+        (report.written if ok else report.waiting if ok is None else report.left).append(token)
+    done = [row.id for row in rows if found.get(str(row.data.get("token"))) is not None]
+    report.relayed += outbox.mark_relayed(ledger, done)
+    if waiting:
+        error = f"not applied, the rows still wait for it: {sorted(waiting)}"
+        outbox.mark_failed_delivery(ledger, [row.id for row in rows if row.id not in done], error)
+        report.errors.append(f"{sheet}: {error}")
 
 
 def send_rows(
@@ -247,51 +278,119 @@ def send_rows(
 
 
 def settle_rows(queue: QueueTab, writes: Sequence[Mapping[str, Any]]) -> dict[str, bool | None]:
-    """Each write's row moved to its status with its fields; per token, whether it now is, or
-    ``None`` when its row still waits for the move in the state it was asked from (the batch was
-    not applied: a 5xx, a quota refusal), so the write stays pending. Telling that apart from "not
-    in a state to move" costs one read, only when some move did not happen.
+    """Each write's row moved to its status with its fields, in one pass (:class:`RowWrites`): 1
+    read (the tab with its id and rows' anchors) + 2 writes (the fields; every move, URL guard and
+    anchor deletion in one ``batchUpdate``), +1 read when some move or guard did not answer 1."""
+    return RowWrites(queue, writes).outcome()
+
+
+class RowWrites:
+    """A sheet's pending row writes, settled in one pass: planned from one read of the tab (its
+    own, or the claim's when it rides in a ``sheet_claim`` wake-up), the fields written first, then
+    the fenced moves, URL guards and anchor deletions in one batch (alone, or first in the claim's
+    ``batchUpdate``: it implements :class:`onceflow.sheets.claim.RideAlong`).
 
     Writes of one token after the first are the same article's later commits, oldest first
     (NEEDS_REVIEW, then the reviewer's REJECTED or the approved DONE): the newest wins, and may
     also move the row from where the older ones started when none of them reached the sheet yet
-    (PROCESSING -> REJECTED when the NEEDS_REVIEW before it is pending too). Writes that may come
-    from the same statuses share one :func:`~onceflow.sheets.settle.finish_many` (in practice all
-    of one kind: 1 read + 2 writes).
-    """
-    latest: dict[str, dict[str, Any]] = {}
-    for w in writes:
-        token, olds = str(w["token"]), list(w.get("old") or (Status.PROCESSING.value,))
-        before = latest.get(token)
-        if before is not None and before["status"] in olds:  # the older write leads into this one
-            olds = sorted({*olds, *before["old"]})
-        latest[token] = {
-            **w,
-            "old": olds,
-            "fields": {**(before or {}).get("fields", {}), **(w.get("fields") or {})},
-        }
-    keys = {token: (w.get("row_key"), w.get("url")) for token, w in latest.items()}
+    (PROCESSING -> REJECTED when the NEEDS_REVIEW before it is pending too). Each row's moves are
+    one fenced ``findReplace`` per status it may come from, all rows in one batch.
 
-    def same(row: Row) -> bool:
-        key, url = keys.get(row.token or "", (None, None))
+    :meth:`outcome` gives, per token, whether its row now is in its status, or ``None`` when its
+    row still waits for the move in the state it was asked from (the batch was not applied: a
+    5xx, a quota refusal), so the write stays pending. Telling that apart from "not in a state to
+    move" takes a read after the batch, only when some move did not happen.
+    """
+
+    def __init__(self, queue: QueueTab, writes: Sequence[Mapping[str, Any]]) -> None:
+        self.queue = queue
+        latest: dict[str, dict[str, Any]] = {}
+        for w in writes:
+            token, olds = str(w["token"]), list(w.get("old") or (Status.PROCESSING.value,))
+            before = latest.get(token)
+            if before is not None and before["status"] in olds:  # the older write leads into this one
+                olds = sorted({*olds, *before["old"]})
+            latest[token] = {
+                **w,
+                "old": olds,
+                "fields": {**(before or {}).get("fields", {}), **(w.get("fields") or {})},
+            }
+        self.latest = latest
+        self._keys = {token: (w.get("row_key"), w.get("url")) for token, w in latest.items()}
+        self.items: list[settle.Move] = [
+            (token, Status(w["status"]), dict(w["fields"]), frozenset(Status(v) for v in w["old"]))
+            for token, w in latest.items()
+        ]
+        self.settling: settle.Settling | None = None
+        self._requests: list[dict[str, Any]] = []
+        self._replies: list[dict[str, Any]] | None = None
+        self._sent = False
+        self._after: Snapshot | None = None
+        self._error: Exception | None = None
+
+    def same(self, row: Row) -> bool:
+        """Whether ``row`` is still the one its write was meant for (its article, or its URL)."""
+        key, url = self._keys.get(row.token or "", (None, None))
         if url is not None and row.url != url:
             return False
         return key is None or judge_url(row).key == key
 
-    groups: dict[frozenset[Status], list[settle.Finish]] = {}
-    for token, w in latest.items():
-        froms = frozenset(Status(v) for v in w["old"])
-        groups.setdefault(froms, []).append((token, Status(w["status"]), dict(w["fields"])))
-    outcome: dict[str, bool | None] = {}
-    for froms, finishes in groups.items():
-        done = settle.finish_many(queue, finishes, froms, same=same)
-        outcome.update({token: ok for (token, _, _), ok in zip(finishes, done, strict=True)})
-    missed = [token for token, ok in outcome.items() if not ok]
-    if missed:
-        snapshot = queue.snapshot()
-        for token in missed:
-            asked = {status_value(Status(v), token) for v in latest[token]["old"]}
-            rows = snapshot.rows_with_token(token)
-            if len(rows) == 1 and rows[0].status_cell.raw in asked and same(rows[0]):
-                outcome[token] = None
-    return outcome
+    # -- riding in a claim's batch (onceflow.sheets.claim.RideAlong) -------------------------------
+
+    def read(self, snapshot: Snapshot | None) -> None:
+        """Plan from ``snapshot`` (read now when ``None``, or when it lacks the rows' anchors) and
+        write the fields. An error is kept for :meth:`outcome`: it must not stop the claim."""
+        try:
+            self.settling = settle.Settling.read(self.queue, self.items, same=self.same, snapshot=snapshot)
+            self.settling.write_fields()
+            self._requests = self.settling.requests()
+        except Exception as exc:
+            log.warning("row writes not planned (%s); they wait for the next pass", exc)
+            self.settling, self._requests, self._error = None, [], exc
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The batch's requests (empty when there is nothing to move)."""
+        return self._requests
+
+    def answer(self, replies: list[dict[str, Any]] | None) -> None:
+        """The batch's replies to :meth:`requests`; ``None`` when its outcome is unknown."""
+        self._sent, self._replies = True, replies
+
+    def read_back(self, snapshot: Snapshot) -> None:
+        """A read made after the batch, used instead of reading again."""
+        self._after = snapshot
+
+    # -- the outcome -------------------------------------------------------------------------------
+
+    def outcome(self) -> dict[str, bool | None]:
+        """Settle what is not settled yet (read, fields and the batch alone, when no claim carried
+        them) and say, per token, whether its row now is in its status (see the class).
+
+        :raises Exception: what stopped the plan or the batch (the rows stay pending).
+        """
+        if self.settling is None and self._error is None:
+            self.read(None)
+        if self._error is not None:
+            raise self._error
+        assert self.settling is not None
+        if not self._sent and self._requests:
+            try:
+                self._replies = self.queue.backoff.call(
+                    lambda: self.queue.transport.batch_update(self._requests)
+                )
+            except ServerError:  # maybe applied: the read-back decides
+                self._replies = None
+            self._sent = True
+        done = self.settling.outcome(self._replies if self._requests else [], self._after)
+        found: dict[str, bool | None] = {
+            token: ok for (token, _, _, _), ok in zip(self.items, done, strict=True)
+        }
+        missed = [token for token, ok in found.items() if not ok]
+        if missed:
+            after = self.settling.after or self._after or self.queue.snapshot()
+            for token in missed:
+                asked = {status_value(Status(v), token) for v in self.latest[token]["old"]}
+                rows = after.rows_with_token(token)
+                if len(rows) == 1 and rows[0].status_cell.raw in asked and self.same(rows[0]):
+                    found[token] = None
+        return found

@@ -9,10 +9,13 @@ anchors of rows that became final some other way (an editor's hand, a crash betw
 writes of an older onceflow, the resent copy of a claim) and of rows that no longer carry their
 token.
 
-Cost of :func:`finish_many`, for any number of rows: 1 read (header and every anchored row, by
-their anchors) + 1 write of the fields (none when there are none or they are there already) + 1
-``batchUpdate`` with every transition and anchor deletion; 1 more read when some transition
-replied 0 (to tell "already moved" from "our resent copy moved it").
+Cost of :func:`finish_many`, for any number of rows: 1 read (the tab with its rows' anchors and
+its id, one ``spreadsheets.get``) + 1 write of the fields (none when there are none or they are
+there already) + 1 ``batchUpdate`` with every transition, anchor deletion and URL guard; 1 more
+read when some transition or guard did not reply 1 (to tell "already moved" from "our resent
+copy moved it", and to see the URL beside the move). :class:`Settling` is the same in steps, so
+that a ``sheet_claim`` wake-up can plan it from the claim's own read and send its batch inside the
+claim's ``batchUpdate`` (:mod:`onceflow.sheets.relay`).
 """
 
 from __future__ import annotations
@@ -30,15 +33,18 @@ from onceflow.sheets.tab import find_replace, occurrences
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
 
-    from onceflow.sheets.model import Row
+    from onceflow.sheets.model import ColumnMap, Row, Snapshot
     from onceflow.sheets.tab import QueueTab
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FINAL_STATUSES", "SETTLED_STATUSES", "Finish", "finish_many"]
+__all__ = ["FINAL_STATUSES", "SETTLED_STATUSES", "Finish", "Move", "Settling", "finish_many", "settle"]
 
 #: one item to finish: (claim token, final status, fields to write first or ``None``)
 Finish = tuple[str, Status, "dict[str, str] | None"]
+
+#: one row to settle with the statuses it may be moved from: (token, new status, fields, olds)
+Move = tuple[str, Status, "dict[str, str] | None", frozenset[Status]]
 
 
 def finish_many(
@@ -67,101 +73,222 @@ def finish_many(
         ambiguous attempt had moved it).
     :raises ValueError: a status that is neither final nor NEEDS_REVIEW.
     """
-    if not items:
-        return []
-    for _, new, _ in items:
-        if new not in SETTLED_STATUSES:
-            raise ValueError(f"{new.value} is not a final status; use QueueTab.transition")
     olds = frozenset({old} if isinstance(old, Status) else old)
     if not olds:
         raise ValueError("finish_many needs at least one status to move from")
-    by_anchor = AnchoredRows(queue)
-    columns, anchored = by_anchor.rows([token for token, _, _ in items])
-    if columns is None:
-        raise LookupError("the queue tab has no header row")
-    quick: list[tuple[str, dict[str, str]]] = []
-    refused: set[str] = set()
-    for token, _new, fields in items:
-        wanted = {k: v for k, v in (fields or {}).items() if columns.has(k)}
-        rows = anchored.get(token, [])
-        if same is not None and rows and rows[0].token == token and not same(rows[0]):
-            log.warning(
-                "row %s of %s is no longer the same item (%r): not finished",
-                rows[0].number,
-                token,
-                rows[0].url,
+    return settle(queue, [(token, new, fields, olds) for token, new, fields in items], same=same)
+
+
+def settle(
+    queue: QueueTab, items: Sequence[Move], *, same: Callable[[Row], bool] | None = None
+) -> list[bool]:
+    """:func:`finish_many` with each row's own statuses to move from: one read (the tab with its
+    rows' anchors, which brings the tab id too), one write of the fields, one ``batchUpdate``.
+
+    :raises ValueError: a status that is neither final nor NEEDS_REVIEW.
+    :raises LookupError: the tab has no header row.
+    """
+    if not items:
+        return []
+    settling = Settling.read(queue, items, same=same)
+    settling.write_fields()
+    requests = settling.requests()
+    if not requests:
+        return settling.outcome([])
+    try:
+        replies: list[dict[str, Any]] | None = queue.backoff.call(
+            lambda: queue.transport.batch_update(requests)
+        )
+    except ServerError:  # maybe applied: the read-back decides
+        replies = None
+    return settling.outcome(replies)
+
+
+class Settling:
+    """Rows settled from one read of them: their fields first, through their anchors; then, in one
+    atomic batch (:meth:`requests`, which a claim's ``batchUpdate`` may carry too), the fenced
+    moves, the anchors' deletions and the URL guards; then :meth:`outcome`, which reads back only
+    when a move or a guard did not answer 1.
+
+    :param queue: the tab.
+    :param columns: the header as read.
+    :param anchored: per token, the rows anchored to it as read (a by-anchor read, or a read of
+        the tab that brought the rows' anchors).
+    :param items: (token, new status, fields, statuses it may move from) per row.
+    :param same: whether a row is still the one its item was meant for (see :func:`finish_many`).
+    """
+
+    def __init__(
+        self,
+        queue: QueueTab,
+        columns: ColumnMap,
+        anchored: dict[str, list[Row]],
+        items: Sequence[Move],
+        *,
+        same: Callable[[Row], bool] | None = None,
+    ) -> None:
+        for _, new, _, olds in items:
+            if new not in SETTLED_STATUSES:
+                raise ValueError(f"{new.value} is not a final status; use QueueTab.transition")
+            if not olds:
+                raise ValueError("a row needs at least one status to move from")
+        self.queue = queue
+        self.columns = columns
+        self.anchored = anchored
+        self.items = list(items)
+        self.same = same
+        self.refused: set[str] = set()
+        #: the read-back the outcome took (or was given), for a caller with more to tell from it
+        self.after: Snapshot | None = None
+        self._layout: list[tuple[str, int]] = []  # per row moved: its token, how many moves it has
+        self._deletions = 0
+        self._guarded: list[str] = []
+
+    @classmethod
+    def read(
+        cls,
+        queue: QueueTab,
+        items: Sequence[Move],
+        *,
+        same: Callable[[Row], bool] | None = None,
+        snapshot: Snapshot | None = None,
+    ) -> Settling:
+        """Plan from ``snapshot`` when it brought the rows' anchors, else from one read of the tab
+        with them (a ``spreadsheets.get``, which brings the tab id too), else from a by-anchor read.
+
+        :raises LookupError: the tab has no header row.
+        """
+        tokens = [token for token, _, _, _ in items]
+        if snapshot is None or snapshot.anchored(tokens) is None:
+            snapshot = queue.snapshot(with_id=True)
+        found = snapshot.anchored(tokens)
+        columns = snapshot.columns
+        if found is None:  # the read brought no row metadata: ask the anchors themselves
+            columns, found = AnchoredRows(queue).rows(tokens)
+        if columns is None:
+            raise LookupError("the queue tab has no header row")
+        return cls(queue, columns, found, items, same=same)
+
+    def write_fields(self) -> None:
+        """Each row's fields, through its anchor, into a row still carrying its token in a status
+        it may move from (one ``values.batchUpdateByDataFilter`` for all; none when every value is
+        there already). A row ``same`` refuses gets nothing; a row whose anchor is missing or on
+        a row without the token takes the careful way (:meth:`AnchoredRows.write_fields`)."""
+        by_anchor = AnchoredRows(self.queue)
+        columns, same = self.columns, self.same
+        quick: list[tuple[str, dict[str, str]]] = []
+        olds_of = {token: olds for token, _, _, olds in self.items}
+        for token, _new, fields, olds in self.items:
+            wanted = {k: v for k, v in (fields or {}).items() if columns.has(k)}
+            rows = self.anchored.get(token, [])
+            if same is not None and rows and rows[0].token == token and not same(rows[0]):
+                log.warning(
+                    "row %s of %s is no longer the same item (%r): not finished",
+                    rows[0].number,
+                    token,
+                    rows[0].url,
+                )
+                self.refused.add(token)
+                continue
+            if not wanted:
+                continue
+            if rows and all(r.token == token for r in rows):
+                if rows[0].status in olds and any(rows[0].get(k) != v for k, v in wanted.items()):
+                    quick.append((token, wanted))
+                continue
+            # no anchor, or one on a row that lost the token: the slow path settles the anchor first
+            try:
+                by_anchor.write_fields(token, wanted, check=_checker(token, olds, same))
+            except _NotSame as err:
+                log.warning("%s not finished (%s)", token, err)
+                self.refused.add(token)
+            except (LookupError, _MovedOn) as err:
+                log.info("fields of %s not written (%s)", token, err)
+        if quick:
+            reply = by_anchor.write(columns, quick)
+            for token, row in _written(reply, columns):
+                if row.token != token:  # the anchor was on another row: write it the careful way
+                    fields = dict(quick)[token]
+                    log.warning(
+                        "anchor of %s was on a row without it; writing %s again", token, sorted(fields)
+                    )
+                    try:
+                        by_anchor.write_fields(token, fields, check=_checker(token, olds_of[token]))
+                    except (LookupError, _MovedOn) as err:
+                        log.info("fields of %s not written (%s)", token, err)
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The batch: every fenced move (one per status a row may move from, in a fixed order, so
+        a resent batch is the same batch), then the anchors' deletions, then the URL guards."""
+        going = [item for item in self.items if item[0] not in self.refused]
+        moves: list[tuple[str, Status, Status]] = []
+        self._layout = []
+        for token, new, _, olds in going:
+            order = sorted(olds, key=lambda st: st.value)
+            moves += [(token, was, new) for was in order]
+            self._layout.append((token, len(order)))
+        deletions = [anchors.delete(anchors.lookup(t)) for t, new, _, _ in going if new in FINAL_STATUSES]
+        self._deletions = len(deletions)
+        # the row read was the item's, but the editor may type another URL in before the move
+        # lands: position-aimed guards in the same atomic batch say whether, at that moment, the
+        # row there held the new status *and* the URL read (any 0 is settled by reading back)
+        self._guarded = []
+        guards: list[dict[str, Any]] = []
+        if self.same is not None:
+            for token, new, _, _ in going:
+                rows = self.anchored.get(token, [])
+                if rows and rows[0].token == token and rows[0].url:
+                    self._guarded.append(token)
+                    guards += _guards(self.queue, self.columns, rows[0], token, new)
+        if not moves:
+            return []
+        return self.queue.moves(self.columns, moves) + deletions + guards
+
+    def outcome(self, replies: list[dict[str, Any]] | None, after: Snapshot | None = None) -> list[bool]:
+        """Per item, whether its row is now in its new status (also when an earlier, ambiguous
+        attempt had moved it); a row whose move landed beside a URL that is no longer its item is
+        put back in flight (:func:`_undo`) and counts as not moved.
+
+        :param replies: the replies to :meth:`requests`, in order; ``None`` when the outcome is
+            unknown (a 5xx, or a 400 that may follow an applied earlier copy).
+        :param after: a read of the tab made after the batch (the claim's read-back, when the
+            batch rode in a claim's), used instead of reading again.
+        """
+        settled: dict[str, bool] = {}
+        position = 0
+        for token, n in self._layout:
+            settled[token] = replies is not None and any(
+                occurrences(r) == 1 for r in replies[position : position + n]
             )
-            refused.add(token)
-            continue
-        if not wanted:
-            continue
-        if rows and all(r.token == token for r in rows):
-            if rows[0].status in olds and any(rows[0].get(k) != v for k, v in wanted.items()):
-                quick.append((token, wanted))
-            continue
-        # no anchor, or one on a row that lost the token: the slow path settles the anchor first
-        try:
-            by_anchor.write_fields(token, wanted, check=_checker(token, olds, same))
-        except _NotSame as err:
-            log.warning("%s not finished (%s)", token, err)
-            refused.add(token)
-        except (LookupError, _MovedOn) as err:
-            log.info("fields of %s not written (%s)", token, err)
-    if quick:
-        reply = by_anchor.write(columns, quick)
-        for token, row in _written(reply, columns):
-            if row.token != token:  # the anchor was on another row: write it the careful way
-                fields = dict(quick)[token]
-                log.warning("anchor of %s was on a row without it; writing %s again", token, sorted(fields))
-                try:
-                    by_anchor.write_fields(token, fields, check=_checker(token, olds))
-                except (LookupError, _MovedOn) as err:
-                    log.info("fields of %s not written (%s)", token, err)
-    order = sorted(olds, key=lambda st: st.value)  # a fixed order: a resent batch is the same batch
-    going = [item for item in items if item[0] not in refused]
-    moves = [(token, was, new) for token, new, _ in going for was in order]
-    deletions = [anchors.delete(anchors.lookup(token)) for token, new, _ in going if new in FINAL_STATUSES]
-    # the row read above was the item's, but the editor may type another URL in before the move
-    # lands: position-aimed guards in the same atomic batch say whether, at that moment, the row
-    # there held the new status *and* the URL read (any 0 is settled by reading back, below)
-    guarded: list[str] = []
-    guards: list[dict[str, Any]] = []
-    if same is not None:
-        for token, new, _ in going:
-            rows = anchored.get(token, [])
-            if rows and rows[0].token == token and rows[0].url:
-                guarded.append(token)
-                guards += _guards(queue, columns, rows[0], token, new)
-    replies: list[dict[str, Any]] = []
-    moved = (
-        queue.transition_many(columns, moves, extra=deletions + guards, extra_replies=replies)
-        if going
-        else []
-    )
-    settled = {
-        token: any(moved[i * len(order) : (i + 1) * len(order)]) for i, (token, _, _) in enumerate(going)
-    }
-    held = _held(replies[len(deletions) :], guarded)
-    unsure = {token for token, _, _ in going if same is not None and token not in held}
-    done = [settled.get(token, False) for token, _, _ in items]
-    if all(settled.values()) and not unsure:
-        return done
-    # a 0 can be this very batch's resent copy (httplib2 resends a request whose reply was lost)
-    # finding the row already moved by the first copy: the sheet decides
-    after = queue.snapshot()
-    was = {token: rows[0].status for token, rows in anchored.items() if rows and rows[0].token == token}
-    out = []
-    for ok, (token, new, fields) in zip(done, items, strict=True):
-        now = [r for r in after.rows_with_token(token) if r.status is new]
-        if token in unsure and now and same is not None and not same(now[0]):
-            back = was.get(token) or Status.PROCESSING
-            log.warning("row %s of %s now holds %r: %s undone", now[0].number, token, now[0].url, new.value)
-            link = (fields or {}).get("published_url", "")
-            _undo(queue, columns, now[0], token, new, back, link, anchor=new in FINAL_STATUSES)
-            out.append(False)
-            continue
-        out.append(token not in refused and (ok or bool(now)))
-    return out
+            position += n
+        extra = (replies or [])[position:]
+        held = _held(extra[self._deletions :], self._guarded)
+        same = self.same
+        unsure = {token for token, _ in self._layout if same is not None and token not in held}
+        done = [settled.get(token, False) for token, _, _, _ in self.items]
+        if all(settled.values()) and not unsure:
+            return done
+        # a 0 can be this very batch's resent copy (httplib2 resends a request whose reply was
+        # lost) finding the row already moved by the first copy, and a 5xx says nothing: the
+        # sheet decides
+        self.after = after = after or self.queue.snapshot()
+        was = {
+            token: rows[0].status for token, rows in self.anchored.items() if rows and rows[0].token == token
+        }
+        out = []
+        for ok, (token, new, fields, _) in zip(done, self.items, strict=True):
+            now = [r for r in after.rows_with_token(token) if r.status is new]
+            if token in unsure and now and same is not None and not same(now[0]):
+                back = was.get(token) or Status.PROCESSING
+                log.warning(
+                    "row %s of %s now holds %r: %s undone", now[0].number, token, now[0].url, new.value
+                )
+                link = (fields or {}).get("published_url", "")
+                _undo(self.queue, self.columns, now[0], token, new, back, link, anchor=new in FINAL_STATUSES)
+                out.append(False)
+                continue
+            out.append(token not in self.refused and (ok or bool(now)))
+        return out
 
 
 def _guards(queue: QueueTab, columns: Any, row: Row, token: str, new: Status) -> list[dict[str, Any]]:

@@ -106,14 +106,24 @@ class QueueTab:
 
         :param with_id: read the tab's id in the same request (one ``spreadsheets.get`` with the
             values in its grid data, instead of a ``values.batchGet``): the claim's read, so the
-            id its conditional writes address is the one of the tab its values came from.
+            id its conditional writes address is the one of the tab its values came from. It also
+            brings every row's anchors (``Snapshot.anchors``), what a by-anchor read would give,
+            so a relay riding in the same wake-up needs no read of its own.
         """
         if with_id:
-            found, values = self.idempotent(lambda: self.transport.read_with_ids(a1_sheet(self.sheet)))
-            self._sheet_ids = {**(self._sheet_ids or {}), **found}
+            grid = self.idempotent(lambda: self.transport.read_grid(a1_sheet(self.sheet)))
+            self._sheet_ids = {**(self._sheet_ids or {}), **grid.ids}
+            anchored = {
+                number: tuple(
+                    (str(m.get("metadataValue", "")), int(m.get("metadataId", 0)))
+                    for m in found
+                    if m.get("metadataKey") == anchors.CLAIM_KEY
+                )
+                for number, found in grid.row_metadata.items()
+            }
+            snapshot = Snapshot.from_values(grid.values, {n: t for n, t in anchored.items() if t})
         else:
-            values = self.read([a1_sheet(self.sheet)])[0]
-        snapshot = Snapshot.from_values(values)
+            snapshot = Snapshot.from_values(self.read([a1_sheet(self.sheet)])[0])
         self._columns = snapshot.columns
         return snapshot
 

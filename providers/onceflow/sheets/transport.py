@@ -13,6 +13,7 @@ write is exactly what makes its outcome ambiguous, so the protocol decides what 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
@@ -31,9 +32,9 @@ class SheetsTransport(Protocol):
     def read(self, ranges: list[str]) -> list[list[list[Any]]]:
         """``values.batchGet`` with ``valueRenderOption=FORMULA``: values per range."""
 
-    def read_with_ids(self, range_: str) -> tuple[dict[str, int], list[list[Any]]]:
-        """``spreadsheets.get`` of ``range_`` with its grid data: its tab's title -> sheetId, and
-        its values as ``read`` gives them."""
+    def read_grid(self, range_: str) -> Grid:
+        """``spreadsheets.get`` of ``range_`` with its grid data: its tab's title -> sheetId, its
+        values as ``read`` gives them, and the developer metadata anchored to each of its rows."""
 
     def batch_update(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``spreadsheets.batchUpdate``: the replies, one per request, in order."""
@@ -54,8 +55,24 @@ class SheetsTransport(Protocol):
         """``developerMetadata.search``: the matching DeveloperMetadata entries."""
 
 
-#: the claim's read: the tab's id and title, and each cell as entered (``read_with_ids``)
-GRID_FIELDS = "sheets(properties(sheetId,title),data(rowData(values(userEnteredValue))))"
+#: the claim's read (``read_grid``): the tab's id and title, each cell as entered, and each row's
+#: developer metadata (``DimensionProperties.developerMetadata``: the row anchors)
+GRID_FIELDS = (
+    "sheets(properties(sheetId,title),data(rowData(values(userEnteredValue)),"
+    "rowMetadata(developerMetadata(metadataId,metadataKey,metadataValue))))"
+)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One ``spreadsheets.get`` of a tab's range: the ids, the values, the rows' metadata."""
+
+    #: tab title -> sheetId, of the tab the range is on
+    ids: dict[str, int]
+    #: the values as ``values.batchGet`` with ``FORMULA`` gives them (trailing empties left out)
+    values: list[list[Any]]
+    #: 1-based row number -> the DeveloperMetadata anchored to that row (rows without any left out)
+    row_metadata: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def _entered(cell: dict[str, Any]) -> Any:
@@ -127,28 +144,33 @@ class GoogleSheetsTransport:
         )
         return {s["properties"]["title"]: int(s["properties"]["sheetId"]) for s in response.get("sheets", [])}
 
-    def read_with_ids(self, range_: str) -> tuple[dict[str, int], list[list[Any]]]:
-        """The tab id and the values of ``range_`` in one ``spreadsheets.get``: ``ranges`` limits
-        the reply to that tab and range, the ``fields`` mask to the tab's id and title and each
-        cell's ``userEnteredValue`` (what the editor typed: a formula's text, never its result),
-        which is what ``values.batchGet`` with ``FORMULA`` returns; trailing empty cells and rows
-        are left out, as that call does."""
+    def read_grid(self, range_: str) -> Grid:
+        """The tab id, the values of ``range_`` and its rows' anchors in one ``spreadsheets.get``:
+        ``ranges`` limits the reply to that tab and range, the ``fields`` mask to the tab's id and
+        title, each cell's ``userEnteredValue`` (what the editor typed: a formula's text, never its
+        result), which is what ``values.batchGet`` with ``FORMULA`` returns (trailing empty cells
+        and rows left out, as that call does), and each row's developer metadata."""
         response = self._execute(
             "spreadsheets.get",
             self._sheets.get(spreadsheetId=self.spreadsheet_id, ranges=[range_], fields=GRID_FIELDS),
         )
         ids: dict[str, int] = {}
         values: list[list[Any]] = []
+        metadata: dict[int, list[dict[str, Any]]] = {}
         for sheet in response.get("sheets", []):
             ids[sheet["properties"]["title"]] = int(sheet["properties"]["sheetId"])
             for data in sheet.get("data", [])[:1]:
                 values = [[_entered(c) for c in row.get("values", [])] for row in data.get("rowData", [])]
+                first = int(data.get("startRow", 0)) + 1
+                for i, dimension in enumerate(data.get("rowMetadata", [])):
+                    if dimension.get("developerMetadata"):
+                        metadata[first + i] = list(dimension["developerMetadata"])
         for row in values:
             while row and row[-1] == "":
                 row.pop()
         while values and not values[-1]:
             values.pop()
-        return ids, values
+        return Grid(ids, values, metadata)
 
     def read(self, ranges: list[str]) -> list[list[list[Any]]]:
         """The values of ``ranges`` (one ``values.batchGet``)."""

@@ -13,7 +13,8 @@ inside a relay after its sheet batch) or are paused past their lease; :func:`run
 
 * no article published twice, and every DONE row beside the URL whose article was published for
   it (its link is that article's), agreeing with the ledger (a FAILED row's item is not done; a
-  REJECTED row's article was rejected in the ledger and not published), and no write-back left
+  REJECTED row's article was rejected in the ledger and not published by that claim's work),
+  and no write-back left
   waiting in the outbox;
 * every row at rest is final (or a status onceflow never touches), every PROCESSING row in the
   sheet during the run carries a token some claim handed out, and none is left in flight;
@@ -235,6 +236,8 @@ class Run:
     seed: int
     handed: dict[str, Claim] = field(default_factory=dict)
     published: Counter[str] = field(default_factory=Counter)
+    #: the claim token whose work published each article (the first: publishing is create-only)
+    published_by: dict[str, str] = field(default_factory=dict)
     tokens_seen: set[str] = field(default_factory=set)
     #: the reviewer's decision per claim token sent to review
     reviews: dict[str, str] = field(default_factory=dict)
@@ -366,9 +369,13 @@ def run_schedule(
 
     def claim(limit: int, crash: str | None = None) -> None:
         from onceflow.sheets.retry import Refused, RetriesExhausted
+        from onceflow.sheets.wakeup import claim_and_relay
 
         try:
-            result = queue.claim(limit)
+            # a sheet_claim wake-up: what waits in the outbox rides in the claim's read and batch
+            result, relayed = claim_and_relay(queue, ledger, limit)
+            if relayed.errors:
+                run.log.append(f"relay left rows pending: {relayed.errors[0][:80]}")
         except Refused as err:
             if "metadata" in str(err).lower():
                 from onceflow.testing.sheets_emulator.limits import usage
@@ -530,8 +537,7 @@ def run_schedule(
     store.metadata_limit = METADATA_LIMIT
     rest = time.time() + 7200  # every lease taken before now has expired
     for _ in range(6):
-        _relay(run, queue, ledger)  # sheet_claim's wake-up relays what waits, then claims
-        claim(rows * 2)
+        claim(rows * 2)  # sheet_claim's wake-up: relays what waits, claims what is NEW
         snapshot = Snapshot.from_values(values())
         in_flight = [
             r for r in snapshot.rows if r.status in (Status.PROCESSING, Status.NEEDS_REVIEW) and r.token
@@ -728,6 +734,7 @@ def _work(
             raise _Crash
         if claim.row_key not in run.published:
             run.published[claim.row_key] += 1
+            run.published_by[claim.row_key] = claim.token
         if crash == "after_publish":
             raise _Crash
         if stale:
@@ -787,8 +794,10 @@ def check(run: Run, snapshot: Any, book: Any, ledger: Ledger, target: str | None
                     f"row {row.number} FAILED while its article was published and committed"
                 )
         elif row.status is Status.REJECTED and verdict.key:
+            # the rejected claim's own work published nothing; an earlier claim of the article (the
+            # editor typed NEW over its DONE row, and the checker runs a re-claim again) may have
             decided = [r for r in ledger.results(work_key(verdict.key)) if r.step == "review"]
-            if not decided or verdict.key in run.published:
+            if not decided or run.published_by.get(verdict.key) == row.token:
                 run.violations.append(
                     f"row {row.number} REJECTED beside {row.url!r}, whose article was "
                     + ("published" if decided else "never rejected in the ledger")

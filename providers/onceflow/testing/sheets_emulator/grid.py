@@ -9,7 +9,8 @@ field-mask guide): fields comma-separated, subfields dot-separated, several subf
 type in parentheses, names in camelCase or snake_case, e.g.
 ``sheets(properties(sheetId,title),data(rowData(values(userEnteredValue))))``.
 
-Per cell (``CellData``): ``userEnteredValue`` (``stringValue``, ``numberValue``, ``boolValue``,
+Per row and column (``DimensionProperties``): ``pixelSize`` and the ``developerMetadata`` anchored
+to that row or column. Per cell (``CellData``): ``userEnteredValue`` (``stringValue``, ``numberValue``, ``boolValue``,
 ``formulaValue``), ``effectiveValue`` (the same, except that a formula, never evaluated here, has
 none) and ``formattedValue``. ``rowData`` stops at the range's last row holding a value, and each
 row's ``values`` at its last cell holding one; empty cells before are ``{}``, empty rows before
@@ -148,6 +149,17 @@ def grid_data(bounds: Bounds) -> dict[str, Any]:
         out["rowData"] = [{"values": row} if row else {} for row in rows]
     out["rowMetadata"] = [{"pixelSize": 21} for _ in range(bounds.end_row - bounds.start_row)]
     out["columnMetadata"] = [{"pixelSize": 100} for _ in range(bounds.end_col - bounds.start_col)]
+    # DimensionProperties.developerMetadata: "the developer metadata associated with a single row
+    # or column", on the entry of the row (column) it is anchored to
+    for meta in bounds.sheet.metadata:
+        if meta.location_type in ("ROW", "COLUMN") and meta.index is not None:
+            along, start, end = (
+                ("rowMetadata", bounds.start_row, bounds.end_row)
+                if meta.location_type == "ROW"
+                else ("columnMetadata", bounds.start_col, bounds.end_col)
+            )
+            if start <= meta.index < end:
+                out[along][meta.index - start].setdefault("developerMetadata", []).append(meta.resource())
     return out
 
 

@@ -154,9 +154,11 @@ def test_one_articles_permanent_failure_never_fails_the_others_and_a_busy_server
 
     # Sheets requests of the whole batch (five rows): 1 read + 1 write to read every row back and
     # write the run id beside it, one relay pass for the FAILED rows of each step that had one
-    # (fetch, translate) and one for the DONE rows (1 read + 1 field write + 1 status batch each)
+    # (fetch, translate) and one for the DONE rows (1 read of the tab with its id and its rows'
+    # anchors + 1 field write + 1 status batch each)
     counts = dict(sheets_emulator.request_log.counts)
-    assert counts.get("values.batchGetByDataFilter", 0) == 1 + 3, counts
+    assert counts.get("values.batchGetByDataFilter", 0) == 1, counts
+    assert counts.get("spreadsheets.get", 0) == 3, counts
     assert counts.get("values.batchUpdateByDataFilter", 0) == 1 + 3, counts
     assert counts.get("spreadsheets.batchUpdate", 0) == 3, counts
 

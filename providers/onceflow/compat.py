@@ -26,6 +26,7 @@ __all__ = [
     "AsyncCallback",
     "BaseDeadlineReference",
     "CronDataIntervalTimetable",
+    "SkipMixin",
     "deadline_alert",
     "note_degraded",
     "retry_backoff",
@@ -51,6 +52,11 @@ try:  # 3.2+
     from airflow.sdk import CronDataIntervalTimetable
 except ImportError:  # 3.1
     from airflow.timetables.interval import CronDataIntervalTimetable  # type: ignore[assignment]
+
+try:  # 3.2+
+    from airflow.sdk.bases.skipmixin import SkipMixin
+except ImportError:  # 3.1: the standard provider's (Airflow 3.1 installs it)
+    from airflow.providers.standard.utils.skipmixin import SkipMixin  # type: ignore[no-redef]
 
 try:  # 3.2+
     from airflow.sdk.definitions.callback import AsyncCallback

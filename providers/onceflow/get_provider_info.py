@@ -55,6 +55,7 @@ def get_provider_info() -> dict[str, Any]:
                     "onceflow.operators.ledger",
                     "onceflow.operators.article_step",
                     "onceflow.operators.articles",
+                    "onceflow.operators.article_batch",
                 ],
             }
         ],

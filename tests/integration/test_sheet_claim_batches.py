@@ -75,9 +75,13 @@ def test_a_batch_size_sends_new_articles_in_batches_and_a_second_claim_of_one_is
     assert claimed.state == "success", claimed.ti_states
     out = claimed.xcom("claim_rows")
     tokens = {c["url"]: c["claim_token"] for c in out["claims"]}
-    batches = out["batches"]
+    # a JSON object's keys come back in any order (PostgreSQL's jsonb sorts them): the sheet's
+    # order is that of the claims
+    order = [c["claim_token"] for c in out["claims"]]
+    batches = dict(sorted(out["batches"].items(), key=lambda kv: order.index(kv[1][0])))
     # in the sheet's order, two a batch; each run id from its first claim token
     assert [len(b) for b in batches.values()] == [2, 2, 1]
+    assert [t for b in batches.values() for t in b] == order
     assert list(batches) == [f"batch__{b[0]}" for b in batches.values()]
     runs = dag_runs("article_batch")
     for run_id, members in batches.items():

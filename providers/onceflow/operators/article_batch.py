@@ -41,8 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk.bases.skipmixin import SkipMixin
-
+from onceflow.compat import SkipMixin
 from onceflow.operators.article_step import ArticleStepOperator, relay_claimed_sheet, run_claim_conf, step_run
 from onceflow.operators.articles import (
     THRESHOLD_TEMPLATE,

@@ -56,7 +56,7 @@ except ImportError:  # 3.1
 try:  # 3.2+
     from airflow.sdk.bases.skipmixin import SkipMixin
 except ImportError:  # 3.1: the standard provider's (Airflow 3.1 installs it)
-    from airflow.providers.standard.utils.skipmixin import SkipMixin  # type: ignore[no-redef]
+    from airflow.providers.standard.utils.skipmixin import SkipMixin  # type: ignore[assignment]
 
 try:  # 3.2+
     from airflow.sdk.definitions.callback import AsyncCallback

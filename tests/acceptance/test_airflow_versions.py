@@ -111,11 +111,14 @@ FIRST_TASK_ORDER = [
     "article_pipeline",  # read_claimed_row of the row the test claimed
     "recheck",
     "article_pipeline_recheck",
+    "article_batch",  # read_claimed_row of a batch of the second row (after the recheck's sample)
     "sheet_reconcile",
     "ledger_reconcile",
     "heartbeat",
     "sales_dashboard",
 ]
+#: DAG -> its task group mapped over a task the plan marks success (so never expanded).
+UNEXPANDED = {"article_batch": "review_article"}
 SHEET_HEADER = ["url", "status", "reason", "run_id", "score", "published_url", "claim_token", "claimed_at"]
 
 
@@ -247,6 +250,7 @@ def test_first_task_of_every_dag_runs_on_the_oldest_minor(
     (daily_sales's whole run is in the test above)."""
     from onceflow.ledger import Ledger, create_ledger_engine
     from onceflow.sheets import ledger_link
+    from onceflow.sheets.keys import BATCH_RUN_KEY, batch_run_id
     from onceflow.sheets.protocol import SheetQueue
     from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 
@@ -258,19 +262,24 @@ def test_first_task_of_every_dag_runs_on_the_oldest_minor(
     env = _airflow_env(tmp_path, data)
     check_run([str(venv / "bin" / "airflow"), "db", "migrate"], env=env)
     emulator = sheets_emulator  # on 127.0.0.1
-    urls = ["https://news.example/first-task/1", "https://news.example/first-task/2"]
+    urls = [f"https://news.example/first-task/{n}" for n in (1, 2, 3)]
     sid = emulator.create_spreadsheet(
         "articles", sheets={"queue": [SHEET_HEADER, *[[u, "NEW"] for u in urls]]}
     )
     queue = SheetQueue(GoogleSheetsTransport(anonymous_service(emulator.endpoint), sid), spread=1)
-    claim = queue.claim(1).claims[0]
+    claim, batched = queue.claim(2).claims
     ledger_url = f"sqlite:///{data / 'ledger.db'}"
     engine = create_ledger_engine(ledger_url)
+    # the second row as sheet_claim with a batch_size registers it: one batch of one
+    batch_claim = {**batched.conf(sid, "queue", "v1"), BATCH_RUN_KEY: batch_run_id(batched.token)}
+    record = ledger_link.ClaimRecord(batched.row_key, batched.row_number, batched.token, batch_claim)
+    assert len(ledger_link.register_claims(Ledger(engine), [record])) == 1
     plan = {
         "order": FIRST_TASK_ORDER,
         "conf": {
             "sheet_claim": {"max_rows": 10, "processing_version": "v1"},
             "article_pipeline": claim.conf(sid, "queue", "v1"),
+            "article_batch": {"claims": [batch_claim]},
             "recheck": {"scope": "quality_sample", "reason": "first task on the oldest minor"},
             "sheet_reconcile": {"lease_minutes": 60, "processing_version": "v1", "max_redrives": 3},
         },
@@ -287,10 +296,15 @@ def test_first_task_of_every_dag_runs_on_the_oldest_minor(
     assert isinstance(ran, dict) and list(ran) == FIRST_TASK_ORDER
     for dag_id, outcome in ran.items():
         first = outcome["first"]
-        assert outcome["state"] == "success", (dag_id, outcome, done.stdout[-4000:])
+        # article_batch's review group is mapped over what mark_needs_review returns; marked success
+        # without running, it returned nothing, so the group cannot expand and its run ends failed
+        unexpanded = {t: s for t, s in outcome["tis"].items() if t.startswith(f"{UNEXPANDED.get(dag_id)}.")}
+        assert set(unexpanded.values()) <= {"upstream_failed"}, (dag_id, outcome["tis"])
+        assert bool(unexpanded) == (dag_id in UNEXPANDED), (dag_id, outcome["tis"])
+        assert outcome["state"] == ("failed" if unexpanded else "success"), (dag_id, outcome["tis"])
         # it ran and returned its result; the tasks marked success never ran, so pushed nothing
         assert outcome["pushed"] == [first], (dag_id, outcome)
-        assert set(outcome["tis"].values()) == {"success"}, (dag_id, outcome)
+        assert {s for t, s in outcome["tis"].items() if t not in unexpanded} == {"success"}, (dag_id, outcome)
     # read back here, not through the child: the article's ledger item and its sheet row
     try:
         item = Ledger(engine).item(ledger_link.work_key(claim.row_key))
@@ -298,5 +312,6 @@ def test_first_task_of_every_dag_runs_on_the_oldest_minor(
         engine.dispose()
     assert item.state == "done"
     assert queue.find(claim.token).get("run_id") == ran["article_pipeline_recheck"]["run_id"]
+    assert queue.find(batched.token).get("run_id") == ran["article_batch"]["run_id"]
     assert ran["recheck"]["start"]["selected"] == 1
     assert list((data / "dashboard").iterdir()), "sales_dashboard's render wrote nothing"

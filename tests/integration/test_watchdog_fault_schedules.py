@@ -39,6 +39,7 @@ def test_generated_fault_schedules_keep_every_promise(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(5400)  # 2,000 schedules: about 30 min on two idle cores
 def test_thousands_of_generated_fault_schedules_keep_every_promise(tmp_path: Path) -> None:
     _run_many(range(10_000, 12_000), tmp_path)
 

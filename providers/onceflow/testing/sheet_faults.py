@@ -43,9 +43,12 @@ through the same faults by passing ``work=`` (what a claimed row's processing do
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import os
 import random
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +56,8 @@ from onceflow.sheets.transport import GoogleSheetsTransport
 from onceflow.testing.sheets_emulator.limits import METADATA_LIMIT
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
+    from pathlib import Path
 
     from onceflow.ledger import Ledger
     from onceflow.sheets.protocol import Claim, SheetQueue
@@ -818,6 +822,56 @@ def check(run: Run, snapshot: Any, book: Any, ledger: Ledger, target: str | None
     left = [m.value for m in book.all_metadata() if m.key == "onceflow.claim"]
     if left:
         run.violations.append(f"row anchors left at rest: {left}")
+
+
+def run_many(
+    seeds: Iterable[int], root: Path, *, workers: int | None = None, stop_after: int = 3
+) -> list[str]:
+    """Play ``seeds`` on ``workers`` forked processes (default: one per core), each with its own
+    emulator and SQLite ledger under ``root/w<i>``; the messages of the schedules that failed.
+
+    A schedule is CPU-bound in one Python process (client, emulator thread and ledger share its
+    GIL), so processes are what make the 10,000 of ``make test-slow`` take half an hour instead of
+    an hour on two cores. Each schedule replays alone (``--seed N``) as well: none depends on the
+    ledger's earlier items. Forked, so each worker inherits the test process's network guard. A
+    worker stops once ``stop_after`` of its seeds failed.
+    """
+    seeds = list(seeds)
+    workers = workers or min(len(seeds), os.cpu_count() or 1) or 1
+    stripes = [seeds[i::workers] for i in range(workers)]
+    if workers == 1:
+        return _play_stripe(stripes[0], root / "w0", stop_after)
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [
+            pool.submit(_play_stripe, stripe, root / f"w{i}", stop_after) for i, stripe in enumerate(stripes)
+        ]
+        return [problem for future in futures for problem in future.result()]
+
+
+def _play_stripe(seeds: list[int], root: Path, stop_after: int) -> list[str]:
+    from onceflow.ledger import Ledger, create_ledger_engine
+    from onceflow.testing.sheets_fixtures import SheetsEmulator
+
+    root.mkdir(parents=True, exist_ok=True)
+    emulator = SheetsEmulator(state=None)
+    engine = create_ledger_engine(f"sqlite:///{root / 'ledger.db'}")
+    failures: list[str] = []
+    try:
+        ledger = Ledger(engine)
+        clients = services(emulator)
+        for seed in seeds:
+            emulator.faults.clear()
+            try:
+                run_schedule(emulator, ledger, seed, clients=clients)
+            except ScheduleFailed as err:
+                failures.append(str(err))
+                if len(failures) >= stop_after:
+                    break
+    finally:
+        engine.dispose()
+        emulator.stop()
+    return failures
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -756,7 +756,7 @@ def test_values_batch_update_writes_every_range_and_totals(sheets_emulator: Shee
         include_values_in_response=True,
     )
 
-    assert reply["totalUpdatedRows"] == 3
+    assert reply["totalUpdatedRows"] == 2  # rows 2 and 3: row 2 counts once though two ranges wrote it
     assert reply["totalUpdatedColumns"] == 3
     assert reply["totalUpdatedCells"] == 4
     assert reply["totalUpdatedSheets"] == 1
@@ -781,7 +781,8 @@ def test_append_overwrite_lands_after_the_last_row_of_the_table(sheets_emulator:
     sid = _queue(sheets_emulator, [["url", "status"], ["a", "NEW"], ["b", "NEW"], [], [], ["far", "away"]])
     hook = sheets_emulator.hook()
 
-    reply = hook.append_values(sid, "Queue!A:B", [["c", "NEW"]])
+    # the range touches only the first table; a range reaching row 6 would take the second one
+    reply = hook.append_values(sid, "Queue!A1:B3", [["c", "NEW"]])
 
     assert reply == {
         "spreadsheetId": sid,
@@ -986,6 +987,307 @@ def test_an_unsupported_request_kind_is_a_clear_400(sheets_emulator: SheetsEmula
 
     assert caught.value.status_code == 400
     assert "mergeCells is not supported" in json.loads(caught.value.content)["error"]["message"]
+
+
+# -- whole rows and columns, majorDimension, append's tables, batch totals, sheet properties ---------
+
+
+def test_whole_row_ranges_and_a_cell_to_the_end_of_its_row(sheets_emulator: SheetsEmulator) -> None:
+    """``A1:1`` runs from A1 to the end of row 1, ``2:3`` is whole rows, ``A3:A`` a column from row 3:
+    each is read, echoed with the grid's bounds and written like Google's A1 notation says."""
+    sid = _queue(sheets_emulator)
+    service = sheets_emulator.hook().get_conn()
+    values = service.spreadsheets().values()
+
+    header = values.get(spreadsheetId=sid, range="Queue!A1:1").execute()
+    tail = values.get(spreadsheetId=sid, range="Queue!B2:3").execute()
+    rows = values.get(spreadsheetId=sid, range="Queue!2:3").execute()
+    first_sheet = values.get(spreadsheetId=sid, range="1:2").execute()
+    column = values.get(spreadsheetId=sid, range="Queue!A3:A").execute()
+    written = values.update(
+        spreadsheetId=sid, range="Queue!B6:6", valueInputOption="RAW", body={"values": [["x", "y"]]}
+    ).execute()
+
+    assert header == {"range": "Queue!A1:Z1", "majorDimension": "ROWS", "values": [QUEUE[0]]}
+    assert tail == {"range": "Queue!B2:Z3", "majorDimension": "ROWS", "values": [["NEW", "1"], ["NEW"]]}
+    assert rows["range"] == "Queue!A2:Z3"
+    assert rows["values"] == QUEUE[1:3]
+    assert first_sheet["range"] == "Queue!A1:Z2"
+    assert column["range"] == "Queue!A3:A1000"
+    assert column["values"] == [["https://example.com/b"], ["https://example.com/c"]]
+    assert written["updatedRange"] == "Queue!B6:C6"
+    assert sheets_emulator.values(sid, "Queue!A6:C6") == [["", "x", "y"]]
+
+
+def test_an_absent_or_null_major_dimension_means_rows(sheets_emulator: SheetsEmulator) -> None:
+    """Google's ValueRange: ``majorDimension`` unset means ROWS. A body's ``null`` is unset too:
+    values.update, values.batchUpdate and values.append take ``[["a", "b"]]`` as one row."""
+    sid = _queue(sheets_emulator, [])
+    service = sheets_emulator.hook().get_conn()
+    values = service.spreadsheets().values()
+    row = {"values": [["a", "b"]], "majorDimension": None}
+
+    update = values.update(spreadsheetId=sid, range="Queue!A1", valueInputOption="RAW", body=row).execute()
+    batch = values.batchUpdate(
+        spreadsheetId=sid, body={"valueInputOption": "RAW", "data": [{"range": "Queue!A2", **row}]}
+    ).execute()
+    append = values.append(spreadsheetId=sid, range="Queue!A1", valueInputOption="RAW", body=row).execute()
+    unset = values.get(spreadsheetId=sid, range="Queue!A1:B3").execute()
+    unspecified = values.batchGet(
+        spreadsheetId=sid, ranges=["Queue!A1:B1"], majorDimension="DIMENSION_UNSPECIFIED"
+    ).execute()
+
+    assert update["updatedRange"] == "Queue!A1:B1"
+    assert batch["responses"][0]["updatedRange"] == "Queue!A2:B2"
+    assert append["updates"]["updatedRange"] == "Queue!A3:B3"
+    assert unset == {"range": "Queue!A1:B3", "majorDimension": "ROWS", "values": [["a", "b"]] * 3}
+    assert unspecified["valueRanges"][0]["majorDimension"] == "ROWS"
+
+
+# Google's values guide explains table detection on this sheet: two tables, A1:C2 and B4:D6.
+TWO_TABLES = [["x", "y", "z"], ["x", "y", "z"], [], ["", "x", "y"], ["", "", "y", "z"], ["", "x", "y", "z"]]
+
+
+@pytest.mark.parametrize(
+    ("range_", "table", "appended"),
+    [
+        ("Queue", "Queue!B4:D6", "Queue!B7:C7"),  # the whole sheet: its last table
+        ("Queue!A:E", "Queue!B4:D6", "Queue!B7:C7"),
+        ("Queue!B4", "Queue!B4:D6", "Queue!B7:C7"),  # a cell of the table
+        ("Queue!C5:D5", "Queue!B4:D6", "Queue!B7:C7"),
+        ("Queue!B2:D4", "Queue!B4:D6", "Queue!B7:C7"),  # meets both tables: the last one, all of it
+        ("Queue!A3:G10", "Queue!B4:D6", "Queue!B7:C7"),  # holds the table
+        ("Queue!A1", "Queue!A1:C2", "Queue!A3:B3"),  # in the first table: written over empty row 3
+        ("Queue!E4", None, "Queue!E4:F4"),  # empty, in no table: written where the range starts
+        ("Queue!A4", None, "Queue!A4:B4"),  # empty though beside B4: in no table either
+    ],
+)
+def test_append_finds_the_table_as_google_documents(
+    sheets_emulator: SheetsEmulator, range_: str, table: str | None, appended: str
+) -> None:
+    """values.append picks the last table the range meets, the whole table even where it reaches
+    outside the range, writes from the row after it in the table's first column, and reports the
+    table as ``tableRange`` (absent when there is none) and the appended cells as ``updates``."""
+    sid = _queue(sheets_emulator, TWO_TABLES)
+
+    reply = sheets_emulator.hook().append_values(sid, range_, [["n1", "n2"]])
+
+    expected: dict[str, Any] = {"spreadsheetId": sid}
+    if table is not None:
+        expected["tableRange"] = table
+    expected["updates"] = {
+        "spreadsheetId": sid,
+        "updatedRange": appended,
+        "updatedRows": 1,
+        "updatedColumns": 2,
+        "updatedCells": 2,
+    }
+    assert reply == expected
+    assert sheets_emulator.values(sid, appended) == [["n1", "n2"]]
+
+
+def test_append_counts_the_cells_it_wrote_not_the_table(sheets_emulator: SheetsEmulator) -> None:
+    """``updates`` is the appended range: a ``null`` cell is skipped (not counted, still inside
+    ``updatedRange``); an empty row inside the data counts no row."""
+    sid = _queue(sheets_emulator, TWO_TABLES)
+
+    reply = sheets_emulator.hook().append_values(sid, "Queue", [["n1", None, "n3"], [], ["m1"]])
+
+    assert reply["tableRange"] == "Queue!B4:D6"
+    assert reply["updates"] == {
+        "spreadsheetId": sid,
+        "updatedRange": "Queue!B7:D9",
+        "updatedRows": 2,
+        "updatedColumns": 2,
+        "updatedCells": 3,
+    }
+
+
+def test_values_batch_update_totals_count_each_row_column_cell_and_sheet_once(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    """BatchUpdateValuesResponse counts the rows, columns and sheets where at least one cell was
+    updated, across the batch: two ranges over one row make one row; each ``responses[]`` entry
+    keeps its own counts."""
+    sid = sheets_emulator.create_spreadsheet("book", sheets={"Queue": QUEUE, "Audit": []})
+
+    reply = sheets_emulator.hook().batch_update_values(
+        sid,
+        ranges=["Queue!B2:C2", "Queue!C2:D3", "Audit!A1"],
+        values=[[["x", "y"]], [["p", "q"], ["r"]], [["a"]]],
+    )
+
+    assert [
+        (r["updatedRange"], r["updatedRows"], r["updatedColumns"], r["updatedCells"])
+        for r in reply["responses"]
+    ] == [
+        ("Queue!B2:C2", 1, 2, 2),
+        ("Queue!C2:D3", 2, 2, 3),
+        ("Audit!A1", 1, 1, 1),
+    ]
+    # Queue rows 2, 3 and Audit row 1; Queue B, C, D and Audit A; Queue B2, C2, D2, C3 and Audit A1
+    assert {k: v for k, v in reply.items() if k.startswith("total")} == {
+        "totalUpdatedRows": 3,
+        "totalUpdatedColumns": 4,
+        "totalUpdatedCells": 5,
+        "totalUpdatedSheets": 2,
+    }
+    assert sheets_emulator.values(sid, "Queue!B2:D3") == [["x", "p", "q"], ["NEW", "r"]]
+
+
+def _props(sheet_id: int, fields: str, **properties: Any) -> dict[str, Any]:
+    return {"updateSheetProperties": {"properties": {"sheetId": sheet_id, **properties}, "fields": fields}}
+
+
+def test_update_sheet_properties_renames_resizes_freezes_and_hides(sheets_emulator: SheetsEmulator) -> None:
+    """Only the fields in the mask change; the renamed tab answers to its new title and no longer to
+    the old one; the properties survive a restart."""
+    sid = sheets_emulator.create_spreadsheet("book", sheets={"Queue": QUEUE, "Audit": [["a"]]})
+    hook = sheets_emulator.hook()
+
+    reply = _batch(
+        sheets_emulator,
+        sid,
+        _props(
+            0,
+            "title,gridProperties.frozenRowCount,gridProperties.columnCount",
+            title="Articles",
+            gridProperties={"frozenRowCount": 1, "columnCount": 8, "rowCount": 5},  # rowCount not in mask
+            hidden=True,  # not in the mask either
+        ),
+        _props(1, "hidden", hidden=True),
+    )
+    sheets_emulator.restart()
+
+    assert reply["replies"] == [{}, {}]
+    props = [s["properties"] for s in hook.get_spreadsheet(sid)["sheets"]]
+    assert props == [
+        {
+            "sheetId": 0,
+            "title": "Articles",
+            "index": 0,
+            "sheetType": "GRID",
+            "gridProperties": {"rowCount": 1000, "columnCount": 8, "frozenRowCount": 1},
+        },
+        {
+            "sheetId": 1,
+            "title": "Audit",
+            "index": 1,
+            "sheetType": "GRID",
+            "gridProperties": {"rowCount": 1000, "columnCount": 26},
+            "hidden": True,
+        },
+    ]
+    assert hook.get_values(sid, "Articles!A1:C2") == QUEUE[:2]
+    assert hook.get_values(sid, "Articles!A:H")[0] == QUEUE[0]  # the grid is 8 columns wide now
+    with pytest.raises(HttpError) as old_title:
+        hook.get_values(sid, "Queue!A1")
+    assert json.loads(old_title.value.content)["error"]["message"] == "Unable to parse range: Queue!A1"
+
+
+def test_renaming_a_tab_to_a_title_in_use_is_a_400_and_changes_nothing(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    sid = sheets_emulator.create_spreadsheet("book", sheets={"Queue": QUEUE, "Audit": []})
+
+    with pytest.raises(HttpError) as caught:
+        _batch(sheets_emulator, sid, _props(1, "title", title="Log"), _props(0, "title", title="log"))
+
+    assert caught.value.status_code == 400
+    assert json.loads(caught.value.content)["error"] == {
+        "code": 400,
+        "message": (
+            'Invalid requests[1].updateSheetProperties: A sheet with the name "log" already exists. '
+            "Please enter another name."
+        ),
+        "status": "INVALID_ARGUMENT",
+    }
+    assert sheets_emulator.hook().get_sheet_titles(sid) == ["Queue", "Audit"]  # requests[0] rolled back
+
+
+@pytest.mark.parametrize(
+    ("sheet_id", "index", "order"),
+    [
+        (0, 2, ["S2", "S1", "S3"]),  # "before the move": ahead of the third tab
+        (0, 3, ["S2", "S3", "S1"]),
+        (0, 99, ["S2", "S3", "S1"]),
+        (2, 0, ["S3", "S1", "S2"]),
+        (1, 2, ["S1", "S2", "S3"]),  # its own index + 1: nothing moves
+        (1, None, ["S1", "S3", "S2"]),  # "index" in the mask but not given: to the end
+    ],
+)
+def test_update_sheet_properties_moves_a_tab_counting_before_the_move(
+    sheets_emulator: SheetsEmulator, sheet_id: int, index: int | None, order: list[str]
+) -> None:
+    sid = sheets_emulator.create_spreadsheet("book", sheets={"S1": [], "S2": [], "S3": []})
+    given = {} if index is None else {"index": index}
+
+    _batch(sheets_emulator, sid, _props(sheet_id, "index", **given))
+
+    book = sheets_emulator.hook().get_spreadsheet(sid)
+    assert [s["properties"]["title"] for s in book["sheets"]] == order
+    assert [s["properties"]["index"] for s in book["sheets"]] == [0, 1, 2]
+
+
+def test_update_sheet_properties_star_sets_every_field_absent_ones_to_their_default(
+    sheets_emulator: SheetsEmulator,
+) -> None:
+    """``fields="*"`` updates every field: what ``properties`` leaves out goes back to its default
+    (no frozen rows, not hidden, the tab moved to the end), and a smaller grid drops the cells past it."""
+    sid = sheets_emulator.create_spreadsheet("book", sheets={"Queue": QUEUE, "Audit": []})
+    _batch(
+        sheets_emulator, sid, _props(0, "gridProperties.frozenRowCount", gridProperties={"frozenRowCount": 1})
+    )
+
+    _batch(
+        sheets_emulator,
+        sid,
+        _props(0, "*", title="Queue2", gridProperties={"rowCount": 3, "columnCount": 2}),
+    )
+
+    hook = sheets_emulator.hook()
+    props = [s["properties"] for s in hook.get_spreadsheet(sid)["sheets"]]
+    assert props[1] == {
+        "sheetId": 0,
+        "title": "Queue2",
+        "index": 1,
+        "sheetType": "GRID",
+        "gridProperties": {"rowCount": 3, "columnCount": 2},
+    }
+    assert hook.get_values(sid, "Queue2") == [r[:2] for r in QUEUE[:3]]
+    with pytest.raises(HttpError) as past:
+        hook.get_values(sid, "Queue2!A4")
+    assert "exceeds grid limits" in json.loads(past.value.content)["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (_props(0, "", title="x"), "At least one field must be updated"),
+        (
+            _props(0, "tabColor", tabColor={"red": 1}),
+            "'tabColor': is not supported by the onceflow Sheets emulator",
+        ),
+        (_props(0, "colour"), "'colour': is not a field of it"),
+        (_props(0, "gridProperties.frozenRowCount", gridProperties={"frozenRowCount": 1000}), "freeze all"),
+        (_props(0, "hidden", hidden=True), "You can't hide all the sheets"),
+        (_props(0, "title", title=""), "title must not be empty"),
+        (_props(7, "title", title="x"), "No grid with id: 7"),
+    ],
+)
+def test_update_sheet_properties_refuses_what_google_refuses(
+    sheets_emulator: SheetsEmulator, request_: dict[str, Any], message: str
+) -> None:
+    sid = _queue(sheets_emulator)
+
+    with pytest.raises(HttpError) as caught:
+        _batch(sheets_emulator, sid, request_)
+
+    assert caught.value.status_code == 400
+    error = json.loads(caught.value.content)["error"]
+    assert error["status"] == "INVALID_ARGUMENT"
+    assert error["message"].startswith("Invalid requests[0]")
+    assert message in error["message"]
 
 
 # -- faults -----------------------------------------------------------------------------------------------

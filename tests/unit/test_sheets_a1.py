@@ -35,6 +35,12 @@ from onceflow.testing.sheets_emulator.a1 import (
         ("C3:A1", A1Range(None, 0, 3, 0, 3)),
         ("Sheet1!AA10:AB11", A1Range("Sheet1", 9, 11, 26, 28)),
         ("B:B", A1Range(None, 0, None, 1, 2)),
+        # a cell to a row runs to the right edge; Google's A1 guide lists 1:2 and A5:A beside A:A
+        ("Queue!A1:1", A1Range("Queue", 0, 1, 0, None)),
+        ("B3:2", A1Range(None, 1, 3, 1, None)),
+        ("Sheet1!1:2", A1Range("Sheet1", 0, 2, 0, None)),
+        ("Sheet1!A5:A", A1Range("Sheet1", 4, None, 0, 1)),
+        ("'My Sheet'!C2:5", A1Range("My Sheet", 1, 5, 2, None)),
     ],
 )
 def test_it_parses_the_forms_google_accepts(text: str, expected: A1Range) -> None:
@@ -51,6 +57,8 @@ def test_it_parses_the_forms_google_accepts(text: str, expected: A1Range) -> Non
         "Sheet1!:B2",
         "A:C5",
         "1:C",
+        "1:C3",
+        "A1:0",
         "'unterminated!A1",
         "'x'A1",
         "A1:B2:C3",

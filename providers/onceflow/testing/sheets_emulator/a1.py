@@ -114,8 +114,9 @@ def parse_a1(text: str) -> A1Range:
     """Parse an A1 range as the Sheets API accepts it.
 
     Accepted forms: ``Sheet``, ``Sheet!A1``, ``A1:C3``, ``A:C`` (whole columns), ``2:5`` (whole rows),
-    ``A2:C`` (open towards the bottom), and sheet names quoted with ``'`` (``''`` escapes a quote).
-    A bare word that is not a cell reference is a sheet title.
+    ``A2:C`` (a cell to a column: open towards the bottom), ``A1:1`` (a cell to a row: open towards
+    the right), and sheet names quoted with ``'`` (``''`` escapes a quote). A bare word that is not
+    a cell reference is a sheet title.
 
     :param text: the range, already percent-decoded.
     :raises A1Error: when the text cannot be a range.
@@ -140,8 +141,9 @@ def parse_a1(text: str) -> A1Range:
         return _checked(A1Range(sheet, row, row + 1, col, col + 1), text)
     c1, r1 = _parse_endpoint(end_text, text)
     kinds = (_kind(c0, r0), _kind(c1, r1))
-    # Cell to cell, cell to column (open at the bottom), column to column, row to row.
-    if kinds not in {("cell", "cell"), ("cell", "col"), ("col", "col"), ("row", "row")}:
+    # Cell to cell, cell to column (open at the bottom), cell to row (open at the right), column to
+    # column, row to row. A column or a row first, then a cell ("A:C5", "1:C3"), is refused.
+    if kinds not in {("cell", "cell"), ("cell", "col"), ("cell", "row"), ("col", "col"), ("row", "row")}:
         raise A1Error(f"Unable to parse range: {text}")
     start_col = column_index(c0) if c0 else 0
     end_col = column_index(c1) + 1 if c1 else None

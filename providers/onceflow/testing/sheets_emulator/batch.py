@@ -1,5 +1,6 @@
 """``spreadsheets.batchUpdate``: findReplace, row/column insert and delete, sortRange, addSheet,
-deleteSheet, updateCells, appendCells and create/update/deleteDeveloperMetadata.
+deleteSheet, updateSheetProperties (in :mod:`~onceflow.testing.sheets_emulator.sheetprops`),
+updateCells, appendCells and create/update/deleteDeveloperMetadata.
 
 The whole batch is all-or-nothing, like Google's: on any error the spreadsheet is restored from a
 snapshot taken before the first request.
@@ -20,6 +21,7 @@ from onceflow.testing.sheets_emulator.metadata import (
     update_developer_metadata,
 )
 from onceflow.testing.sheets_emulator.model import Sheet, Spreadsheet
+from onceflow.testing.sheets_emulator.sheetprops import PropsFail, update_sheet_properties
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -320,7 +322,7 @@ def _meta(
     def run(book: Spreadsheet, spec: dict[str, Any]) -> dict[str, Any]:
         try:
             return fn(book, spec)
-        except MetaFail as exc:
+        except (MetaFail, PropsFail) as exc:
             raise _Fail(str(exc)) from None
 
     return run
@@ -333,6 +335,7 @@ REQUESTS: dict[str, Callable[[Spreadsheet, dict[str, Any]], dict[str, Any]]] = {
     "sortRange": sort_range,
     "addSheet": add_sheet,
     "deleteSheet": delete_sheet,
+    "updateSheetProperties": _meta(update_sheet_properties),
     "updateCells": update_cells,
     "appendCells": append_cells,
     "createDeveloperMetadata": _meta(create_developer_metadata),
@@ -343,13 +346,8 @@ REQUESTS: dict[str, Callable[[Spreadsheet, dict[str, Any]], dict[str, Any]]] = {
 
 def _snapshot(book: Spreadsheet) -> tuple[list[Sheet], list[Any]]:
     sheets = [
-        Sheet(
-            s.sheet_id,
-            s.title,
-            s.row_count,
-            s.column_count,
-            [list(row) for row in s.rows],
-            [dataclasses.replace(m) for m in s.metadata],
+        dataclasses.replace(
+            s, rows=[list(row) for row in s.rows], metadata=[dataclasses.replace(m) for m in s.metadata]
         )
         for s in book.sheets
     ]

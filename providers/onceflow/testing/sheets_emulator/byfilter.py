@@ -18,6 +18,7 @@ from onceflow.testing.sheets_emulator.handlers import (
     _input_option,
     _render_option,
     _transpose,
+    batch_totals,
     value_range,
 )
 from onceflow.testing.sheets_emulator.metadata import filter_ranges
@@ -98,13 +99,7 @@ def values_batch_update_by_data_filter(store: Store, req: ApiRequest) -> dict[st
             reply["updatedData"] = value_range(bounds, "ROWS", render_option)
         responses.append(reply)
     out: dict[str, Any] = {"spreadsheetId": book.spreadsheet_id}
-    totals = {
-        "totalUpdatedRows": len({(w.sheet.sheet_id, r) for w, _, _ in planned for r, _, _ in w.cells}),
-        "totalUpdatedColumns": len({(w.sheet.sheet_id, c) for w, _, _ in planned for _, c, _ in w.cells}),
-        "totalUpdatedCells": sum(len(w.cells) for w, _, _ in planned),
-        "totalUpdatedSheets": len({w.sheet.sheet_id for w, _, _ in planned if w.cells}),
-    }
-    out.update({k: v for k, v in totals.items() if v})
+    out.update(batch_totals([w for w, _, _ in planned]))
     if responses:
         out["responses"] = responses
     return out

@@ -21,6 +21,7 @@ from onceflow.testing.sheets_emulator.cells import (
 )
 from onceflow.testing.sheets_emulator.errors import invalid_argument
 from onceflow.testing.sheets_emulator.model import Bounds, Sheet, Spreadsheet, Store, grid_error
+from onceflow.testing.sheets_emulator.tables import find_table
 
 
 @dataclass
@@ -79,8 +80,22 @@ class Write:
         return out
 
 
-def _dimension(value: str) -> str:
-    if value in ("", "DIMENSION_UNSPECIFIED", "ROWS"):
+def batch_totals(writes: list[Write]) -> dict[str, int]:
+    """A batch's ``totalUpdated*``: the rows, columns, cells and sheets at least one of its writes
+    changed, each counted once however many ranges touched it (zeros left out, as proto3 JSON)."""
+    cells = {(w.sheet.sheet_id, r, c) for w in writes for r, c, _ in w.cells}
+    totals = {
+        "totalUpdatedRows": len({(s, r) for s, r, _ in cells}),
+        "totalUpdatedColumns": len({(s, c) for s, _, c in cells}),
+        "totalUpdatedCells": len(cells),
+        "totalUpdatedSheets": len({s for s, _, _ in cells}),
+    }
+    return {k: v for k, v in totals.items() if v}
+
+
+def _dimension(value: str | None) -> str:
+    # absent, null and DIMENSION_UNSPECIFIED all mean ROWS, in a body as in a query
+    if value in (None, "", "DIMENSION_UNSPECIFIED", "ROWS"):
         return "ROWS"
     if value == "COLUMNS":
         return "COLUMNS"
@@ -300,39 +315,9 @@ def values_batch_update(store: Store, req: ApiRequest) -> dict[str, Any]:
         if include:
             reply["updatedData"] = value_range(write.bounds(), "ROWS", render_option)
         responses.append(reply)
-    totals = {
-        "totalUpdatedRows": sum(r.get("updatedRows", 0) for r in responses),
-        "totalUpdatedColumns": sum(r.get("updatedColumns", 0) for r in responses),
-        "totalUpdatedCells": sum(r.get("updatedCells", 0) for r in responses),
-        "totalUpdatedSheets": len({w.sheet.sheet_id for w in writes if w.cells}),
-    }
-    out.update({k: v for k, v in totals.items() if v})
+    out.update(batch_totals(writes))
     out["responses"] = responses
     return out
-
-
-def _find_table(sheet: Sheet, start_row: int, start_col: int, end_col: int) -> Bounds | None:
-    """Google's append looks for the first block of consecutive non-empty rows (within the range's
-    columns) at or below the range's first row, and appends after its last row."""
-
-    def filled(r: int) -> list[int]:
-        if r >= len(sheet.rows):
-            return []
-        cells = sheet.rows[r]
-        return [c for c in range(start_col, min(end_col, len(cells))) if cells[c] is not None]
-
-    r = start_row
-    while r < len(sheet.rows) and not filled(r):
-        r += 1
-    if r >= len(sheet.rows):
-        return None
-    first_row, cols = r, filled(r)
-    min_col, max_col = min(cols), max(cols)
-    r += 1
-    while cols := filled(r):
-        min_col, max_col = min(min_col, *cols), max(max_col, *cols)
-        r += 1
-    return Bounds(sheet, first_row, r, min_col, max_col + 1)
 
 
 def values_append(store: Store, req: ApiRequest) -> dict[str, Any]:
@@ -342,7 +327,7 @@ def values_append(store: Store, req: ApiRequest) -> dict[str, Any]:
     if insert not in ("OVERWRITE", "INSERT_ROWS"):
         raise invalid_argument(f"Invalid value at 'insert_data_option' ({insert})")
     bounds = book.resolve(req.range, for_write=True)
-    table = _find_table(bounds.sheet, bounds.start_row, bounds.start_col, bounds.end_col)
+    table = find_table(bounds)
     if table is None:
         anchor = Bounds(
             bounds.sheet, bounds.start_row, bounds.start_row + 1, bounds.start_col, bounds.start_col + 1

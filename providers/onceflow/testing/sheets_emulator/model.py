@@ -109,6 +109,9 @@ class Sheet:
     column_count: int = DEFAULT_COLUMNS
     rows: list[list[Cell]] = field(default_factory=list)
     metadata: list[DevMeta] = field(default_factory=list)
+    frozen_rows: int = 0
+    frozen_columns: int = 0
+    hidden: bool = False
 
     def get(self, row: int, col: int) -> Cell:
         if row < len(self.rows):
@@ -206,13 +209,22 @@ class Sheet:
             self.rows.pop()
 
     def properties(self, index: int) -> dict[str, Any]:
-        return {
+        grid: dict[str, Any] = {"rowCount": self.row_count, "columnCount": self.column_count}
+        # proto3 JSON leaves out zeros and false
+        if self.frozen_rows:
+            grid["frozenRowCount"] = self.frozen_rows
+        if self.frozen_columns:
+            grid["frozenColumnCount"] = self.frozen_columns
+        out: dict[str, Any] = {
             "sheetId": self.sheet_id,
             "title": self.title,
             "index": index,
             "sheetType": "GRID",
-            "gridProperties": {"rowCount": self.row_count, "columnCount": self.column_count},
+            "gridProperties": grid,
         }
+        if self.hidden:
+            out["hidden"] = True
+        return out
 
 
 @dataclass
@@ -420,6 +432,9 @@ def _dump(book: Spreadsheet) -> dict[str, Any]:
                 "columnCount": s.column_count,
                 "rows": [_dump_row(row) for row in s.rows],
                 "metadata": [_dump_meta(m) for m in s.metadata],
+                "frozenRows": s.frozen_rows,
+                "frozenColumns": s.frozen_columns,
+                "hidden": s.hidden,
             }
             for s in book.sheets
         ],
@@ -469,6 +484,9 @@ def _load(raw: dict[str, Any]) -> Spreadsheet:
                 column_count=s["columnCount"],
                 rows=[[from_json(c) for c in row] for row in s["rows"]],
                 metadata=[_load_meta(m) for m in s.get("metadata", [])],
+                frozen_rows=s.get("frozenRows", 0),
+                frozen_columns=s.get("frozenColumns", 0),
+                hidden=s.get("hidden", False),
             )
         )
     return book

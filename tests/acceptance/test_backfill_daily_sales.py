@@ -204,6 +204,8 @@ def test_a_backfill_equals_the_day_by_day_pass_and_reprocessing_changes_no_check
 
 
 @pytest.mark.slow
+# two backfills of up to 4 h each (about 25 min each, idle): not pytest-timeout's 900 s
+@pytest.mark.timeout(9 * 3600)
 def test_backfill_of_two_years_equals_day_by_day(
     postgres_url_factory: Callable[..., str],
     shop_orders: Callable[..., Any],

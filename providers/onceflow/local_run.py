@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from onceflow import sqlite_metadata
 from onceflow.pools import pools_import_json
 from onceflow.shutdown import GracefulShutdown
 from onceflow.testing.processes import exit_code_unreaped
@@ -249,6 +250,16 @@ def environment(
     }
 
 
+def sqlite_metadata_settings(env: dict[str, str]) -> bool:
+    """When ``env``'s metadata database is SQLite, give its connections a longer lock wait
+    (:mod:`onceflow.sqlite_metadata`: a backfill created in the UI must not meet "database is
+    locked"); whether it is SQLite."""
+    if not env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("sqlite"):
+        return False
+    env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = sqlite_metadata.CONNECT_ARGS_PATH
+    return True
+
+
 def _airflow(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, "-m", "airflow", *args], env=env, check=True, stdout=subprocess.DEVNULL)
 
@@ -423,6 +434,7 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
     env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] = str(_pick_port(8794))
     if cfg.executor == "celery" and cfg.database_url:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = cfg.database_url
+    metadata_on_sqlite = sqlite_metadata_settings(env)
     # Every process started from here inherits this marker, which is how _stop finds them all
     # (AIRFLOW_HOME would also match a user's shell that exported the same home).
     marker = f"{os.getpid()}-{time.time_ns()}"
@@ -431,6 +443,8 @@ def _run(cfg: LocalRunConfig, stop: GracefulShutdown) -> int:
     print(f"onceflow: preparing {cfg.home} (metadata DB, pools, demo data)", flush=True)
     _write_local_settings(cfg)
     _airflow(env, "db", "migrate")
+    if metadata_on_sqlite:
+        sqlite_metadata.use_write_ahead_log(cfg.airflow_home / "airflow.db")
     pools_file = cfg.airflow_home / "onceflow_pools.json"
     pools_file.write_text(pools_import_json())
     _airflow(env, "pools", "import", str(pools_file))

@@ -100,7 +100,7 @@ class RideAlong(Protocol):
     """Requests that ride in a claim's ``batchUpdate``, planned from the claim's own read (a
     ``sheet_claim`` wake-up's relay: :class:`onceflow.sheets.relay.RowWrites`), so that one read
     and one batch serve both. Only the first attempt's batch carries them; a refused batch tells
-    them ``None`` and a retry of the claim goes alone."""
+    them ``None``, then :meth:`alone`, and a retry of the claim goes without them."""
 
     def read(self, snapshot: Snapshot) -> None:
         """The claim's read (the tab with its id and its rows' anchors); write what must come
@@ -114,6 +114,11 @@ class RideAlong(Protocol):
 
     def read_back(self, snapshot: Snapshot) -> None:
         """A read the claim made after the batch (to be used instead of reading again)."""
+
+    def alone(self) -> None:
+        """The batch they rode in was refused whole (a 400): send them in their own batch now,
+        before the claim tries again without them (their anchor deletions make the room a claim
+        refused at the metadata cap needs)."""
 
 
 class Claimer:
@@ -179,7 +184,13 @@ class Claimer:
                 result.requests = Counter(self.tab.transport.calls) - before
                 return result
             except Refused as err:
-                ride = None  # it rode in the refused batch (and was told so): a retry goes alone
+                if ride is not None:
+                    # it rode in the refused batch: it goes now in its own, and a retry goes
+                    # without it. Before the retry: at the cap, the room the claim needs may be
+                    # the room its anchor deletions free (a claim retried without them, with
+                    # them still pending, found none, and every wake-up did the same)
+                    ride.alone()
+                ride = None
                 if "developer metadata" in str(err).lower() and not swept:
                     # Google's cap on developer metadata: drop the anchors of rows no longer in
                     # flight (finished some other way), then try again

@@ -360,6 +360,26 @@ class RowWrites:
         """A read made after the batch, used instead of reading again."""
         self._after = snapshot
 
+    def alone(self) -> None:
+        """The claim batch these rode in was refused whole: send them in their own batch now (a
+        claim refused at the metadata cap retries after it, in the room its deletions free). An
+        outcome this batch leaves unknown, or a refusal, is settled by :meth:`outcome`'s read."""
+        if self.settling is None or not self._requests:
+            return
+        self._after = None  # the claim's read-back is from before this batch
+        try:
+            self._send()
+        except Exception as exc:  # a 400, a 429 past its retries: nothing applied
+            log.warning("row writes refused alone too (%s); the read-back decides", exc)
+            self._sent, self._replies = True, None
+
+    def _send(self) -> None:
+        try:
+            self._replies = self.queue.backoff.call(lambda: self.queue.transport.batch_update(self._requests))
+        except ServerError:  # maybe applied: the read-back decides
+            self._replies = None
+        self._sent = True
+
     # -- the outcome -------------------------------------------------------------------------------
 
     def outcome(self) -> dict[str, bool | None]:
@@ -374,13 +394,7 @@ class RowWrites:
             raise self._error
         assert self.settling is not None
         if not self._sent and self._requests:
-            try:
-                self._replies = self.queue.backoff.call(
-                    lambda: self.queue.transport.batch_update(self._requests)
-                )
-            except ServerError:  # maybe applied: the read-back decides
-                self._replies = None
-            self._sent = True
+            self._send()
         done = self.settling.outcome(self._replies if self._requests else [], self._after)
         found: dict[str, bool | None] = {
             token: ok for (token, _, _, _), ok in zip(self.items, done, strict=True)

@@ -20,7 +20,8 @@ inside a relay after its sheet batch) or are paused past their lease; :func:`run
   sheet during the run carries a token some claim handed out, and none is left in flight;
 * at every step, at most one row anchor per token (resends must not eat the metadata room) and
   the metadata under the cap; at rest, no anchor left;
-* a claim refused at the metadata cap only when not one more row fitted;
+* a claim refused at the metadata cap only when not one more row fitted (counting the room the
+  anchors of the write-backs waiting in the outbox free: they ride in the wake-up's batch);
 * when a claim returns, each token it handed out is on one row, beside the URL it was handed out
   for (the work created is for the URL beside the token, never for another row's).
 
@@ -382,13 +383,29 @@ def run_schedule(
                 run.log.append(f"relay left rows pending: {relayed.errors[0][:80]}")
         except Refused as err:
             if "metadata" in str(err).lower():
-                from onceflow.testing.sheets_emulator.limits import usage
+                from onceflow.ledger.outbox import pending_sheet_rows
+                from onceflow.sheets.relay import queue_target
+                from onceflow.testing.sheets_emulator.limits import size, usage
 
                 anchor = len("onceflow.claim") + 30 + len(queue.version)
                 room = (book.metadata_limit or 0) - max(usage(book).values())
-                if room >= anchor:
+                # the room the wake-up's own write-backs free: their anchors go in its batch
+                finishing = {
+                    str(r.data.get("token"))
+                    for r in pending_sheet_rows(ledger, queue_target(queue), 200)
+                    if r.data.get("status") in {st.value for st in FINAL}
+                }
+                freed = sum(
+                    size(m) for m in book.all_metadata() if m.key == "onceflow.claim" and m.value in finishing
+                )
+                if room + freed >= anchor:
                     run.violations.append(
-                        f"claim refused whole at the cap with room for {room // anchor} rows"
+                        f"claim refused whole at the cap with room for {(room + freed) // anchor} rows"
+                        + (
+                            f" ({freed} characters of it freed by the write-backs riding in it)"
+                            if freed
+                            else ""
+                        )
                     )
             run.log.append(f"claim refused: {str(err)[:80]}")
             return

@@ -16,14 +16,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from sheet_outbox import link, publish_into_outbox, queue_of
 
 from onceflow.ledger.outbox import pending_sheet_rows
-from onceflow.ledger.steps import run_keyed_step
 from onceflow.sheets.anchors import CLAIM_KEY
-from onceflow.sheets.ledger_link import work_key
 from onceflow.sheets.model import Snapshot, Status
-from onceflow.sheets.protocol import SheetQueue
-from onceflow.sheets.relay import row_write
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 from onceflow.sheets.wakeup import wake_up
 from onceflow.testing.sheet_edits import batch_update, set_row
@@ -37,28 +34,13 @@ HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
 K = 10
 
 
-def _link(claim: Claim) -> str:
-    return f"https://pub.example/{claim.row_key}"
-
-
 def _steady_state(emulator: SheetsEmulator, ledger: Ledger) -> tuple[str, list[Claim]]:
     """2K NEW rows; the first K claimed by an earlier wake-up and published, their DONE in the outbox."""
     rows = [[f"https://news.example.com/wake-{i}", "NEW"] for i in range(2 * K)]
     sid = emulator.create_spreadsheet("articles", sheets={"queue": [HEADER, *rows]})
-    earlier = _queue(emulator, sid).claim(K).claims
-    for claim in earlier:
-        fields = {"score": "0.90", "published_url": _link(claim), "run_id": claim.run_id}
-        write = row_write(f"{sid}/queue", claim.token, Status.DONE, fields, row_key=claim.row_key)
-        run_keyed_step(
-            ledger, kind="article", work_key=work_key(claim.row_key), step="publish", owner="chain",
-            worker_version="v1", work=lambda _lease: {"ok": True}, follow_ups=lambda _r, w=write: [w],
-        )  # fmt: skip
+    earlier = queue_of(emulator, sid).claim(K).claims
+    publish_into_outbox(ledger, sid, earlier)
     return sid, earlier
-
-
-def _queue(emulator: SheetsEmulator, sid: str, transport: Any = None) -> SheetQueue:
-    transport = transport or GoogleSheetsTransport(anonymous_service(emulator.endpoint), sid)
-    return SheetQueue(transport, spread=1)
 
 
 def _rows(emulator: SheetsEmulator, sid: str) -> dict[str, Any]:
@@ -75,7 +57,7 @@ def test_a_wake_up_claims_ten_rows_and_relays_ten_write_backs_in_one_read_and_tw
 ) -> None:
     sid, earlier = _steady_state(sheets_emulator, sqlite_ledger)
     sheets_emulator.request_log.reset()
-    woke = wake_up(_queue(sheets_emulator, sid), sqlite_ledger, K)
+    woke = wake_up(queue_of(sheets_emulator, sid), sqlite_ledger, K)
     assert sheets_emulator.request_log.counts == {
         "spreadsheets.get": 1,  # the tab id, its values, its rows' anchors
         "values.batchUpdateByDataFilter": 1,  # the write-backs' fields, through the anchors
@@ -88,7 +70,7 @@ def test_a_wake_up_claims_ten_rows_and_relays_ten_write_backs_in_one_read_and_tw
         row = rows[claim.token]
         assert (
             row.status is Status.DONE
-            and row.get("published_url") == _link(claim)
+            and row.get("published_url") == link(claim)
             and row.get("score") == "0.90"
         )
     assert _anchors(sheets_emulator, sid) == sorted(c.token for c in woke.claim.claims), (
@@ -101,9 +83,9 @@ def test_with_nothing_new_the_relay_sends_its_own_batch_from_the_claims_read(
     sheets_emulator: SheetsEmulator, sqlite_ledger: Ledger
 ) -> None:
     sid, _ = _steady_state(sheets_emulator, sqlite_ledger)
-    _queue(sheets_emulator, sid).claim(K)  # nothing NEW is left
+    queue_of(sheets_emulator, sid).claim(K)  # nothing NEW is left
     sheets_emulator.request_log.reset()
-    woke = wake_up(_queue(sheets_emulator, sid), sqlite_ledger, K)
+    woke = wake_up(queue_of(sheets_emulator, sid), sqlite_ledger, K)
     assert woke.claim.aimed == 0 and len(woke.relayed.written) == K
     assert sheets_emulator.request_log.counts == {
         "spreadsheets.get": 1,
@@ -122,7 +104,7 @@ def test_a_merged_batch_whose_reply_is_lost_after_it_applied_is_settled_by_readi
     their rows' statuses, each row written once, one anchor per claim."""
     sid, earlier = _steady_state(sheets_emulator, sqlite_ledger)
     sheets_emulator.faults.add(fault, count=1, methods=["spreadsheets.batchUpdate"])
-    woke = wake_up(_queue(sheets_emulator, sid), sqlite_ledger, K)
+    woke = wake_up(queue_of(sheets_emulator, sid), sqlite_ledger, K)
     assert len(woke.claim.claims) == K
     assert sorted(woke.relayed.written) == sorted(c.token for c in earlier) and not woke.relayed.errors
     rows = _rows(sheets_emulator, sid)
@@ -154,7 +136,7 @@ def test_a_url_typed_into_a_relayed_row_before_the_merged_batch_lands_is_not_lef
     transport.before_batch = lambda: batch_update(
         editor, sid, set_row(0, typed.row_number - 1, ["https://news.example.com/typed-in"])
     )
-    woke = wake_up(_queue(sheets_emulator, sid, transport), sqlite_ledger, K)
+    woke = wake_up(queue_of(sheets_emulator, sid, transport), sqlite_ledger, K)
     assert transport.before_batch is None, "the editor acted between the wake-up's read and its batch"
     assert len(woke.claim.claims) == K
     assert sorted(woke.relayed.written) == sorted(c.token for c in earlier if c is not typed)

@@ -18,14 +18,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from sheet_outbox import link, publish_into_outbox, queue_of
 
 from onceflow.ledger.outbox import pending_sheet_rows
-from onceflow.ledger.steps import run_keyed_step
 from onceflow.sheets.anchors import CLAIM_KEY
-from onceflow.sheets.ledger_link import work_key
 from onceflow.sheets.model import Snapshot, Status
-from onceflow.sheets.protocol import SheetQueue
-from onceflow.sheets.relay import row_write
 from onceflow.sheets.transport import GoogleSheetsTransport, anonymous_service
 from onceflow.sheets.wakeup import wake_up
 from onceflow.testing.sheet_edits import batch_update, delete_rows, insert_rows, set_row, sort_rows
@@ -41,15 +38,6 @@ HEADER = ["url", "status", "reason", "run_id", "score", "published_url"]
 K = 5
 
 
-def _link(claim: Claim) -> str:
-    return f"https://pub.example/{claim.row_key}"
-
-
-def _queue(emulator: SheetsEmulator, sid: str, transport: Any = None) -> SheetQueue:
-    transport = transport or GoogleSheetsTransport(anonymous_service(emulator.endpoint), sid)
-    return SheetQueue(transport, spread=1)
-
-
 def _published(
     emulator: SheetsEmulator, ledger: Ledger, new_rows: int, *, new_on_top: bool = False
 ) -> tuple[str, list[Claim]]:
@@ -60,19 +48,13 @@ def _published(
     sid = emulator.create_spreadsheet(
         "articles", sheets={"queue": [HEADER, *(new + done if new_on_top else done + new)]}
     )
-    earlier = _queue(emulator, sid).claim(K).claims
+    earlier = queue_of(emulator, sid).claim(K).claims
     assert len(earlier) == K
     sheet = emulator.server.store.spreadsheets[sid].sheet_by_title("queue")
     for i in range(1, len(sheet.rows)):
         if sheet.get(i, 1) == "LATER":
             sheet.set(i, 1, "NEW")
-    for claim in earlier:
-        fields = {"score": "0.90", "published_url": _link(claim), "run_id": claim.run_id}
-        write = row_write(f"{sid}/queue", claim.token, Status.DONE, fields, row_key=claim.row_key)
-        run_keyed_step(
-            ledger, kind="article", work_key=work_key(claim.row_key), step="publish", owner="chain",
-            worker_version="v1", work=lambda _lease: {"ok": True}, follow_ups=lambda _r, w=write: [w],
-        )  # fmt: skip
+    publish_into_outbox(ledger, sid, earlier)
     return sid, earlier
 
 
@@ -102,7 +84,7 @@ def _promises(
     rows = _by_token(emulator, sid)
     for claim in earlier:
         row = rows[claim.token]
-        assert (row.status, row.get("published_url"), row.url) == (Status.DONE, _link(claim), claim.url)
+        assert (row.status, row.get("published_url"), row.url) == (Status.DONE, link(claim), claim.url)
     for claim in claims:
         row = rows[claim.token]
         assert (row.status, row.number) == (Status.PROCESSING, claim.row_number) and row.url == claim.url
@@ -155,7 +137,7 @@ def test_at_the_metadata_cap_the_write_backs_make_room_for_the_claim_they_ride_i
     queue stopped). A wake-up must leave with the write-backs written and K rows claimed."""
     sid, earlier = _published(sheets_emulator, sqlite_ledger, 2 * K)
     sheets_emulator.set_metadata_limit(_used(sheets_emulator, sid))  # full: K anchors in flight
-    woke = wake_up(_queue(sheets_emulator, sid), sqlite_ledger, 2 * K)
+    woke = wake_up(queue_of(sheets_emulator, sid), sqlite_ledger, 2 * K)
     assert sorted(woke.relayed.written) == sorted(c.token for c in earlier) and not woke.relayed.errors
     assert len(woke.claim.claims) == K, "the room the write-backs freed is claimed"
     _promises(sheets_emulator, sqlite_ledger, sid, earlier, woke.claim.claims)
@@ -170,7 +152,7 @@ def test_a_merged_batch_applied_its_reply_dropped_and_its_resend_refused_at_the_
     sid, earlier = _published(sheets_emulator, sqlite_ledger, K)
     sheets_emulator.set_metadata_limit(_used(sheets_emulator, sid) + 10)
     sheets_emulator.faults.add("apply_then_drop", count=1, methods=["spreadsheets.batchUpdate"])
-    woke = wake_up(_queue(sheets_emulator, sid), sqlite_ledger, K)
+    woke = wake_up(queue_of(sheets_emulator, sid), sqlite_ledger, K)
     assert sheets_emulator.request_log.snapshot()["faults"] == {"apply_then_drop": 1}
     assert len(woke.claim.claims) == K
     assert sorted(woke.relayed.written) == sorted(c.token for c in earlier) and not woke.relayed.errors
@@ -188,7 +170,7 @@ def test_at_the_cap_the_write_backs_sent_alone_fail_after_applying_and_the_claim
     transport.before_batch[2] = lambda: sheets_emulator.faults.add(
         "apply_then_fail", count=1, methods=["spreadsheets.batchUpdate"]
     )
-    woke = wake_up(_queue(sheets_emulator, sid, transport), sqlite_ledger, 2 * K)
+    woke = wake_up(queue_of(sheets_emulator, sid, transport), sqlite_ledger, 2 * K)
     assert sheets_emulator.request_log.snapshot()["faults"] == {"apply_then_fail": 1}
     assert sorted(woke.relayed.written) == sorted(c.token for c in earlier) and not woke.relayed.errors
     assert len(woke.claim.claims) == K
@@ -215,7 +197,7 @@ def test_rows_moved_between_the_wake_ups_read_and_its_merged_batch(
     sid, earlier = _published(sheets_emulator, sqlite_ledger, 2 * K, new_on_top=True)
     transport = _hooked(sheets_emulator, sid)
     transport.before_batch[1] = lambda: _edit(sheets_emulator, sid, *EDITS[edit](sid))
-    woke = wake_up(_queue(sheets_emulator, sid, transport), sqlite_ledger, K)
+    woke = wake_up(queue_of(sheets_emulator, sid, transport), sqlite_ledger, K)
     assert not transport.before_batch, "the editor acted between the read and the batch"
     assert sorted(woke.relayed.written) == sorted(c.token for c in earlier) and not woke.relayed.errors
     claims = woke.claim.claims
@@ -241,7 +223,7 @@ def test_the_claims_part_refused_while_the_riding_part_is_valid(
     transport = _hooked(sheets_emulator, sid)
     last = len(sheet.rows)
     transport.before_batch[1] = lambda: _edit(sheets_emulator, sid, delete_rows(0, last - 1, last))
-    woke = wake_up(_queue(sheets_emulator, sid, transport), sqlite_ledger, K)
+    woke = wake_up(queue_of(sheets_emulator, sid, transport), sqlite_ledger, K)
     assert not transport.before_batch
     assert transport.batches == 3, "refused merged batch, the write-backs alone, the claim alone"
     assert len(woke.claim.claims) == K - 1
@@ -266,7 +248,7 @@ def test_a_url_typed_into_a_written_row_after_the_merged_batch_applied_and_its_r
     sheets_emulator.faults.add(
         Fault(fault, count=1, methods=["spreadsheets.batchUpdate"], after_apply=type_url)
     )
-    woke = wake_up(_queue(sheets_emulator, sid), sqlite_ledger, K)
+    woke = wake_up(queue_of(sheets_emulator, sid), sqlite_ledger, K)
     assert len(woke.claim.claims) == K
     assert sorted(woke.relayed.written) == sorted(c.token for c in earlier if c is not typed)
     row = _by_token(sheets_emulator, sid)[typed.token]
@@ -290,8 +272,8 @@ def test_two_wake_ups_race_over_the_same_write_backs_and_rows(
     sid, earlier = _published(sheets_emulator, sqlite_ledger, 2 * K)
     transport = _hooked(sheets_emulator, sid)
     other: dict[str, Any] = {}
-    transport.after_read = lambda: other.update(b=wake_up(_queue(sheets_emulator, sid), sqlite_ledger, K))
-    woke = wake_up(_queue(sheets_emulator, sid, transport), sqlite_ledger, K)
+    transport.after_read = lambda: other.update(b=wake_up(queue_of(sheets_emulator, sid), sqlite_ledger, K))
+    woke = wake_up(queue_of(sheets_emulator, sid, transport), sqlite_ledger, K)
     b = other["b"]
     assert sorted(b.relayed.written) == sorted(c.token for c in earlier) and len(b.claim.claims) == K
     assert woke.claim.claims == [] and woke.claim.lost == K
@@ -303,7 +285,7 @@ def test_a_429_then_the_merged_batch(sheets_emulator: SheetsEmulator, sqlite_led
     """A 429 applies nothing; the retry carries the same riding requests and fresh claim tokens."""
     sid, earlier = _published(sheets_emulator, sqlite_ledger, K)
     sheets_emulator.faults.add("429", count=1, methods=["spreadsheets.batchUpdate"], retry_after=0)
-    woke = wake_up(_queue(sheets_emulator, sid), sqlite_ledger, K)
+    woke = wake_up(queue_of(sheets_emulator, sid), sqlite_ledger, K)
     assert sheets_emulator.request_log.snapshot()["faults"] == {"429": 1}
     assert sorted(woke.relayed.written) == sorted(c.token for c in earlier) and len(woke.claim.claims) == K
     _promises(sheets_emulator, sqlite_ledger, sid, earlier, woke.claim.claims)

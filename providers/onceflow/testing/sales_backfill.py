@@ -324,8 +324,19 @@ def standalone_cluster(
         use_postgres=use_postgres,
         home=workdir / "home",
     )
+    sqlite_metadata = None if use_postgres else workdir / "home" / "airflow.db"
+    if sqlite_metadata is not None:
+        # As `make run` sets it up: a longer lock wait, and write-ahead logging after the migration
+        # (eight task processes and the api-server write at once).
+        from onceflow.local_run import sqlite_metadata_settings
+
+        sqlite_metadata_settings(airflow_env.variables)
     try:
         airflow_env.migrate()
+        if sqlite_metadata is not None:
+            from onceflow.sqlite_metadata import use_write_ahead_log
+
+            use_write_ahead_log(sqlite_metadata)
         cluster = (
             CeleryCluster(
                 airflow_env.variables,

@@ -193,12 +193,14 @@ def test_clean_extract_stages_what_write_clean_of_clean_orders_stages(
 
 
 def old_fingerprints(valid: pd.DataFrame) -> list[str]:
-    """The event fingerprint as clean._dedupe built it before it was vectorised (per value str())."""
+    """The event fingerprint per value (str() of each value, "-" for a missing one), as
+    clean._dedupe built it before it was vectorised."""
     from decimal import Decimal
 
     amounts = [str(Decimal(str(a).strip()).quantize(Decimal("0.01"))) for a in valid["amount"]]
     columns = [valid[name].tolist() for name in clean._EVENT_FIELDS]
-    return ["\x1f".join(map(str, parts)) for parts in zip(amounts, *columns, strict=True)]
+    field = lambda v: "-" if v is None or v is pd.NaT or v != v else f"={v}"  # noqa: E731
+    return ["\x00".join([a, *map(field, parts)]) for a, *parts in zip(amounts, *columns, strict=True)]
 
 
 @pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])

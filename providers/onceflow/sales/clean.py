@@ -55,7 +55,9 @@ RATES_TO_EUR: Mapping[str, Decimal] = {
 # v3: rows that share an event key but differ as events are rejected (conflicting_duplicate).
 # v4: amounts with more than two decimal places are accepted when the extra digits are zeros
 #     (a numeric(14,4) column), else rejected as sub_cent_amount (they were all bad_amount).
-PROCESSING_VERSION = "sales-clean-v4"
+# v5: a NULL and the text "None", or ids holding \x1f, no longer make two different events one
+#     (the second was dropped as an exact repeat): it is a conflicting_duplicate.
+PROCESSING_VERSION = "sales-clean-v5"
 REJECT_REASONS: tuple[str, ...] = (
     "nul_byte",
     "invalid_text",
@@ -267,11 +269,23 @@ def _dedupe(valid: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
 
 
 def _event_fingerprints(valid: pd.DataFrame) -> list[str]:
-    """Each row as an event, in text: the quantized amount and ``_EVENT_FIELDS`` as ``str()`` gives
-    them, joined by ``\\x1f``. Equal amounts written differently ("10.0", "10.00") are one event."""
+    """Each row as an event, in text: the quantized amount and ``_EVENT_FIELDS`` (:func:`_field_values`),
+    joined by NUL. Equal amounts written differently ("10.0", "10.00") are one event.
+
+    Two rows get one fingerprint only when they are one event: no value of a valid row holds NUL
+    (``nul_byte`` rejects it), so the separator cannot come from a value (``\\x1f``, the separator
+    before v5, could: customer ``"R\\x1fX"`` of order ``"A"`` read as order ``"A\\x1fR"`` of customer
+    ``"X"``), and a NULL is not the text ``"None"``."""
     amounts = [str(Decimal(str(a).strip()).quantize(_CENT)) for a in valid["amount"]]
-    columns = [_str_values(valid[name]) for name in _EVENT_FIELDS]
-    return ["\x1f".join(parts) for parts in zip(amounts, *columns, strict=True)]
+    columns = [_field_values(valid[name]) for name in _EVENT_FIELDS]
+    return ["\x00".join(parts) for parts in zip(amounts, *columns, strict=True)]
+
+
+def _field_values(series: pd.Series) -> list[str]:
+    """One fingerprint field per value: ``"="`` and its :func:`_str_values` text, or ``"-"`` for a
+    missing value (before v5 a NULL was ``str(None)``, the same as the text ``"None"``)."""
+    missing = series.isna().tolist()
+    return ["-" if m else "=" + t for t, m in zip(_str_values(series), missing, strict=True)]
 
 
 def _str_values(series: pd.Series) -> list[str]:

@@ -10,8 +10,8 @@
 -- higher row_id); an event is a sale by order_id or a refund by refund_id; a row under the same
 -- key that differs from the kept one as an event (order, refund id, customer, event time,
 -- currency, amount value) is rejected (conflicting_duplicate). Processing version
--- sales-clean-v4 (onceflow.sales.clean.PROCESSING_VERSION): an amount may have more than two decimal
--- places if the extra digits are zeros (sub_cent_amount otherwise).
+-- sales-clean-v5 (onceflow.sales.clean.PROCESSING_VERSION): an amount may have more than two decimal
+-- places if the extra digits are zeros (sub_cent_amount otherwise); a NULL differs from any text.
 WITH day_events AS (
     SELECT * FROM orders WHERE created_at_utc >= :start_utc AND created_at_utc < :end_utc
 ),

@@ -126,3 +126,28 @@ def test_deadlines_must_be_positive_numbers(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("ONCEFLOW_SALES_LOCK_TIMEOUT_SECONDS", "soon")
     with pytest.raises(ValueError, match="number of seconds"):
         Deadlines.from_env()
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "1e300"])
+def test_deadlines_must_be_finite(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    """'nan' passed the positive check (nan <= 0 is false) and failed every connect with a bare
+    "cannot convert float NaN to integer"; 'inf' and 1e300 with an OverflowError or an out-of-range SET."""
+    monkeypatch.setenv("ONCEFLOW_SALES_STATEMENT_TIMEOUT_SECONDS", raw)
+    with pytest.raises(ValueError, match="ONCEFLOW_SALES_STATEMENT_TIMEOUT_SECONDS"):
+        Deadlines.from_env()
+
+
+@pytest.mark.postgres
+def test_a_deadline_below_a_millisecond_is_one_millisecond_not_none(postgres_url: str) -> None:
+    """0.0004 s was set as lock_timeout = '0ms', which PostgreSQL reads as no timeout: a wait
+    without a deadline from a setting that asked for the shortest one."""
+    engine = make_engine(postgres_url, deadlines=Deadlines(lock_timeout_s=0.0004, statement_timeout_s=0.0009))
+    try:
+        with engine.connect() as conn:
+            shown = [
+                conn.exec_driver_sql(f"SHOW {name}").scalar_one()
+                for name in ("lock_timeout", "statement_timeout")
+            ]
+        assert shown == ["1ms", "1ms"]
+    finally:
+        engine.dispose()

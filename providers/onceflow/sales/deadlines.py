@@ -20,6 +20,7 @@ timeout; its lock wait is bounded by the busy timeout (60 s). Each task also has
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -62,8 +63,12 @@ class Deadlines:
                 value = float(raw) if raw else default
             except ValueError:
                 raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-            if value <= 0:
+            if not value > 0 or not math.isfinite(value):  # "nan" and "inf" parse as floats
                 raise ValueError(f"{name} must be positive (a wait needs a deadline), got {raw!r}")
+            if _milliseconds(value) > _MAX_MILLISECONDS:
+                raise ValueError(
+                    f"{name} must be at most {_MAX_MILLISECONDS / 1000:g} seconds (PostgreSQL's limit), got {raw!r}"
+                )
             return value
 
         return cls(
@@ -88,8 +93,8 @@ def install(engine: Engine, what: str, deadlines: Deadlines | None = None) -> En
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True  # session settings, outside any transaction
         cursor = dbapi_connection.cursor()
-        cursor.execute(f"SET lock_timeout = '{int(limits.lock_timeout_s * 1000)}ms'")
-        cursor.execute(f"SET statement_timeout = '{int(limits.statement_timeout_s * 1000)}ms'")
+        cursor.execute(f"SET lock_timeout = '{_milliseconds(limits.lock_timeout_s)}ms'")
+        cursor.execute(f"SET statement_timeout = '{_milliseconds(limits.statement_timeout_s)}ms'")
         cursor.close()
         dbapi_connection.autocommit = autocommit
         record.info[_INFO_KEY] = (what, limits)
@@ -102,6 +107,14 @@ def install(engine: Engine, what: str, deadlines: Deadlines | None = None) -> En
 
 
 _INFO_KEY = "onceflow.deadlines"
+#: PostgreSQL's largest ``lock_timeout`` and ``statement_timeout`` (about 24.8 days).
+_MAX_MILLISECONDS = 2**31 - 1
+
+
+def _milliseconds(seconds: float) -> int:
+    """``seconds`` in the whole milliseconds PostgreSQL sets, rounded up: never 0, which PostgreSQL
+    reads as no timeout at all (0.0004 s was set as ``'0ms'``)."""
+    return max(1, math.ceil(seconds * 1000))
 
 
 def translate(conn: Any, exc: BaseException, statement: str) -> DeadlineExceeded | None:

@@ -207,10 +207,13 @@ def copy_chunks(
     if conn.dialect.name != "postgresql":
         raise ValueError("COPY loads need PostgreSQL")
     sql = copy_statement(quoted_table)
-    source = _Prefetch(chunks) if prefetch else None
-    stream: Iterator[bytes | str] = iter(source) if source is not None else iter(chunks)
+    # The cursor first: the thread starts only where the finally below stops it (a cursor() that
+    # raised, on a closed connection, left the thread running for the life of the worker).
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    source: _Prefetch | None = None
     try:
+        source = _Prefetch(chunks) if prefetch else None
+        stream: Iterator[bytes | str] = iter(source) if source is not None else iter(chunks)
         if conn.dialect.driver == "psycopg2":
             cursor.copy_expert(sql, _Reader(stream), size=1 << 20)
         else:  # psycopg 3

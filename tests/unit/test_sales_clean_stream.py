@@ -193,14 +193,20 @@ def test_clean_extract_stages_what_write_clean_of_clean_orders_stages(
 
 
 def old_fingerprints(valid: pd.DataFrame) -> list[str]:
-    """The event fingerprint per value (str() of each value, "-" for a missing one), as
-    clean._dedupe built it before it was vectorised."""
+    """The event fingerprint per value, as clean._dedupe built it before it was vectorised: str() of
+    each value; in a column with a missing value, "=" and str(), or "-" for a missing one."""
     from decimal import Decimal
 
+    def missing(v: object) -> bool:
+        return v is None or v is pd.NaT or v != v
+
     amounts = [str(Decimal(str(a).strip()).quantize(Decimal("0.01"))) for a in valid["amount"]]
-    columns = [valid[name].tolist() for name in clean._EVENT_FIELDS]
-    field = lambda v: "-" if v is None or v is pd.NaT or v != v else f"={v}"  # noqa: E731
-    return ["\x00".join([a, *map(field, parts)]) for a, *parts in zip(amounts, *columns, strict=True)]
+    columns = []
+    for name in clean._EVENT_FIELDS:
+        values = valid[name].tolist()
+        tagged = any(missing(v) for v in values)
+        columns.append([("-" if missing(v) else f"={v}") if tagged else str(v) for v in values])
+    return ["\x00".join(parts) for parts in zip(amounts, *columns, strict=True)]
 
 
 @pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])

@@ -282,10 +282,14 @@ def _event_fingerprints(valid: pd.DataFrame) -> list[str]:
 
 
 def _field_values(series: pd.Series) -> list[str]:
-    """One fingerprint field per value: ``"="`` and its :func:`_str_values` text, or ``"-"`` for a
-    missing value (before v5 a NULL was ``str(None)``, the same as the text ``"None"``)."""
-    missing = series.isna().tolist()
-    return ["-" if m else "=" + t for t, m in zip(_str_values(series), missing, strict=True)]
+    """One fingerprint field per value: its :func:`_str_values` text; in a column with a missing
+    value, ``"="`` and the text, or ``"-"`` for a missing one (before v5 a NULL was ``str(None)``,
+    the same as the text ``"None"``). Fingerprints are compared within one frame, where each column
+    has one form, so a column without NULLs (most of them) keeps its plain text."""
+    missing = series.isna()
+    if not missing.any():
+        return _str_values(series)
+    return ["-" if m else "=" + t for t, m in zip(_str_values(series), missing.tolist(), strict=True)]
 
 
 def _str_values(series: pd.Series) -> list[str]:

@@ -5,10 +5,10 @@
 | ``ONCEFLOW_BUSINESS_TZ`` | ``Europe/Amsterdam`` | timezone whose midnights bound each day |
 | ``ONCEFLOW_SALES_TABLE`` | ``daily_sales`` | warehouse table (identifier, validated) |
 | ``ONCEFLOW_SALES_START_DATE`` | ``2023-01-01`` | first local day the DAG knows about |
-| ``ONCEFLOW_SALES_MAX_REJECT_RATIO`` | ``0.05`` | the load fails above this share of rejected rows |
+| ``ONCEFLOW_SALES_MAX_REJECT_RATIO`` | ``0.05`` | the load fails above this share of rejected rows (0 to 1) |
 | ``ONCEFLOW_REPORTING_CURRENCY`` | ``EUR`` | currency of the warehouse amounts |
 | ``ONCEFLOW_SALES_RETRIES`` | ``2`` | task retries (tests that expect failure set 0) |
-| ``ONCEFLOW_SALES_TASK_TIMEOUT_MINUTES`` | ``120`` | ``execution_timeout`` of each task (then it fails and retries) |
+| ``ONCEFLOW_SALES_TASK_TIMEOUT_MINUTES`` | ``120`` | ``execution_timeout`` of each task (then it fails and retries; at least 1/60) |
 | ``ONCEFLOW_SALES_STAGING_DIR`` | ``<onceflow_storage base>/sales-staging`` | files between tasks |
 
 ``ONCEFLOW_SALES_STAGING_DIR`` is the exception: the extract task reads it (not the parse), through
@@ -28,10 +28,14 @@ if TYPE_CHECKING:
 
 import dataclasses
 import datetime as dt
+import math
 import os
 from zoneinfo import ZoneInfo
 
 from onceflow.sales.partitions import validate_table_name
+
+#: the longest task timeout accepted, in minutes (about 1,900 years; ``timedelta`` ends near 2.7 million).
+_MAX_TIMEOUT_MINUTES = 1e9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +67,18 @@ class SalesConfig:
                 env.get("ONCEFLOW_SALES_TASK_TIMEOUT_MINUTES", cls.task_timeout_minutes)
             ),
         )
-        if config.task_timeout_minutes <= 0:
+        minutes = config.task_timeout_minutes
+        # "nan" and "inf" parse as floats; a timeout that rounds to timedelta(0) is none at all to
+        # Airflow ("if task.execution_timeout:"), so at least a second.
+        if not (math.isfinite(minutes) and 1 / 60 <= minutes <= _MAX_TIMEOUT_MINUTES):
             raise ValueError(
-                "ONCEFLOW_SALES_TASK_TIMEOUT_MINUTES must be positive: every task needs a deadline"
+                "ONCEFLOW_SALES_TASK_TIMEOUT_MINUTES must be positive: every task needs a deadline "
+                f"(a number of minutes from 1/60 to {_MAX_TIMEOUT_MINUTES:g}), got {minutes!r}"
+            )
+        ratio = config.max_reject_ratio
+        if not 0 <= ratio <= 1:  # also "nan", which no ratio is ever above: the check never failed
+            raise ValueError(
+                f"ONCEFLOW_SALES_MAX_REJECT_RATIO must be a share from 0 to 1 (0.05 = 5 %), got {ratio!r}"
             )
         validate_table_name(config.table)
         ZoneInfo(config.timezone)  # fails loudly on a typo

@@ -135,7 +135,11 @@ def test_random_days_stream_clean_as_the_whole_day_and_as_rule_two_says(
     assert int(whole.rows["event_count"].sum()) == len(kept)
 
     # The bounded-memory clean, in buckets of a few rows, stages the same.
-    staging.write_extract(tmp_path / "stream", source)
+    # ... from an extract written as the shop's batches arrive: row groups of a few rows
+    size = rng.choice([1, 4, 33, 1000])
+    staging.write_extract_stream(
+        tmp_path / "stream", (source.iloc[i : i + size] for i in range(0, len(source), size))
+    )
     staging.write_clean(tmp_path / "whole", whole, partition=DAY, processing_version="v")
     summary = staging.clean_extract(
         tmp_path / "stream",
@@ -167,3 +171,45 @@ def test_the_random_days_reach_every_rule() -> None:
     assert {"missing_order_id", "unknown_event_type", "bad_amount", "sub_cent_amount",
             "non_positive_amount", "unknown_currency", "conflicting_duplicate"} <= reasons  # fmt: skip
     assert clean.PROCESSING_VERSION
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_days_extract_from_a_sqlite_shop_unchanged(seed: int, tmp_path: Path) -> None:
+    """The extract (``stream_interval`` in batches of a few rows, ``write_extract_stream``) stages the
+    day's rows as the shop holds them: awkward text, NULL against the text 'None', microsecond edges;
+    the rows one microsecond before the day and at its end stay out."""
+    import sqlalchemy as sa
+
+    from onceflow.sales.engine import make_source_engine
+    from onceflow.sales.partitions import day_bounds_utc
+    from onceflow.sales.schema import orders, shop_metadata
+    from onceflow.sales.shop_query import stream_interval
+
+    rng = random.Random(30_000 + seed)
+    source = random_day(seed).sort_values("row_id", kind="stable").reset_index(drop=True)
+    start, end = day_bounds_utc(DAY, "Europe/Amsterdam")
+    outside = source.iloc[:1].assign(row_id=[10**6]).to_dict("records") + source.iloc[:1].assign(
+        row_id=[10**6 + 1]
+    ).to_dict("records")
+    outside[0]["created_at_utc"] = start.replace(tzinfo=None) - dt.timedelta(microseconds=1)
+    outside[1]["created_at_utc"] = end.replace(tzinfo=None)
+    url = f"sqlite:///{tmp_path / 'shop.db'}"
+    writer = sa.create_engine(url)
+    shop_metadata.create_all(writer, tables=[orders])
+    with writer.begin() as conn:
+        conn.execute(orders.insert(), source.to_dict("records") + outside)
+    writer.dispose()
+
+    engine = make_source_engine(url)
+    try:
+        with stream_interval(engine, start, end, batch_rows=rng.choice([1, 3, 50_000])) as (
+            watermark,
+            batches,
+        ):
+            staging.write_extract_stream(tmp_path, batches, source_watermark_utc=watermark)
+    finally:
+        engine.dispose()
+    staged = staging.read_extract(tmp_path).frame
+    assert staged["row_id"].tolist() == source["row_id"].tolist()
+    for column in ORDER_COLUMNS:
+        assert staged[column].tolist() == source[column].tolist(), column

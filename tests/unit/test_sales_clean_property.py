@@ -188,16 +188,20 @@ def test_random_days_extract_from_a_sqlite_shop_unchanged(seed: int, tmp_path: P
     rng = random.Random(30_000 + seed)
     source = random_day(seed).sort_values("row_id", kind="stable").reset_index(drop=True)
     start, end = day_bounds_utc(DAY, "Europe/Amsterdam")
-    outside = source.iloc[:1].assign(row_id=[10**6]).to_dict("records") + source.iloc[:1].assign(
-        row_id=[10**6 + 1]
-    ).to_dict("records")
-    outside[0]["created_at_utc"] = start.replace(tzinfo=None) - dt.timedelta(microseconds=1)
-    outside[1]["created_at_utc"] = end.replace(tzinfo=None)
+    records = [{str(k): v for k, v in r.items()} for r in source.to_dict("records")]
+    outside = [  # one microsecond before the day, and at its end
+        {
+            **records[0],
+            "row_id": 10**6,
+            "created_at_utc": start.replace(tzinfo=None) - dt.timedelta(microseconds=1),
+        },
+        {**records[0], "row_id": 10**6 + 1, "created_at_utc": end.replace(tzinfo=None)},
+    ]
     url = f"sqlite:///{tmp_path / 'shop.db'}"
     writer = sa.create_engine(url)
     shop_metadata.create_all(writer, tables=[orders])
     with writer.begin() as conn:
-        conn.execute(orders.insert(), source.to_dict("records") + outside)
+        conn.execute(orders.insert(), records + outside)
     writer.dispose()
 
     engine = make_source_engine(url)

@@ -23,7 +23,7 @@ from onceflow.sales.checksum import frame_checksum
 from onceflow.sales.clean import clean_orders
 from onceflow.sales.engine import make_engine
 from onceflow.sales.partition_store import PartitionStore, frame_records
-from onceflow.sales.schema import REJECT_COLUMNS, SALES_COLUMNS
+from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS, SALES_COLUMNS
 from onceflow.testing.sales_crowded import random_day
 
 if TYPE_CHECKING:
@@ -106,3 +106,68 @@ def test_random_days_load_what_the_whole_day_clean_gives(
             loaded = (store.audit(DAY), rows, rejects)
     finally:
         store.engine.dispose()
+
+
+SHOP_ORDERS = """
+CREATE TABLE orders (
+    row_id bigint PRIMARY KEY,
+    order_id text, event_type varchar(16), refund_id text, customer_id text,
+    created_at_utc timestamptz NOT NULL, ingested_at_utc timestamptz NOT NULL,
+    amount text, currency text
+)"""
+
+
+@pytest.mark.postgres
+def test_random_days_extract_from_a_postgres_shop_in_amsterdam_unchanged(
+    postgres_url_factory: Any, tmp_path: Path
+) -> None:
+    """A PostgreSQL shop with ``timestamptz`` event times whose sessions start in Europe/Amsterdam:
+    the extract (server-side cursor in batches of a few rows) stages each crowded day's rows as the
+    shop holds them, the rows one microsecond before the day and at its end left out."""
+    import sqlalchemy as sa
+
+    from onceflow.sales.engine import make_source_engine
+    from onceflow.sales.partitions import day_bounds_utc
+    from onceflow.sales.shop_query import stream_interval
+
+    shop = postgres_url_factory("shop")
+    writer = make_engine(shop)
+    start, end = day_bounds_utc(DAY, "Europe/Amsterdam")
+    with writer.begin() as conn:
+        conn.exec_driver_sql(SHOP_ORDERS)
+        conn.exec_driver_sql(
+            f"ALTER DATABASE \"{sa.engine.make_url(shop).database}\" SET timezone TO 'Europe/Amsterdam'"
+        )
+    engine = make_source_engine(shop)
+    try:
+        for seed in range(8):
+            rng = random.Random(40_000 + seed)
+            source = random_day(seed).sort_values("row_id", kind="stable").reset_index(drop=True)
+            records = [{str(k): v for k, v in r.items()} for r in source.to_dict("records")]
+            outside = [
+                {**records[0], "row_id": 10**6, "created_at_utc": start.replace(tzinfo=None) - dt.timedelta(microseconds=1)},
+                {**records[0], "row_id": 10**6 + 1, "created_at_utc": end.replace(tzinfo=None)},
+            ]  # fmt: skip
+            with writer.begin() as conn:
+                conn.exec_driver_sql("TRUNCATE orders")
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO orders VALUES (:row_id, :order_id, :event_type, :refund_id, :customer_id,"
+                        " CAST(:created_at_utc AS timestamp) AT TIME ZONE 'UTC',"
+                        " CAST(:ingested_at_utc AS timestamp) AT TIME ZONE 'UTC', :amount, :currency)"
+                    ),
+                    [{**r, "created_at_utc": str(r["created_at_utc"]), "ingested_at_utc": str(r["ingested_at_utc"])}
+                     for r in records + outside],
+                )  # fmt: skip
+            folder = tmp_path / str(seed)
+            with stream_interval(engine, start, end, batch_rows=rng.choice([1, 3, 50_000])) as (
+                mark,
+                batches,
+            ):
+                staging.write_extract_stream(folder, batches, source_watermark_utc=mark)
+            staged = staging.read_extract(folder).frame
+            for column in ORDER_COLUMNS:
+                assert staged[column].tolist() == source[column].tolist(), (seed, column)
+    finally:
+        engine.dispose()
+        writer.dispose()

@@ -221,9 +221,11 @@ class PartitionOverwriteOperator(BaseOperator):
         from onceflow.compat import AirflowFailException
 
         if staged.reject_ratio > self.max_reject_ratio:
-            store.record_rejects(lease, staged.rejects, source_watermark_utc=staged.source_watermark_utc)
+            store.record_rejects(
+                lease, staged.reject_batches(), source_watermark_utc=staged.source_watermark_utc
+            )
             raise AirflowFailException(
-                f"{len(staged.rejects)} of {staged.source_rows} source rows rejected for {day} "
+                f"{staged.reject_count} of {staged.source_rows} source rows rejected for {day} "
                 f"({staged.reject_ratio:.1%} > max_reject_ratio {self.max_reject_ratio:.1%}); "
                 f"partition left unchanged, reasons recorded in the rejects table"
             )
@@ -253,7 +255,7 @@ class PartitionOverwriteOperator(BaseOperator):
             audit = store.overwrite(
                 lease,
                 staged.arrow_batches(),
-                staged.rejects,
+                staged.reject_batches(),
                 processing_version=staged.processing_version,
                 method=self.load_method,
                 source_watermark_utc=staged.source_watermark_utc,

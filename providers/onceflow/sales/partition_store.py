@@ -70,6 +70,8 @@ __all__ = [
 
 Checkpoint = Callable[[str], None]
 
+#: reject rows inserted per statement (a day's rejects are not held as rows at once).
+REJECT_INSERT_ROWS = 10_000
 #: Advisory lock serialising table creation in one warehouse (PostgreSQL).
 _SCHEMA_LOCK = "onceflow.warehouse.schema"
 
@@ -217,7 +219,7 @@ class PartitionStore:
         self,
         lease: Lease,
         rows: pd.DataFrame | Iterable[Any],
-        rejects: pd.DataFrame | None = None,
+        rejects: pd.DataFrame | Iterable[pd.DataFrame] | None = None,
         *,
         processing_version: str,
         method: LoadMethod = "auto",
@@ -234,7 +236,9 @@ class PartitionStore:
             each inserted and added to the checksum as it arrives, so memory holds a few batches and
             32 bytes a row (spilled to a temporary file past ``checksum.SPILL_ROWS`` rows). On
             PostgreSQL the rows go into one COPY, Arrow batches formatted by Arrow.
-        :param rejects: reject rows (columns :data:`REJECT_COLUMNS`) for the partition, or None.
+        :param rejects: reject rows (columns :data:`REJECT_COLUMNS`) for the partition: one frame,
+            or frames inserted batch by batch (e.g. :meth:`StreamedClean.reject_batches
+            <onceflow.sales.staging.StreamedClean.reject_batches>`), or None.
         :param processing_version: version of the code and reference data that produced ``rows``.
         :param method: how rows are inserted; ``auto`` is COPY on PostgreSQL, INSERT elsewhere.
         :param checkpoint: called with ``"deleted"`` and ``"rows_written"`` inside the transaction
@@ -249,7 +253,6 @@ class PartitionStore:
         batches = [rows] if isinstance(rows, pd.DataFrame) else rows
         if isinstance(rows, pd.DataFrame):
             self._check_partition(lease, rows)  # before any transaction, for one frame
-        reject_records = frame_records(rejects, REJECT_COLUMNS) if rejects is not None else []
         digests = RowDigests(SALES_COLUMNS)
         notify = checkpoint or (lambda _stage: None)
         if method == "auto":
@@ -272,7 +275,7 @@ class PartitionStore:
                         digests.add(frame)
                 notify("rows_written")
                 audit = self._commit_audit(
-                    conn, lease, row_count=digests.rows, checksum=digests.hexdigest(), reject_records=reject_records,
+                    conn, lease, row_count=digests.rows, checksum=digests.hexdigest(), rejects=rejects,
                     processing_version=processing_version, source_watermark_utc=source_watermark_utc,
                     duplicate_count=duplicate_count,
                 )  # fmt: skip
@@ -322,7 +325,11 @@ class PartitionStore:
             raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")
 
     def record_rejects(
-        self, lease: Lease, rejects: pd.DataFrame, *, source_watermark_utc: dt.datetime | None = None
+        self,
+        lease: Lease,
+        rejects: pd.DataFrame | Iterable[pd.DataFrame],
+        *,
+        source_watermark_utc: dt.datetime | None = None,
     ) -> None:
         """Replace only the partition's rejects (fenced), leaving its rows untouched.
 
@@ -336,15 +343,14 @@ class PartitionStore:
         :raises OlderExtractError: the committed load read the shop later; nothing is written.
         """
         key = partition_key(lease.partition)
-        records = frame_records(rejects, REJECT_COLUMNS)
         with self.engine.begin() as conn:
             self._check(conn, lease, source_watermark_utc)
-            self._replace_rejects(conn, key, records)
+            count = self._replace_rejects(conn, key, rejects)
             at = self.audit_table
             conn.execute(
                 at.update()
                 .where(at.c.table_name == self.table_name, at.c.partition_key == key)
-                .values(reject_count=len(records))
+                .values(reject_count=count)
             )
             self.fencing.release(conn, lease)
 
@@ -366,8 +372,7 @@ class PartitionStore:
         with self.engine.begin() as conn:
             self._check(conn, lease, source_watermark_utc)
             return self._commit_audit(
-                conn, lease, row_count=len(rows), checksum=frame_checksum(rows, SALES_COLUMNS),
-                reject_records=frame_records(rejects, REJECT_COLUMNS) if rejects is not None else [],
+                conn, lease, row_count=len(rows), checksum=frame_checksum(rows, SALES_COLUMNS), rejects=rejects,
                 processing_version=processing_version, source_watermark_utc=source_watermark_utc,
                 duplicate_count=duplicate_count,
             )  # fmt: skip
@@ -427,18 +432,18 @@ class PartitionStore:
         *,
         row_count: int,
         checksum: str,
-        reject_records: list[tuple[Any, ...]],
+        rejects: pd.DataFrame | Iterable[pd.DataFrame] | None,
         processing_version: str,
         source_watermark_utc: dt.datetime | None,
         duplicate_count: int | None = None,
     ) -> AuditRecord:
         key = partition_key(lease.partition)
-        self._replace_rejects(conn, key, reject_records)
+        reject_count = self._replace_rejects(conn, key, rejects)
         audit = AuditRecord(
             table_name=self.table_name,
             partition_key=key,
             row_count=row_count,
-            reject_count=len(reject_records),
+            reject_count=reject_count,
             checksum=checksum,
             run_id=lease.run_id,
             try_number=lease.try_number,
@@ -453,21 +458,33 @@ class PartitionStore:
         self.fencing.mark_committed(conn, lease)
         return audit
 
-    def _replace_rejects(self, conn: Connection, key: str, reject_records: list[tuple[Any, ...]]) -> None:
+    def _replace_rejects(
+        self, conn: Connection, key: str, rejects: pd.DataFrame | Iterable[pd.DataFrame] | None
+    ) -> int:
+        """Replace the partition's rejects with ``rejects`` (a frame or frames, inserted
+        :data:`REJECT_INSERT_ROWS` at a time, so memory holds one batch); returns how many."""
+        import pandas as pd
+
         rj = self.rejects
         conn.execute(rj.delete().where(rj.c.table_name == self.table_name, rj.c.partition_key == key))
-        if reject_records:
-            conn.execute(
-                rj.insert(),
-                [
-                    {
-                        "table_name": self.table_name,
-                        "partition_key": key,
-                        **dict(zip(REJECT_COLUMNS, r, strict=True)),
-                    }
-                    for r in reject_records
-                ],
-            )
+        frames = [] if rejects is None else [rejects] if isinstance(rejects, pd.DataFrame) else rejects
+        count = 0
+        for frame in frames:
+            for start in range(0, len(frame), REJECT_INSERT_ROWS):
+                records = frame_records(frame.iloc[start : start + REJECT_INSERT_ROWS], REJECT_COLUMNS)
+                conn.execute(
+                    rj.insert(),
+                    [
+                        {
+                            "table_name": self.table_name,
+                            "partition_key": key,
+                            **dict(zip(REJECT_COLUMNS, r, strict=True)),
+                        }
+                        for r in records
+                    ],
+                )
+                count += len(records)
+        return count
 
     # -- reads --------------------------------------------------------------------------------
 

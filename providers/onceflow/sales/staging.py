@@ -76,6 +76,8 @@ METADATA_KEY = b"onceflow.staging"
 BATCH_ROWS = 100_000
 #: rows per Arrow batch the load formats and sends as one COPY chunk (about 4 MB of COPY text).
 COPY_BATCH_ROWS = 50_000
+#: staged rejects per batch the load reads and inserts (each about 1 kB as rows to insert).
+REJECT_BATCH_ROWS = 10_000
 #: extract rows per batch cleaning reads (the extract's row groups hold 50,000).
 EXTRACT_READ_ROWS = 50_000
 _TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
@@ -311,10 +313,19 @@ class StagedClean:
         streams Arrow batches)."""
         yield self.rows
 
+    def reject_batches(self) -> Iterator[pd.DataFrame]:
+        """The rejects as one frame (:meth:`StreamedClean.reject_batches` streams them)."""
+        yield self.rejects
+
+    @property
+    def reject_count(self) -> int:
+        """The number of staged rejects."""
+        return len(self.rejects)
+
     @property
     def reject_ratio(self) -> float:
         """The share of source rows rejected (0 for an empty day)."""
-        return len(self.rejects) / self.source_rows if self.source_rows else 0.0
+        return self.reject_count / self.source_rows if self.source_rows else 0.0
 
 
 def write_clean(
@@ -454,14 +465,26 @@ def read_clean(folder: Folder) -> StagedClean:
     manifest = json.loads(read_object(folder / "manifest.json"))  # absent: clean never finished
     rows, facts = _read_parquet(folder / "rows.parquet")
     rows = normalise_sales_frame(rows) if len(rows) else empty_sales_frame()
-    return StagedClean(rows=rows, **_clean_facts(folder, manifest, facts))
+    rejects, reject_facts = _read_parquet(folder / "rejects.parquet")
+    return StagedClean(
+        rows=rows, rejects=_reject_frame(rejects), **_clean_facts(folder, manifest, facts, reject_facts)
+    )
+
+
+def _reject_frame(rejects: pd.DataFrame) -> pd.DataFrame:
+    """Staged rejects as the load takes them: :data:`REJECT_COLUMNS`, a missing order id as None."""
+    rejects = rejects.loc[:, list(REJECT_COLUMNS)]
+    rejects["order_id"] = rejects["order_id"].astype(object).where(rejects["order_id"].notna(), None)
+    return rejects
 
 
 def _clean_facts(
-    folder: ObjectStoragePath, manifest: dict[str, Any], facts: dict[str, Any] | None
+    folder: ObjectStoragePath,
+    manifest: dict[str, Any],
+    facts: dict[str, Any] | None,
+    reject_facts: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The rejects and the facts of a staged clean, checked against the rows file's ``facts``."""
-    rejects, reject_facts = _read_parquet(folder / "rejects.parquet")
+    """The facts of a staged clean, the rows file's ``facts`` checked against the rejects file's."""
     if facts != reject_facts:
         raise StagingMismatchError(
             f"{folder}: rows.parquet ({facts}) and rejects.parquet ({reject_facts}) come from "
@@ -469,11 +492,8 @@ def _clean_facts(
         )
     if facts is None:  # staged before the facts moved into the files: no watermark known
         facts = {**manifest, "source_watermark_utc": None}
-    rejects = rejects.loc[:, list(REJECT_COLUMNS)]
-    rejects["order_id"] = rejects["order_id"].astype(object).where(rejects["order_id"].notna(), None)
     return {
         "partition": validate_partition(facts["partition"]),
-        "rejects": rejects,
         "source_rows": int(facts["source_rows"]),
         "processing_version": str(facts["processing_version"]),
         "source_watermark_utc": _parse(facts.get("source_watermark_utc")),
@@ -486,18 +506,40 @@ class StreamedClean:
     """A staged clean whose rows are read batch by batch (:func:`open_clean`); else as :class:`StagedClean`."""
 
     partition: dt.date
-    rejects: pd.DataFrame
     source_rows: int
     processing_version: str
     source_watermark_utc: dt.datetime | None
     duplicates_dropped: int | None
     #: the open ``rows.parquet`` (one file: the rows of the same try as the facts above).
     rows_file: Any
+    #: the open ``rejects.parquet``, of the same try (its facts are the rows file's).
+    rejects_file: Any
+
+    @property
+    def reject_count(self) -> int:
+        """The number of staged rejects (from the file's metadata: none is read)."""
+        return int(self.rejects_file.metadata.num_rows)
 
     @property
     def reject_ratio(self) -> float:
         """The share of source rows rejected (0 for an empty day)."""
-        return len(self.rejects) / self.source_rows if self.source_rows else 0.0
+        return self.reject_count / self.source_rows if self.source_rows else 0.0
+
+    def reject_batches(self, batch_rows: int = REJECT_BATCH_ROWS) -> Iterator[pd.DataFrame]:
+        """The rejects, ``batch_rows`` at a time (columns :data:`REJECT_COLUMNS`): a day's rejects
+        are bounded by the reject ratio, not by memory (about 1 kB each once loaded as rows)."""
+        for batch in self.rejects_file.iter_batches(batch_size=batch_rows, columns=list(REJECT_COLUMNS)):
+            yield _reject_frame(batch.to_pandas())
+
+    @property
+    def rejects(self) -> pd.DataFrame:
+        """Every reject in one frame (what :meth:`reject_batches` streams; for small days and tests)."""
+        import pandas as pd
+
+        frames = list(self.reject_batches())
+        if frames:
+            return pd.concat(frames, ignore_index=True)
+        return _reject_frame(self.rejects_file.schema_arrow.empty_table().to_pandas())
 
     @property
     def row_count(self) -> int:
@@ -521,11 +563,12 @@ class StreamedClean:
 
 @contextlib.contextmanager
 def open_clean(folder: Folder) -> Iterator[StreamedClean]:
-    """:func:`read_clean` without holding the rows in memory: they stream from ``rows.parquet``.
+    """:func:`read_clean` without holding the rows in memory: they stream from ``rows.parquet``, the
+    rejects from ``rejects.parquet`` (:meth:`StreamedClean.reject_batches`).
 
-    The file is held open (locally, the open file keeps the inode a later try may rename over;
+    The files are held open (locally, the open file keeps the inode a later try may rename over;
     from ``gs://``, one download into a temporary file), so the batches and the facts come from
-    one try's file, as :func:`read_clean`'s one read does.
+    one try's files, as :func:`read_clean`'s one read does.
 
     :raises StagingMismatchError: rows and rejects were cleaned from different extracts.
     """
@@ -533,9 +576,14 @@ def open_clean(folder: Folder) -> Iterator[StreamedClean]:
 
     folder = storage_path(folder)
     manifest = json.loads(read_object(folder / "manifest.json"))  # absent: clean never finished
-    with _open_staged(folder / "rows.parquet") as handle:
+    with (
+        _open_staged(folder / "rows.parquet") as handle,
+        _open_staged(folder / "rejects.parquet") as reject_handle,
+    ):
         rows_file = pq.ParquetFile(handle, pre_buffer=False)  # else every row group read stays cached
-        yield StreamedClean(rows_file=rows_file, **_clean_facts(folder, manifest, _facts_of(rows_file)))
+        rejects_file = pq.ParquetFile(reject_handle, pre_buffer=False)
+        facts = _clean_facts(folder, manifest, _facts_of(rows_file), _facts_of(rejects_file))
+        yield StreamedClean(rows_file=rows_file, rejects_file=rejects_file, **facts)
 
 
 @contextlib.contextmanager

@@ -270,11 +270,9 @@ def _write_local_settings(cfg: LocalRunConfig) -> None:
 
 
 def _write_local_settings_into(airflow_home: Path) -> None:
-    from onceflow.loopback_logs import LOCAL_SETTINGS
+    from onceflow.loopback_logs import write_local_settings
 
-    config = airflow_home / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    (config / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
+    write_local_settings(airflow_home)
 
 
 def _demo_sheet(path: Path, site_port: int) -> Path:
@@ -562,9 +560,8 @@ def _start_celery(cfg: LocalRunConfig, env: dict[str, str], api_port: int) -> An
     """
     from onceflow.testing.celery_cluster import CeleryCluster
 
+    # Each worker's own AIRFLOW_HOME gets the loopback local settings from CeleryCluster itself.
     cluster = CeleryCluster(env, cfg.home / "logs" / "celery", api_port=api_port, parallelism=8)
-    for name in cluster.worker_names:  # each worker's own AIRFLOW_HOME: its log server on loopback too
-        _write_local_settings_into(cluster.worker_home(name))
     print(f"onceflow: starting the Celery topology (logs in {cluster.workdir})", flush=True)
     return cluster.start(timeout=420)
 

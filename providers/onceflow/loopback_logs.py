@@ -14,6 +14,7 @@ api-server fetches logs from worker hosts keeps Airflow's own.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 #: What ``onceflow up`` writes to ``$AIRFLOW_HOME/config/airflow_local_settings.py``.
@@ -23,6 +24,23 @@ LOCAL_SETTINGS = (
     "bind_log_servers_to_loopback()\n"
 )
 HOST = "127.0.0.1"
+_CALL = "bind_log_servers_to_loopback()"
+
+
+def write_local_settings(airflow_home: Path) -> Path:
+    """Make ``$AIRFLOW_HOME/config/airflow_local_settings.py`` bind the log servers to loopback.
+
+    A file that is already there (a benchmark's preload, a user's policies) keeps its content and
+    gets the two lines appended, once; otherwise :data:`LOCAL_SETTINGS` is written. Returns the file.
+    """
+    path = airflow_home / "config" / "airflow_local_settings.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text(LOCAL_SETTINGS)
+    elif _CALL not in path.read_text():
+        with path.open("a") as f:
+            f.write("\n" + LOCAL_SETTINGS.split("\n", 1)[1])
+    return path
 
 
 #: The commands that start a log server: ``airflow scheduler``, ``airflow triggerer`` and

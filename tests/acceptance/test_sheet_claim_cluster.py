@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -120,6 +121,12 @@ def test_twenty_waiting_sensors_on_a_ten_slot_pool_do_not_block_processing(
     assert list(_states(cluster, "sheet_sensor_wall", wall).values()).count("deferred") == 20, (
         "the sensors were still waiting while the processing tasks ran"
     )
+    # Nothing the cluster runs answers from outside this machine: the api-server and the
+    # scheduler's and triggerer's log servers (Airflow's bind every interface) listen on loopback.
+    listeners = cluster.listeners()
+    log_servers = {pid for pid, command, _ip, _port in listeners if "serve-logs" in command}
+    assert len(log_servers) >= 2 and any("api_server" in c for _p, c, _i, _po in listeners), listeners
+    assert all(ipaddress.ip_address(ip).is_loopback for _pid, _cmd, ip, _port in listeners), listeners
     # and the sensors do fire once there is work
     service = anonymous_service(sheets_emulator.endpoint)
     service.spreadsheets().values().append(

@@ -216,3 +216,18 @@ def test_the_banners_backfill_command_loads_every_demo_day_from_a_utc_cli(tmp_pa
     assert info is not None and info.data_interval is not None, (from_date, to_date)
     first_day = dt.date.today() - dt.timedelta(days=cfg.demo_days)
     assert info.data_interval.start.in_timezone(tz).date() == first_day, (from_date, to_date)
+
+
+def test_local_settings_already_there_keep_their_content_and_get_the_call_once(tmp_path: Path) -> None:
+    """The harness and `make run` add the loopback call to a file a benchmark or a user wrote."""
+    from onceflow.loopback_logs import write_local_settings
+
+    path = tmp_path / "config" / "airflow_local_settings.py"
+    path.parent.mkdir()
+    path.write_text("from onceflow.preload import preload_for_task_forks\n\npreload_for_task_forks()\n")
+    write_local_settings(tmp_path)
+    write_local_settings(tmp_path)
+    text = path.read_text()
+    assert text.startswith("from onceflow.preload import preload_for_task_forks\n")
+    assert text.count("bind_log_servers_to_loopback()") == 1
+    compile(text, str(path), "exec")  # still a valid module

@@ -342,6 +342,23 @@ class AirflowCluster:
 
     # -- diagnostics -------------------------------------------------------------------------
 
+    def listeners(self) -> list[tuple[int, str, str, int]]:
+        """Every TCP socket this cluster's processes listen on: (pid, command, address, port)."""
+        import psutil
+
+        pids = set(self.leftover_pids())
+        found = []
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status != psutil.CONN_LISTEN or conn.pid not in pids:
+                continue
+            try:
+                # as the process titles itself ("airflow serve-logs", "airflow api_server -- ...")
+                command = " ".join(part for part in psutil.Process(conn.pid).cmdline() if part)
+            except psutil.Error:  # it ended meanwhile
+                continue
+            found.append((conn.pid, command, conn.laddr.ip, conn.laddr.port))
+        return sorted(found)
+
     def log_tails(self, lines: int = 40) -> str:
         parts = []
         for name in self._specs:

@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from onceflow.loopback_logs import write_local_settings
 from onceflow.testing import postgres
 
 
@@ -87,6 +88,9 @@ def prepare(
     """
     home = home or Path(tempfile.mkdtemp(prefix="onceflow-airflow-"))
     home.mkdir(parents=True, exist_ok=True)
+    # The scheduler's and triggerer's log servers listen on 127.0.0.1 only (Airflow's bind every
+    # interface): no process a test starts answers from outside this machine.
+    write_local_settings(home)
     if use_postgres is None:
         use_postgres = bool(os.environ.get(postgres.ENV_VAR))
     pg_url: str | None = None

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from onceflow.loopback_logs import write_local_settings
 from onceflow.testing.airflow_cluster import AirflowCluster, ClusterError
 from onceflow.testing.ports import free_port
 from onceflow.testing.processes import exit_code_unreaped, session_members
@@ -115,6 +116,9 @@ class CeleryCluster(AirflowCluster):
         paths = {key: root / key.lower() for key in ("AIRFLOW_HOME", "HOME", "TMPDIR", "logs")}
         for path in paths.values():
             path.mkdir(parents=True, exist_ok=True)
+        # Its log server listens on 127.0.0.1 (Airflow's binds every interface): nothing of a test
+        # cluster or of `make run` answers from outside this machine.
+        write_local_settings(paths["AIRFLOW_HOME"])
         return {
             "AIRFLOW_HOME": str(paths["AIRFLOW_HOME"]),
             "HOME": str(paths["HOME"]),

@@ -92,25 +92,37 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, cluster:
     raise AssertionError(f"{what}: not within {timeout}s\n{cluster.log_tails()}")
 
 
-def running_on(cluster: CeleryCluster, worker: str, dag_id: str) -> list[dict[str, Any]]:
-    """Running task instances whose task process belongs to ``worker``'s process tree."""
+def running_on(
+    cluster: CeleryCluster, worker: str, dag_id: str, runs: Callable[[], set[str]] | None = None
+) -> list[dict[str, Any]]:
+    """Running task instances whose task process belongs to ``worker``'s process tree (of the
+    runs ``runs()`` names, when given)."""
     members = set(session_members(cluster.pid(worker)))
     rows = cluster.query(
         "SELECT task_id, run_id, map_index, pid FROM task_instance "
         "WHERE dag_id = :dag_id AND state = 'running' AND pid IS NOT NULL",
         dag_id=dag_id,
     )
-    return [r for r in rows if r["pid"] in members]
+    ours = runs() if runs is not None else None
+    return [r for r in rows if r["pid"] in members and (ours is None or r["run_id"] in ours)]
 
 
 def non_terminal(cluster: CeleryCluster, dag_id: str) -> list[dict[str, Any]]:
     return [ti for ti in cluster.task_instances(dag_id) if ti["state"] not in TERMINAL]
 
 
-def kill_mid_flight(cluster: CeleryCluster, dag_id: str, *, timeout: float = 300.0) -> dict[str, Any]:
-    """Once worker-1 runs a task of ``dag_id``: SIGKILL scheduler-1 and worker-1 (with its task
-    processes), then restart both. Returns what was hit."""
-    hit = wait_until(lambda: running_on(cluster, "worker-1", dag_id), timeout, "a task on worker-1", cluster)
+def kill_mid_flight(
+    cluster: CeleryCluster,
+    dag_id: str,
+    *,
+    runs: Callable[[], set[str]] | None = None,
+    timeout: float = 300.0,
+) -> dict[str, Any]:
+    """Once worker-1 runs a task of ``dag_id`` (of ``runs()``, when given): SIGKILL scheduler-1
+    and worker-1 (with its task processes), then restart both. Returns what was hit."""
+    hit = wait_until(
+        lambda: running_on(cluster, "worker-1", dag_id, runs), timeout, "a task on worker-1", cluster
+    )
     scheduler_jobs = len(cluster.scheduler_jobs())
     killed = {"scheduler": cluster.kill("scheduler-1"), "worker": cluster.kill("worker-1"), "tasks": hit}
     time.sleep(5)  # both stay dead a moment: the survivors carry on alone
@@ -281,14 +293,24 @@ def test_a_30_day_backfill_survives_a_killed_scheduler_and_worker(
     backfill = create_backfill(cluster, "daily_sales", days[0], days[-1], timezone=TZ, max_active_runs=8)
     # mid-way: some days done, and worker-1 busy with one
     wait_until(lambda: succeeded_runs(cluster, backfill) >= 5, 900, "5 days loaded", cluster)
-    killed = kill_mid_flight(cluster, "daily_sales")
+
+    # The session's metadata DB may hold daily_sales from an earlier test's cluster (the repo's
+    # DAG folder, its real start date): its scheduled run is not this backfill's.
+    def ours() -> set[str]:
+        return {r["run_id"] for r in backfill_runs(cluster, backfill)}
+
+    killed = kill_mid_flight(cluster, "daily_sales", runs=ours)
     runs = wait_for_backfill(cluster, backfill, timeout=2400, poll=5.0)
     # nothing left queued or running once the backfill is complete (bounded wait)
-    wait_until(lambda: not non_terminal(cluster, "daily_sales"), 300, "every task terminal", cluster)
+    wait_until(
+        lambda: not [ti for ti in non_terminal(cluster, "daily_sales") if ti["run_id"] in ours()],
+        300,
+        "every task terminal",
+        cluster,
+    )
 
     assert [r["state"] for r in runs] == ["success"] * 30, cluster.task_log_tails("daily_sales")
-    ours = {r["run_id"] for r in runs}
-    tis = [ti for ti in cluster.task_instances("daily_sales") if ti["run_id"] in ours]
+    tis = [ti for ti in cluster.task_instances("daily_sales") if ti["run_id"] in ours()]
     assert len(tis) == 90 and {ti["state"] for ti in tis} == {"success"}
     retried = {(ti["run_id"], ti["task_id"]) for ti in tis if ti["try_number"] > 1}
     assert {(t["run_id"], t["task_id"]) for t in killed["tasks"]} <= retried, (killed, retried)
@@ -341,6 +363,7 @@ def rows_processed(
         # every demo page scores above this: all publish, none waits for a reviewer
         "AIRFLOW_VAR_ONCEFLOW_SCORE_THRESHOLD": "0.05",
     }
+    began = dt.datetime.now(dt.timezone.utc)
     cluster: CeleryCluster = airflow_cluster_factory(
         dags_folder=dags,
         env=env,
@@ -349,22 +372,42 @@ def rows_processed(
         executor="celery",
         celery={"worker_concurrency": 4},
     )
+
+    # The session's metadata DB keeps the runs of earlier tests (the other storage's variant ran
+    # the same DAG; all of them ended before this cluster started): everything below looks at this
+    # test's article runs only, those not started yet or started after this cluster came up.
+    def our_runs() -> list[dict[str, Any]]:
+        return [
+            r
+            for r in cluster.dag_runs("article_pipeline")
+            if r["start_date"] is None or r["start_date"] >= began
+        ]
+
+    def ours() -> set[str]:
+        return {r["run_id"] for r in our_runs()}
+
     claim = cluster.trigger("sheet_claim", conf={"max_rows": n_rows})
     # every row has its run before the kill: the kill hits the chain, not the claim
-    wait_until(lambda: len(cluster.dag_runs("article_pipeline")) >= n_rows, 900, "one run per row", cluster)
-    killed = kill_mid_flight(cluster, "article_pipeline")
+    wait_until(lambda: len(our_runs()) >= n_rows, 900, "one run per row", cluster)
+    killed = kill_mid_flight(cluster, "article_pipeline", runs=ours)
 
     def all_runs_finished() -> bool:
-        runs = cluster.dag_runs("article_pipeline")
+        runs = our_runs()
         return len(runs) == n_rows and all(r["state"] in {"success", "failed"} for r in runs)
 
     wait_until(all_runs_finished, 60 * max(15, n_rows // 4), "every article run finished", cluster)
-    wait_until(lambda: not non_terminal(cluster, "article_pipeline"), 300, "every task terminal", cluster)
+    wait_until(
+        lambda: not [ti for ti in non_terminal(cluster, "article_pipeline") if ti["run_id"] in ours()],
+        300,
+        "every task terminal",
+        cluster,
+    )
     # the triggered claim ends too (its sensor skips once the scheduled run took every row first)
     assert cluster.wait_for_run("sheet_claim", claim, timeout=600) == "success"
-    runs = cluster.dag_runs("article_pipeline")
+    runs = our_runs()
     assert {r["state"] for r in runs} == {"success"}, cluster.task_log_tails("article_pipeline")
-    tis = cluster.task_instances("article_pipeline")
+    mine = ours()
+    tis = [ti for ti in cluster.task_instances("article_pipeline") if ti["run_id"] in mine]
     retried = {(ti["run_id"], ti["task_id"]) for ti in tis if ti["try_number"] > 1}
     assert {(t["run_id"], t["task_id"]) for t in killed["tasks"]} <= retried, (killed, retried)
 
@@ -375,7 +418,8 @@ def rows_processed(
     assert len(set(tokens.values())) == n_rows
     confs = [
         r["conf"] if isinstance(r["conf"], dict) else json.loads(r["conf"])
-        for r in cluster.query("SELECT conf FROM dag_run WHERE dag_id = 'article_pipeline'")
+        for r in cluster.query("SELECT run_id, conf FROM dag_run WHERE dag_id = 'article_pipeline'")
+        if r["run_id"] in mine
     ]
     assert sorted(c["claim_token"] for c in confs) == sorted(str(t) for t in tokens.values())
     # ... and each ended DONE (a second claim of one row would have marked one DUPLICATE)

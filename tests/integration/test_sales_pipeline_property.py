@@ -49,16 +49,22 @@ def failing(batches: Iterator[Any], at: int, how: str) -> Iterator[Any]:
         yield batch
 
 
-@pytest.mark.parametrize("driver", ["psycopg2", "psycopg"])
+# SQLite once; PostgreSQL through both drivers (each formats and sends the COPY its own way).
+@pytest.mark.parametrize(
+    ("onceflow_sales_db_url", "driver"),
+    [
+        ("sqlite", None),
+        pytest.param("postgres", "psycopg2", marks=pytest.mark.postgres),
+        pytest.param("postgres", "psycopg", marks=pytest.mark.postgres),
+    ],
+    indirect=["onceflow_sales_db_url"],
+)
 def test_random_days_load_what_the_whole_day_clean_gives(
-    sales_db_url: str, driver: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    onceflow_sales_db_url: str, driver: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if sales_db_url.startswith("sqlite"):
-        if driver != "psycopg2":
-            pytest.skip("one SQLite run is enough")
-        url = sales_db_url
-    else:
-        url = sales_db_url.replace("postgresql+psycopg2://", f"postgresql+{driver}://")
+    url = onceflow_sales_db_url
+    if driver is not None:
+        url = url.replace("postgresql+psycopg2://", f"postgresql+{driver}://")
     store = PartitionStore(make_engine(url), "daily_sales")
     store.create_schema()
     loaded: tuple[Any, ...] | None = None  # the last committed day: (audit, rows, rejects)

@@ -324,7 +324,8 @@ def standalone_cluster(
         use_postgres=use_postgres,
         home=workdir / "home",
     )
-    sqlite_metadata = None if use_postgres else workdir / "home" / "airflow.db"
+    # prepare() decided the metadata DB: its SQLite file lives in the home it made
+    sqlite_metadata = None if airflow_env.is_postgres else airflow_env.home / "airflow.db"
     if sqlite_metadata is not None:
         # As `make run` sets it up: a longer lock wait, and write-ahead logging after the migration
         # (eight task processes and the api-server write at once).

@@ -20,6 +20,10 @@ DAY = dt.date(2024, 10, 27)
 T0 = dt.datetime(2024, 10, 26, 22, 0)  # the day's first UTC instant in Europe/Amsterdam
 TEXT = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
 PIECES = ["", "None", "None", "nan", "\x1f", "\t", "\n", "\r", "\\", "\\N", "a", "é", "🙂", " ", "NULL", ":"]
+#: Currencies of new events; ``XXX`` (ISO 4217's "no currency") has no rate, so it is rejected.
+CURRENCIES = ["EUR", "EUR", "USD", "GBP", "SEK", "XXX", None]
+#: A variant of an earlier row changes its currency to one of these.
+VARIANT_CURRENCIES = ["EUR", "USD", "SEK", "XXX", None]
 AMOUNTS = ["10", "10.0", "10.00", " 10.00 ", "10.000", "010.00", "12.34", "0.01", "999999999999.99",
            "10.001", "0.00", "-1.00", "1e3", "", None, "\u0661\u0660.\u0665\u0660"]  # fmt: skip
 
@@ -50,7 +54,7 @@ def random_day(seed: int) -> pd.DataFrame:
                     "refund_id": lambda: awkward(rng),
                     "order_id": lambda: rng.choice(keys),
                     "amount": lambda: rng.choice(AMOUNTS),
-                    "currency": lambda: rng.choice(["EUR", "USD", "SEK", "XXX", None]),
+                    "currency": lambda: rng.choice(VARIANT_CURRENCIES),
                     "created_at_utc": lambda: rng.choice(times),
                     "ingested_at_utc": lambda: rng.choice(times) + dt.timedelta(seconds=rng.randint(0, 2)),
                 }[field]()
@@ -64,7 +68,7 @@ def random_day(seed: int) -> pd.DataFrame:
                 "created_at_utc": rng.choice(times),
                 "ingested_at_utc": rng.choice(times) + dt.timedelta(seconds=rng.randint(0, 2)),
                 "amount": rng.choice(AMOUNTS),
-                "currency": rng.choice(["EUR", "EUR", "USD", "GBP", "SEK", "XXX", None]),
+                "currency": rng.choice(CURRENCIES),
             }
         rows.append(row)
     ids = rng.sample(range(1, 10 * n + 10), n)  # unique, in no particular order

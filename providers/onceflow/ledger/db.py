@@ -9,6 +9,9 @@ claim uses ``FOR UPDATE SKIP LOCKED`` and every other write locks its row with `
 
 from __future__ import annotations
 
+import random
+import sqlite3
+import time
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -67,6 +70,30 @@ def is_sqlite(engine_or_conn: Engine | Connection) -> bool:
     return engine_or_conn.dialect.name == "sqlite"
 
 
+def use_wal(dbapi_connection: Any, timeout_s: float = SQLITE_BUSY_TIMEOUT_MS / 1000) -> None:
+    """Switch a new SQLite connection's file to WAL journaling, waiting out other openers.
+
+    Switching needs the file's exclusive lock, and SQLite answers "database is locked" at once,
+    without its busy handler, when other connections are opening the same new file at that moment
+    (a backfill's first wave of tasks, or CI's six concurrent schema creators): retry with jitter
+    until ``timeout_s``, as the busy timeout would. A file already in WAL is left alone.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        cursor = dbapi_connection.cursor()
+        try:
+            (mode,) = cursor.execute("PRAGMA journal_mode").fetchone()
+            if str(mode).lower() not in ("wal", "memory"):  # an in-memory database keeps "memory"
+                cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        finally:
+            cursor.close()
+        time.sleep(random.uniform(0.005, 0.05))
+
+
 def prepare_engine(engine: Engine) -> Engine:
     """Install the SQLite transaction rules on ``engine`` (idempotent; PostgreSQL is left alone)."""
     if not is_sqlite(engine) or getattr(engine, _PREPARED_FLAG, False):
@@ -78,8 +105,8 @@ def prepare_engine(engine: Engine) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode = WAL")
         cursor.close()
+        use_wal(dbapi_connection)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:

@@ -458,6 +458,12 @@ def main(argv: list[str] | None = None) -> int:
         help="sheet_claim's batch_size for the batch-lane side (default 10)",
     )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per measurement")
+    parser.add_argument(
+        "--no-preload",
+        action="store_true",
+        help="do not preload the task libraries and the language detector in the scheduler "
+        "(onceflow.preload, airflow_local_settings.py)",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: cluster stopped, DBs dropped
     n = 10 if args.quick else args.articles
@@ -507,6 +513,14 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 ),
             }
+            if not args.no_preload:
+                # The deployment setting docs/deploy.md recommends for forking executors: the
+                # Google clients and the language detector once in the scheduler, not per task.
+                (work / "home" / "config").mkdir(parents=True)
+                (work / "home" / "config" / "airflow_local_settings.py").write_text(
+                    "from onceflow.preload import preload_for_task_forks\n\npreload_for_task_forks()\n"
+                )
+            print(f"task libraries preloaded in the scheduler: {not args.no_preload}", flush=True)
             with standalone_cluster(work, dags, env=env, pools=POOLS, parallelism=args.workers) as cluster:
                 for dag_id in (CLAIM, CHAIN, MAPPED, LANE, EMPTY_CLAIM, EMPTY_CHAIN):
                     cluster.wait_for_dag(dag_id)

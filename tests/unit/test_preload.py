@@ -49,3 +49,50 @@ def test_an_airflow_scheduler_process_imports_pandas_from_local_settings(tmp_pat
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_a_warm_up_that_fails_is_skipped_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "onceflow_warm_lib.py").write_text(
+        "calls = []\ndef ok():\n    calls.append(1)\ndef broken():\n    raise RuntimeError('model file missing')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from onceflow.preload import warm_up
+
+    failed = warm_up(["onceflow_warm_lib:broken", "onceflow_warm_lib:ok", "onceflow_no_such_module:f"])
+    assert failed == ["onceflow_warm_lib:broken", "onceflow_no_such_module:f"]
+    import onceflow_warm_lib
+
+    assert onceflow_warm_lib.calls == [1]
+
+
+def test_a_task_forked_from_a_preloaded_scheduler_finds_the_language_detector_built() -> None:
+    """The detector is built once in the forking process; a forked task detects without building
+    it (lingua's models live in Rust memory and its thread pool does not survive the fork: the
+    child must still answer, not hang)."""
+    code = (
+        "import os, sys; sys.argv = ['airflow', 'scheduler']\n"
+        "from onceflow.preload import preload_for_task_forks; preload_for_task_forks()\n"
+        "from onceflow.articles import language\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    built = language._detector.cache_info().currsize\n"
+        "    print(built, language.detect('Hola, esto es una prueba del detector de idioma.')[0], flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    built, language = out.stdout.split()
+    assert (int(built), language) == (1, "es"), out.stderr
+
+
+def test_elsewhere_nothing_is_warmed() -> None:
+    code = (
+        "import sys; sys.argv = ['airflow', 'api-server']\n"
+        "from onceflow.preload import preload_for_task_forks; preload_for_task_forks()\n"
+        "from onceflow.articles import language\n"
+        "print(language._detector.cache_info().currsize, 'lingua' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "False"]

@@ -23,6 +23,12 @@ def _detector(codes: frozenset[str]) -> Any:
     return LanguageDetectorBuilder.from_languages(*languages).with_preloaded_language_models().build()
 
 
+def warm() -> None:
+    """Build the default languages' detector now (``onceflow.preload``: in the process that forks
+    the task processes, so ``extract`` and ``score`` find it built)."""
+    _detector(_codes())
+
+
 def _codes(*extra: str | None) -> frozenset[str]:
     from lingua import IsoCode639_1
 

@@ -127,12 +127,115 @@ def test_a_reverse_lookup_of_a_public_address_is_refused(network_refusals: Refus
     assert len(network_refusals.take(lambda r: "93.184.215.14" in r.target)) == 2
 
 
-def test_names_a_test_maps_itself_are_allowed_only_inside_allow_names(network_refusals: RefusalLog) -> None:
-    with network_guard.allow_names("news.test"):
-        network_guard.check("socket.getaddrinfo", ("news.test", 80, 0, 0, 0))
-    with pytest.raises(NetworkGuardError):
-        network_guard.check("socket.getaddrinfo", ("news.test", 80, 0, 0, 0))
+@pytest.fixture
+def hosts_file(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> network_guard.HostsFile:
+    """A hosts file like this machine's: localhost on 127.0.0.1 only, one name on ::1."""
+    path = tmp_path / "hosts"
+    path.write_text("127.0.0.1 localhost buildbox # this machine\n::1 ip6-localhost\n")
+    hosts = network_guard.read_hosts_file(str(path))
+    monkeypatch.setattr(network_guard._state, "hosts", hosts)
+    return hosts
+
+
+def test_a_name_is_local_only_for_the_family_the_hosts_file_lists_it_with(
+    hosts_file: network_guard.HostsFile, network_refusals: RefusalLog
+) -> None:
+    """glibc answers ``localhost`` from the file for IPv4 only: asked for IPv6 (or connected to
+    from an IPv6 socket), it sends the query to the DNS server (seen with strace in a network
+    namespace of its own)."""
+    for name, family in [("localhost", socket.AF_INET), ("localhost", socket.AF_UNSPEC), ("buildbox", 0)]:
+        network_guard.check("socket.getaddrinfo", (name, 80, family, 0, 0))
+    network_guard.check("socket.getaddrinfo", ("ip6-localhost", 80, socket.AF_INET6, 0, 0))
+    refused = [
+        ("socket.getaddrinfo", ("localhost", 80, socket.AF_INET6, 0, 0)),
+        ("socket.getaddrinfo", ("ip6-localhost", 80, socket.AF_INET, 0, 0)),
+        ("socket.gethostbyname", ("ip6-localhost",)),  # gethostbyname(_ex) asks for IPv4
+    ]
+    for event, args in refused:
+        with pytest.raises(NetworkGuardError, match="name lookup of"):
+            network_guard.check(event, args)
+    v6 = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        with pytest.raises(NetworkGuardError, match=re.escape("localhost port 80 refused")):
+            sys.audit("socket.connect", v6, ("localhost", 80))
+    finally:
+        v6.close()
+    assert len(network_refusals.take(lambda r: "localhost" in r.target)) == 4
+
+
+def test_a_reverse_lookup_goes_only_to_the_hosts_file(
+    hosts_file: network_guard.HostsFile, network_refusals: RefusalLog
+) -> None:
+    """A reverse lookup of a loopback address the file does not list (127.0.0.2, and ``::1`` where
+    the file has no ``::1`` line) is a PTR query to the DNS server."""
+    network_guard.check("socket.gethostbyaddr", ("127.0.0.1",))
+    network_guard.check("socket.gethostbyaddr", ("::1",))
+    network_guard.check("socket.getnameinfo", (("127.0.0.1", 80),))
+    # ::1 unlisted from here on (the fixture's monkeypatch restores the guard's own at teardown)
+    network_guard._state.hosts = network_guard.HostsFile(
+        hosts_file.ipv4, frozenset(), frozenset({"127.0.0.1"})
+    )
+    for event, address in [
+        ("socket.gethostbyaddr", ("127.0.0.2",)),
+        ("socket.getnameinfo", (("127.0.0.3", 80),)),
+        ("socket.getnameinfo", (("::1", 80, 0, 0),)),
+    ]:
+        with pytest.raises(NetworkGuardError, match="reverse lookup of"):
+            sys.audit(event, *address)
+    assert len(network_refusals.take(lambda r: "reverse lookup" in r.target)) == 3
+
+
+def test_checking_a_connect_to_a_name_never_asks_the_resolver_for_an_unlisted_one(
+    hosts_file: network_guard.HostsFile, network_refusals: RefusalLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard resolves a name itself only when the hosts file answers it: any other name would
+    be a DNS query sent by the guard."""
+    asked: list[Any] = []
+
+    def resolver(*args: Any, **kwargs: Any) -> list[Any]:
+        asked.append(args)
+        return []
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        with pytest.raises(NetworkGuardError, match=re.escape("news.test port 80 refused")):
+            network_guard.check("socket.connect", (sock, ("news.test", 80)))
+    finally:
+        sock.close()
+    assert asked == []
     assert len(network_refusals.take(lambda r: "news.test" in r.target)) == 1
+
+
+def test_sockets_whose_packets_bypass_the_address_check_are_refused(network_refusals: RefusalLog) -> None:
+    """``AF_PACKET`` frames and raw IP sockets (their own IP header) go wherever they say, and a
+    bound ``AF_PACKET`` socket's ``send()`` has no audit event: refused when the socket is made."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # stands for the new socket
+    try:
+        refused: list[tuple[int, int, int]] = [
+            (socket.AF_PACKET, socket.SOCK_RAW, 0x0300),
+            (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW),
+            (socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW),
+            (socket.AF_INET, 10, 0x0300),  # SOCK_PACKET (Linux), not in the socket module
+        ]
+        for family, kind, proto in refused:
+            with pytest.raises(NetworkGuardError, match="bypass the address check"):
+                sys.audit("socket.__new__", sock, family, kind, proto)
+        passing: list[tuple[int, int]] = [
+            (socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC),
+            (socket.AF_INET6, socket.SOCK_DGRAM),
+            (socket.AF_UNIX, socket.SOCK_STREAM),
+            (socket.AF_NETLINK, socket.SOCK_RAW),
+            (-1, -1),  # socket(fileno=...)
+        ]
+        for family, kind in passing:
+            network_guard.check("socket.__new__", (sock, family, kind, 0))
+        packet = type("PacketSocket", (), {"family": socket.AF_PACKET})()
+        with pytest.raises(NetworkGuardError, match="family"):
+            network_guard.check("socket.sendto", (packet, ("eth0", 0x0800)))
+    finally:
+        sock.close()
+    assert len(network_refusals.take(lambda r: "family" in r.target)) == 5
 
 
 def test_intercept_connects_records_the_attempt_and_refuses_it_before_any_packet() -> None:
@@ -264,11 +367,13 @@ def test_names_are_local_only_when_the_hosts_file_lists_them(
     tmp_path: Any, network_refusals: RefusalLog
 ) -> None:
     hosts = tmp_path / "hosts"
-    hosts.write_text("127.0.0.1 localhost\n127.0.0.1 buildbox buildbox.lan # this machine\n")
-    assert network_guard._hosts_file_names(str(hosts)) == {"localhost", "buildbox", "buildbox.lan"}
+    hosts.write_text("127.0.0.1 localhost\n127.0.0.1 buildbox buildbox.lan # this machine\n::1 ip6-lo\n")
+    read = network_guard.read_hosts_file(str(hosts))
+    assert read.ipv4 == {"localhost", "buildbox", "buildbox.lan"} and read.ipv6 == {"ip6-lo"}
+    assert read.addresses == {"127.0.0.1", "::1"}
     # names that nsswitch may send to a DNS server although they look local
     for name in ("api.localhost", "localhost.localdomain", "ip6-localhost"):
-        if name in network_guard._hosts_file_names():
+        if network_guard.read_hosts_file().answers(name):
             continue
         with pytest.raises(NetworkGuardError):
             network_guard.check("socket.getaddrinfo", (name, 80, 0, 0, 0))

@@ -1,10 +1,12 @@
 """A guard that keeps a test suite's packets on this machine, in pytest and in every child process.
 
 An audit hook (:func:`sys.addaudithook`) sees each socket operation before the system call: a
-``connect``, ``sendto`` or ``sendmsg`` to anything but 127.0.0.0/8, ``::1`` or a Unix socket, and a
-name lookup of anything but ``localhost`` (names ``/etc/hosts`` lists, numeric addresses and the
-names a test allows) raise :class:`NetworkGuardError` at once, naming the address
-and the test. Nothing has been sent when it raises.
+``connect``, ``sendto`` or ``sendmsg`` to anything but 127.0.0.0/8, ``::1`` or a Unix socket, a
+name lookup that ``/etc/hosts`` does not answer (``localhost`` and the names the file lists, for
+the address family it lists them with; numeric addresses), a reverse lookup of an address the
+file does not list, and a socket whose packets no address check can follow (``AF_PACKET``, raw
+IP) raise :class:`NetworkGuardError` at once, naming the address and the test. Nothing has been
+sent when it raises.
 
 The pytest plugin installs it in the pytest process and exports the environment below, so every
 Python child (Airflow's api-server, scheduler, dag-processor, triggerer, task processes, Celery
@@ -43,8 +45,6 @@ from typing import Any
 ENV_ENABLED = "ONCEFLOW_NETWORK_GUARD"
 #: File every refusal is appended to (one JSON object per line), shared by the whole test session.
 ENV_LOG = "ONCEFLOW_NETWORK_GUARD_LOG"
-#: Extra host names that may be looked up (comma-separated): names a test maps to loopback itself.
-ENV_ALLOW_NAMES = "ONCEFLOW_NETWORK_GUARD_ALLOW_NAMES"
 #: The folder holding the ``sitecustomize`` that children load first.
 SITE_DIR = Path(__file__).with_name("network_guard_site")
 
@@ -55,6 +55,11 @@ _LOOKUPS = {
     "socket.gethostbyaddr",
 }
 _SENDS = {"socket.connect", "socket.sendto", "socket.sendmsg"}
+# Families that never leave this machine's kernel (Unix sockets, netlink); IP is checked by address.
+_LOCAL_FAMILIES = {socket.AF_UNIX, getattr(socket, "AF_NETLINK", socket.AF_UNIX)}
+# IP socket types whose destination is the checked address: a raw socket writes its own IP header
+# (IP_HDRINCL) and SOCK_PACKET frames, so the sendto address says nothing about where they go.
+_ADDRESSED_TYPES = {socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET}
 
 
 class NetworkGuardError(RuntimeError):
@@ -66,14 +71,35 @@ class InterceptedConnect(ConnectionRefusedError):
     """A connect to a non-loopback address, recorded by :func:`intercept_connects` and refused."""
 
 
+@dataclass(frozen=True)
+class HostsFile:
+    """What ``/etc/hosts`` answers without a DNS query (nsswitch ``files`` first).
+
+    The C library answers a name from the file only for an address family the file lists it
+    with: with just ``127.0.0.1 localhost``, ``getaddrinfo("localhost", family=AF_INET6)`` (and a
+    connect of an IPv6 socket to ``localhost``) goes to the DNS server; so does a reverse lookup of
+    an address it does not list (``gethostbyaddr("127.0.0.2")``, ``::1``).
+    """
+
+    ipv4: frozenset[str] = frozenset({"localhost"})
+    ipv6: frozenset[str] = frozenset()
+    addresses: frozenset[str] = frozenset({"127.0.0.1"})
+
+    def answers(self, name: str, family: int = socket.AF_UNSPEC) -> bool:
+        """Whether looking ``name`` up for ``family`` is answered from the file."""
+        if family == socket.AF_INET:
+            return name in self.ipv4
+        if family == socket.AF_INET6:
+            return name in self.ipv6
+        return name in self.ipv4 or name in self.ipv6
+
+
 @dataclass
 class _State:
     installed: bool = False
     # Taken at install: code under test may clear os.environ, and a refusal must still be logged.
     log_path: str | None = None
-    # Names whose lookup stays on this machine: those /etc/hosts lists, and ENV_ALLOW_NAMES.
-    local_names: frozenset[str] = frozenset({"localhost"})
-    allowed_names: set[str] = field(default_factory=set)
+    hosts: HostsFile = field(default_factory=HostsFile)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -83,23 +109,21 @@ _state = _State()
 _local = threading.local()
 
 
-def _hosts_file_names(path: str = "/etc/hosts") -> set[str]:
-    """Names ``/etc/hosts`` lists: the C library answers them from the file (nsswitch ``files``
-    first), so looking one up sends no DNS query. Other names, ``localhost.localdomain`` included,
-    may go to the DNS server."""
-    names: set[str] = set()
+def read_hosts_file(path: str = "/etc/hosts") -> HostsFile:
+    """The names ``path`` lists by family, and its addresses (``localhost`` counts as listed for
+    IPv4 always). Other names, ``localhost.localdomain`` included, may go to the DNS server."""
+    # localhost and 127.0.0.1 are in every hosts file worth testing on (kept if one is not).
+    ipv4, ipv6, addresses = {"localhost"}, set[str](), {"127.0.0.1"}
     with contextlib.suppress(OSError):
         for line in open(path, encoding="utf-8", errors="replace"):  # noqa: SIM115
             fields = line.split("#", 1)[0].split()
+            ip = _ip(fields[0]) if fields else None
+            if ip is None:
+                continue
+            addresses.add(str(ip))
+            names = ipv4 if isinstance(ip, ipaddress.IPv4Address) else ipv6
             names.update(n.lower().rstrip(".") for n in fields[1:])
-    return names
-
-
-def _local_names() -> frozenset[str]:
-    names = {"localhost"} | _hosts_file_names()
-    extra = os.environ.get(ENV_ALLOW_NAMES, "")
-    names.update(n.strip().lower().rstrip(".") for n in extra.split(",") if n.strip())
-    return frozenset(names)
+    return HostsFile(frozenset(ipv4), frozenset(ipv6), frozenset(addresses))
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -121,15 +145,24 @@ def is_loopback(host: str) -> bool:
     return ip.is_loopback
 
 
-def name_allowed(host: str) -> bool:
-    """Whether looking ``host`` up may happen: a numeric address (no packet is sent to resolve
-    one), ``localhost``, a name ``/etc/hosts`` lists (this machine's host name, usually), or a
-    name a test allowed."""
+def _hosts() -> HostsFile:
+    return _state.hosts if _state.installed else read_hosts_file()
+
+
+def name_allowed(host: str, family: int = socket.AF_UNSPEC) -> bool:
+    """Whether looking ``host`` up for ``family`` may happen: a numeric address (no packet is sent
+    to resolve one), or a name ``/etc/hosts`` lists with an address of that family (``localhost``,
+    this machine's host name, usually)."""
     name = host.lower().rstrip(".")
     if not name or _ip(name) is not None:
         return True
-    local = _state.local_names if _state.installed else _local_names()
-    return name in local or name in _state.allowed_names
+    return _hosts().answers(name, family)
+
+
+def reverse_allowed(host: str) -> bool:
+    """Whether a reverse lookup of the address ``host`` is answered by ``/etc/hosts``."""
+    ip = _ip(host)
+    return ip is not None and str(ip) in _hosts().addresses
 
 
 def _text(value: Any) -> str:
@@ -141,25 +174,34 @@ def _text(value: Any) -> str:
 def _destination(sock: Any, address: Any) -> str | None:
     """The address as text when the guard must refuse it; None when it stays on this machine."""
     family = getattr(sock, "family", None)
-    if family == socket.AF_UNIX or isinstance(address, str | bytes | bytearray):
-        return None  # a Unix socket path (or abstract name)
+    if family in _LOCAL_FAMILIES:
+        return None  # a Unix socket path (or abstract name), netlink
     if family not in (socket.AF_INET, socket.AF_INET6) or not isinstance(address, tuple) or not address:
-        return None  # netlink and other local families
+        return f"{address!r} on a socket of family {family!r}"  # AF_PACKET and other links out
     host = _text(address[0])
     port = address[1] if len(address) > 1 else "?"
     if is_loopback(host):
         return None
-    if _ip(host) is None and name_allowed(host) and _resolves_to_loopback(host):
-        return None  # a name the C library resolves itself (from /etc/hosts) to loopback only
+    # A name is resolved by the C library for the socket's family: from /etc/hosts only if the
+    # file lists it with that family (an IPv6 socket's "localhost" goes to DNS otherwise).
+    if _ip(host) is None and name_allowed(host, family) and _resolves_to_loopback(host, family):
+        return None
     return f"{host} port {port}"
 
 
-def _resolves_to_loopback(host: str) -> bool:
-    try:  # audited too, and allowed: name_allowed(host) holds
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+def _resolves_to_loopback(host: str, family: int) -> bool:
+    try:  # audited too, and allowed: name_allowed(host, family) holds
+        infos = socket.getaddrinfo(host, None, family, proto=socket.IPPROTO_TCP)
     except OSError:
         return False
     return bool(infos) and all(is_loopback(str(info[4][0])) for info in infos)
+
+
+def _family_name(family: int) -> str:
+    try:
+        return socket.AddressFamily(family).name
+    except ValueError:
+        return f"family {family}"
 
 
 def _who() -> str:
@@ -204,7 +246,14 @@ def check(event: str, args: tuple[Any, ...]) -> None:
     """The audit hook: refuse ``event`` when it would leave this machine, else return."""
     if event[:7] != "socket.":
         return
-    if event in _SENDS:
+    if event == "socket.__new__":
+        _, family, kind, _proto = args
+        kind &= ~(getattr(socket, "SOCK_NONBLOCK", 0) | getattr(socket, "SOCK_CLOEXEC", 0))
+        if family == -1 or kind == -1 or family in _LOCAL_FAMILIES:
+            return  # -1: a socket made from a file descriptor; its connects are still checked
+        if family not in (socket.AF_INET, socket.AF_INET6) or kind not in _ADDRESSED_TYPES:
+            _refuse(event, f"a socket of family {family}, type {kind} (its packets bypass the address check)")
+    elif event in _SENDS:
         target = _destination(args[0], args[1])
         if target is None:
             return
@@ -221,13 +270,18 @@ def check(event: str, args: tuple[Any, ...]) -> None:
         if host is None:
             return
         text = _text(host)
-        if event == "socket.gethostbyaddr" and _ip(text) is not None and not is_loopback(text):
+        if event == "socket.gethostbyaddr" and _ip(text) is not None and not reverse_allowed(text):
             _refuse(event, f"reverse lookup of {text}")
-        if not name_allowed(text):
-            _refuse(event, f"name lookup of {text!r}")
+        # gethostbyname(_ex) asks for IPv4; gethostbyaddr of a name resolves it for any family.
+        family = args[2] if event == "socket.getaddrinfo" else socket.AF_UNSPEC
+        if event == "socket.gethostbyname":
+            family = socket.AF_INET
+        if not name_allowed(text, family):
+            _refuse(event, f"name lookup of {text!r} ({_family_name(family)})")
     elif event == "socket.getnameinfo":
+        # The event does not carry the flags: NI_NUMERICHOST (no lookup) is refused all the same.
         sockaddr = args[0]
-        if isinstance(sockaddr, tuple) and sockaddr and not is_loopback(_text(sockaddr[0])):
+        if isinstance(sockaddr, tuple) and sockaddr and not reverse_allowed(_text(sockaddr[0])):
             _refuse(event, f"reverse lookup of {_text(sockaddr[0])}")
 
 
@@ -237,7 +291,7 @@ def install() -> None:
         if _state.installed:
             return
         _state.log_path = os.environ.get(ENV_LOG)
-        _state.local_names = _local_names()
+        _state.hosts = read_hosts_file()
         _state.installed = True
     sys.addaudithook(check)
     # uvloop opens its sockets in C (libuv) with no audit event; uvicorn (Airflow's api-server)
@@ -265,17 +319,6 @@ def child_environment(log_path: Path | str, base: dict[str, str] | None = None) 
         "PYTHONPATH": os.pathsep.join(dict.fromkeys(path)),
         "NO_GCE_CHECK": "true",
     }
-
-
-@contextlib.contextmanager
-def allow_names(*names: str) -> Iterator[None]:
-    """Allow looking these names up in this process (names a test maps to loopback itself)."""
-    added = {n.lower().rstrip(".") for n in names} - _state.allowed_names
-    _state.allowed_names.update(added)
-    try:
-        yield
-    finally:
-        _state.allowed_names.difference_update(added)
 
 
 @contextlib.contextmanager

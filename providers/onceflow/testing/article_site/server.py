@@ -29,6 +29,7 @@ from __future__ import annotations
 import html
 import mimetypes
 import socket
+import socketserver
 import ssl
 import threading
 import time
@@ -67,6 +68,14 @@ class Access:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     site: ArticleSite
+
+    def server_bind(self) -> None:
+        # Not HTTPServer's: it names the server by socket.getfqdn(host), a reverse lookup that the
+        # C library sends to the DNS server for an address /etc/hosts does not list (127.0.0.2,
+        # ::1). The name is never used; the network guard refuses that lookup.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
         self.site._count_connection()

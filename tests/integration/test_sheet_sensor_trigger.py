@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -141,15 +142,45 @@ def test_an_idle_wait_ends_at_its_timeout_with_an_event_and_no_error_line(
     )
     monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid))
     soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.5)).isoformat()
+    deadline = time.monotonic() + 1.5  # the same instant on the emulator's clock (CLOCK_MONOTONIC)
     trigger = NewRowsTrigger(min_rows=1, poll_interval=60, timeout_at=soon)  # the poll would be later
     caplog.set_level(logging.INFO)
 
     payload = _first_event(trigger, timeout=30)
 
     assert payload == {"status": "timeout", "timeout_at": soon}
-    assert sheets_emulator.request_log["values.batchGet"] == 2  # it looked, then once more at the end
+    looks = [e.at for e in sheets_emulator.request_log.timeline if e.method == "values.batchGet"]
+    # It looked, then once more at the end: the answer comes from a look made at or after the
+    # deadline (under load the first look can end after it; it is then not the last), never later.
+    assert len(looks) == 2 or (len(looks) == 1 and looks[0] >= deadline), looks
+    assert looks[-1] >= deadline - 0.05, (looks, deadline)
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert NewRowsTrigger(**trigger.serialize()[1]).timeout_at == soon
+
+
+def test_a_look_that_ends_after_the_deadline_is_followed_by_one_that_begins_after_it(
+    sheets_emulator: SheetsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow read (here 2.5 s of emulator latency, at load a slow first look did it in CI) began
+    before the deadline and ended after it: a row made NEW while it was in flight, before the
+    deadline, was not in its answer. The wait must not end on it."""
+    import datetime as dt
+
+    sid = sheets_emulator.create_spreadsheet(
+        "articles", sheets={"queue": [HEADER, ["https://a.example/1", "DONE #t"]]}
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_SHEETS", sheets_emulator.connection_json(spreadsheet_id=sid))
+    sheets_emulator.faults.add("latency", latency=2.5, count=1, methods=["values.batchGet"])
+    soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.0)).isoformat()
+    deadline = time.monotonic() + 1.0
+    trigger = NewRowsTrigger(min_rows=1, poll_interval=60, timeout_at=soon)
+
+    payload = _first_event(trigger, timeout=30)
+
+    looks = [e.at for e in sheets_emulator.request_log.timeline if e.method == "values.batchGet"]
+    assert looks[0] < deadline, "the slow look did not begin before the deadline: nothing tested"
+    assert payload == {"status": "timeout", "timeout_at": soon}
+    assert len(looks) == 2 and looks[-1] >= deadline, (looks, deadline)
 
 
 def test_the_sensor_skips_on_the_triggers_timeout_with_soft_fail() -> None:

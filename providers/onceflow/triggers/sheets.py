@@ -114,6 +114,9 @@ class NewRowsTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         end = dt.datetime.fromisoformat(self.timeout_at) if self.timeout_at else None
         while True:
+            # The answer at the deadline must come from a look that began at or after it: a look
+            # that began before and ended after (a slow read) could miss a row added meanwhile.
+            looked_at = dt.datetime.now(dt.timezone.utc)
             waiting = await self._pending_writes()
             if waiting:
                 self.log.info("%d write-back(s) wait in the outbox: the wake-up relays them", waiting)
@@ -137,12 +140,12 @@ class NewRowsTrigger(BaseTrigger):
                     return
             delay = self.poll_interval
             if end is not None:
-                left = (end - dt.datetime.now(dt.timezone.utc)).total_seconds()
-                if left <= 0:
+                if looked_at >= end:
                     self.log.info("no %d NEW rows by %s: the wait ends", self.min_rows, self.timeout_at)
                     yield TriggerEvent({"status": "timeout", "timeout_at": self.timeout_at})
                     return
-                delay = min(delay, left)
+                # Past the deadline already (a slow look): look once more at once.
+                delay = min(delay, max(0.0, (end - dt.datetime.now(dt.timezone.utc)).total_seconds()))
             await asyncio.sleep(delay)
 
     async def _pending_writes(self) -> int:

@@ -74,6 +74,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from onceflow.preload import write_local_settings
 from onceflow.sheets.model import Snapshot
 from onceflow.testing import postgres
 from onceflow.testing.article_site import serve
@@ -516,10 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_preload:
                 # The deployment setting docs/deploy.md recommends for forking executors: the
                 # Google clients and the language detector once in the scheduler, not per task.
-                (work / "home" / "config").mkdir(parents=True)
-                (work / "home" / "config" / "airflow_local_settings.py").write_text(
-                    "from onceflow.preload import preload_for_task_forks\n\npreload_for_task_forks()\n"
-                )
+                write_local_settings(work / "home")
             print(f"task libraries preloaded in the scheduler: {not args.no_preload}", flush=True)
             with standalone_cluster(work, dags, env=env, pools=POOLS, parallelism=args.workers) as cluster:
                 for dag_id in (CLAIM, CHAIN, MAPPED, LANE, EMPTY_CLAIM, EMPTY_CHAIN):

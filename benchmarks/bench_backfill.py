@@ -59,6 +59,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from onceflow.preload import write_local_settings
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig, generate_orders, write_orders
 from onceflow.testing import postgres
@@ -378,10 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(Path(__file__).with_name("task_waits.py"), plugins / "task_waits.py")
         if not args.no_preload:
             # The deployment setting docs/daily-sales.md recommends for forking executors.
-            (work / "home" / "config").mkdir(parents=True)
-            (work / "home" / "config" / "airflow_local_settings.py").write_text(
-                "from onceflow.preload import preload_for_task_forks\n\npreload_for_task_forks()\n"
-            )
+            write_local_settings(work / "home")
 
         def conn(url: str) -> str:
             if url.startswith("sqlite:///"):  # as `make run` gives its SQLite files

@@ -17,12 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+_HEADER = '"""Written by `onceflow up` (onceflow.loopback_logs): log servers on 127.0.0.1 only."""\n'
+_LINES = "from onceflow.loopback_logs import bind_log_servers_to_loopback\n\nbind_log_servers_to_loopback()\n"
 #: What ``onceflow up`` writes to ``$AIRFLOW_HOME/config/airflow_local_settings.py``.
-LOCAL_SETTINGS = (
-    '"""Written by `onceflow up` (onceflow.loopback_logs): log servers on 127.0.0.1 only."""\n'
-    "from onceflow.loopback_logs import bind_log_servers_to_loopback\n\n"
-    "bind_log_servers_to_loopback()\n"
-)
+LOCAL_SETTINGS = _HEADER + _LINES
 HOST = "127.0.0.1"
 _CALL = "bind_log_servers_to_loopback()"
 
@@ -33,14 +31,9 @@ def write_local_settings(airflow_home: Path) -> Path:
     A file that is already there (a benchmark's preload, a user's policies) keeps its content and
     gets the two lines appended, once; otherwise :data:`LOCAL_SETTINGS` is written. Returns the file.
     """
-    path = airflow_home / "config" / "airflow_local_settings.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        path.write_text(LOCAL_SETTINGS)
-    elif _CALL not in path.read_text():
-        with path.open("a") as f:
-            f.write("\n" + LOCAL_SETTINGS.split("\n", 1)[1])
-    return path
+    from onceflow.local_settings import add_once
+
+    return add_once(airflow_home, _LINES, marker=_CALL, header=_HEADER)
 
 
 #: The commands that start a log server: ``airflow scheduler``, ``airflow triggerer`` and

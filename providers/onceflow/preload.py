@@ -31,7 +31,12 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +68,9 @@ TASK_MODULES: tuple[str, ...] = (
 #: Like the imports, they must not import Airflow.
 WARM_UPS: tuple[str, ...] = ("onceflow.articles.language:warm",)
 
+#: What :func:`write_local_settings` adds to ``airflow_local_settings.py``.
+LOCAL_SETTINGS = "from onceflow.preload import preload_for_task_forks\n\npreload_for_task_forks()\n"
+
 #: ``airflow <command>`` of the processes that fork task processes.
 FORKING_COMMANDS: tuple[tuple[str, ...], ...] = (("scheduler",), ("celery", "worker"))
 
@@ -80,19 +88,21 @@ def preload(modules: Sequence[str] = TASK_MODULES) -> list[str]:
     Airflow lets anything else out of it, so a broken install (pandas built against another numpy
     raises ValueError) would stop the scheduler from starting for the sake of a speed-up.
     """
-    missing = []
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            missing.append(name)
-            log.info("onceflow preload: %s not importable (%s); tasks will import it themselves", name, exc)
-        except Exception:
-            missing.append(name)
-            log.warning(
-                "onceflow preload: importing %s failed; tasks will import it themselves", name, exc_info=True
-            )
-    return missing
+    return [name for name in modules if not _attempt(name, partial(importlib.import_module, name))]
+
+
+def _attempt(what: str, action: Callable[[], object]) -> bool:
+    """Run ``action``; False, logged, when it fails (a missing extra is an info line, anything else
+    a warning with its traceback): tasks then do it themselves."""
+    try:
+        action()
+    except ImportError as exc:  # an extra not installed (no `sales`, no `articles`)
+        log.info("onceflow preload: %s not importable (%s); tasks will do it themselves", what, exc)
+    except Exception:
+        log.warning("onceflow preload: %s failed; tasks will do it themselves", what, exc_info=True)
+    else:
+        return True
+    return False
 
 
 def warm_up(targets: Sequence[str] = WARM_UPS) -> list[str]:
@@ -100,18 +110,12 @@ def warm_up(targets: Sequence[str] = WARM_UPS) -> list[str]:
 
     As with :func:`preload`, a failure costs the speed-up only, never the scheduler's start.
     """
-    failed = []
-    for target in targets:
-        module, _, function = target.partition(":")
-        try:
-            getattr(importlib.import_module(module), function)()
-        except ImportError as exc:  # an extra not installed (lingua: onceflow[articles])
-            failed.append(target)
-            log.info("onceflow preload: %s skipped (%s)", target, exc)
-        except Exception:
-            failed.append(target)
-            log.warning("onceflow preload: %s failed; tasks will do it themselves", target, exc_info=True)
-    return failed
+    return [target for target in targets if not _attempt(target, partial(_call, target))]
+
+
+def _call(target: str) -> None:
+    module, _, function = target.partition(":")
+    getattr(importlib.import_module(module), function)()
 
 
 def preload_for_task_forks(modules: Sequence[str] = TASK_MODULES, warm_ups: Sequence[str] = WARM_UPS) -> None:
@@ -120,3 +124,11 @@ def preload_for_task_forks(modules: Sequence[str] = TASK_MODULES, warm_ups: Sequ
     if forks_tasks():
         preload(modules)
         warm_up(warm_ups)
+
+
+def write_local_settings(airflow_home: Path) -> Path:
+    """Add :data:`LOCAL_SETTINGS` to ``$AIRFLOW_HOME/config/airflow_local_settings.py`` (once; a
+    file already there keeps its content). Returns the file."""
+    from onceflow.local_settings import add_once
+
+    return add_once(airflow_home, LOCAL_SETTINGS, marker="preload_for_task_forks()")

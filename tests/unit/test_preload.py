@@ -96,3 +96,23 @@ def test_elsewhere_nothing_is_warmed() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "False"]
+
+
+def test_the_preload_and_the_loopback_log_servers_share_one_settings_file_each_added_once(
+    tmp_path: Path,
+) -> None:
+    """What the benchmarks and the harness do in turn: each addition lands once, in either order
+    of repeats, and a file of the deployment's own keeps its content."""
+    from onceflow.loopback_logs import write_local_settings as write_loopback
+    from onceflow.preload import write_local_settings as write_preload
+
+    path = tmp_path / "config" / "airflow_local_settings.py"
+    path.parent.mkdir()
+    path.write_text("def task_policy(task):\n    task.owner = 'ops'\n")
+    for write in (write_preload, write_loopback, write_preload, write_loopback):
+        assert write(tmp_path) == path
+    text = path.read_text()
+    assert text.startswith("def task_policy(task):")
+    assert text.count("preload_for_task_forks()\n") == 1
+    assert text.count("bind_log_servers_to_loopback()\n") == 1
+    compile(text, str(path), "exec")  # still a module Airflow can import

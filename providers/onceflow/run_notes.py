@@ -295,6 +295,7 @@ class ArticleRunNotes:
         self._due: list[_Due] = []  # a heap, earliest first
         self._waiting: set[tuple[str, str]] = set()  # the runs in _due
         self._pending = 0  # jobs in _due and the one being written
+        self._writing: tuple[str, str] | None = None  # the run whose job is being written
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._swept = False
@@ -370,11 +371,23 @@ class ArticleRunNotes:
         thread.start()
         self._thread = thread
 
-    def wait_idle(self, timeout: float = 30.0) -> bool:
+    def wait_idle(self, timeout: float = 30.0, runs: Iterable[tuple[str, str]] | None = None) -> bool:
         """Wait until every queued note is written or given up, tries after an error included;
-        ``False`` on timeout. For tests, and for a process that wants its notes written."""
+        ``False`` on timeout. For tests, and for a process that wants its notes written.
+
+        :param runs: only these runs' notes (``(dag_id, run_id)``): other jobs in the queue, such
+            as an earlier run's tries against a ledger that has gone, are not waited for.
+        """
+        if runs is None:
+            with self._lock:
+                return self._lock.wait_for(lambda: self._pending == 0, timeout)
+        wanted = set(runs)
+
+        def done() -> bool:
+            return self._writing not in wanted and wanted.isdisjoint(self._waiting)
+
         with self._lock:
-            return self._lock.wait_for(lambda: self._pending == 0, timeout)
+            return self._lock.wait_for(done, timeout)
 
     def _at_exit(self) -> None:
         """At the interpreter's exit (``atexit``; the writer is a daemon thread that would die
@@ -412,6 +425,7 @@ class ArticleRunNotes:
                 with self._lock:
                     self._thread = None
                     self._pending -= 1
+                    self._writing = None
                     self._lock.notify_all()
                     if self._due:  # queued while this one was ending
                         with contextlib.suppress(Exception):
@@ -419,6 +433,7 @@ class ArticleRunNotes:
                 raise
             with self._lock:
                 self._pending -= 1
+                self._writing = None
                 self._lock.notify_all()
 
     def _next(self) -> _Due:
@@ -432,6 +447,7 @@ class ArticleRunNotes:
                 if wait <= 0:
                     item = heapq.heappop(self._due)
                     self._waiting.discard(item.job.key)
+                    self._writing = item.job.key
                     return item
                 self._lock.wait(wait)
 

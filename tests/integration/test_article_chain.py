@@ -170,7 +170,7 @@ def test_a_row_goes_from_new_to_done_with_a_link_to_its_page_published_once(
     # (onceflow.run_notes): dag.test() ends the run through DagRun.update_state, which calls the
     # dag-run listeners; read back with plain SQL (the run was not created by sheet_claim, so it
     # had no note: the line is the title and the URL)
-    assert RUN_NOTES.wait_idle(30)
+    assert RUN_NOTES.wait_idle(30, runs=[("article_pipeline", run.run_id)])
     title = ARTICLES["/articles/huertos-urbanos.html"].title
     assert results["extract"].payload["title"] == title
     assert run_note(run.run_id) == f"{title} — {url}"

@@ -10,6 +10,7 @@ under a real scheduler, in ``tests/acceptance/test_article_chain_cluster.py``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
@@ -181,7 +182,7 @@ def end_run(run_id: str, *, wait: bool = True) -> None:
         else:
             hook.on_dag_run_failed(dag_run=run, msg="task_failure")
     if wait:
-        assert RUN_NOTES.wait_idle(30), "the note writer did not finish"
+        assert RUN_NOTES.wait_idle(30, runs=[(CHAIN, run_id)]), "the note writer did not finish"
 
 
 def stored(run_id: str, dag_id: str = CHAIN) -> tuple[str | None, str]:
@@ -290,7 +291,7 @@ def test_a_note_a_person_writes_while_the_title_goes_in_is_kept(
         end_run(run_id, wait=False)  # the writer reads the claim note, then waits for the edit's lock
         assert read.wait(30), "the writer did not read the note"
         edit.commit()
-    assert RUN_NOTES.wait_idle(30)
+    assert RUN_NOTES.wait_idle(30, runs=[(CHAIN, run_id)])
 
     assert stored(run_id) == (f"Gazpacho — {url}\n\n{edited}", "success")
 
@@ -317,7 +318,7 @@ def test_a_note_sent_with_the_state_is_not_beaten_by_the_writer(
     with create_session() as session:  # the PATCH's note, as Airflow's patch_dag_run_note sets it
         run = session.scalars(sa.select(DagRun).where(DagRun.dag_id == CHAIN, DagRun.run_id == run_id)).one()
         run.note = ("Ana: the Valencian one", "ana")
-    assert RUN_NOTES.wait_idle(30)
+    assert RUN_NOTES.wait_idle(30, runs=[(CHAIN, run_id)])
 
     assert stored(run_id) == (f"Paella — {url}\n\nAna: the Valencian one", "success")
 
@@ -415,7 +416,7 @@ def test_dag_test_calls_the_listener_and_a_broken_ledger_does_not_fail_the_run(
     caplog.set_level(logging.WARNING, logger="onceflow.run_notes")
 
     run = run_dag(CHAIN, conf=conf, mark_success_pattern=".*")
-    assert RUN_NOTES.wait_idle(30)
+    assert RUN_NOTES.wait_idle(30, runs=[(CHAIN, run.run_id)])
 
     assert run.state == "success"
     assert stored(run.run_id) == (None, "success")
@@ -474,6 +475,62 @@ def test_the_listeners_ledger_connections_have_socket_deadlines(postgres_url: st
         "tcp_user_timeout": "5000",
     }
     assert int(options["keepalives_idle"]) <= 5 and int(options["keepalives_count"]) <= 3
+
+
+@dataclass(frozen=True)
+class UnreadableJob(NoteJob):
+    """A job whose ledger read fails every time (as one queued by an earlier test whose ledger has
+    gone since): it is tried again after each of the writer's ``retry_delays``."""
+
+    @property
+    def run_prefix(self) -> str:
+        raise RuntimeError("this run's ledger is gone")
+
+
+@dataclass(frozen=True)
+class SlowJob(NoteJob):
+    """A job whose ledger read takes a second, and says when it began."""
+
+    started: ClassVar[threading.Event] = threading.Event()
+
+    @property
+    def run_prefix(self) -> str:
+        SlowJob.started.set()
+        time.sleep(1.0)
+        return super().run_prefix
+
+
+def test_waiting_for_a_runs_note_is_not_held_by_another_runs_tries(
+    airflow_db: object, article_ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``wait_idle(runs=...)`` waits for those runs' notes only. A test that waited for the whole
+    queue failed whenever an earlier test's run (its ledger dropped since) was still between its
+    tries, minutes apart: CI's full suite failed that way on 2026-12-04."""
+    url = f"https://news.example/{uuid.uuid4().hex[:8]}/propio"
+    run_id, conf, key = article(url)
+    add_run(run_id, conf, claim_note(url, 2))
+    commit_steps(article_ledger, key, run_id, {"fetch": {"url": url}, "extract": {"title": "Propio"}})
+    caplog.set_level(logging.WARNING, logger="onceflow.run_notes")
+    SlowJob.started.clear()
+    notes = ArticleRunNotes(retry_delays=(600.0,), delay_s=0.1)
+    notes._swept = True  # only the jobs of this test
+    # its queue keeps a try due in ten minutes: pytest's exit is not to wait for it, nor warn
+    atexit.unregister(notes._at_exit)
+    stale = job_of(run_id)
+    notes.submit(
+        UnreadableJob(stale.dag_id, "an-earlier-tests-run", stale.row_key, stale.recheck_key, stale.url)
+    )
+    assert eventually(lambda: any("an-earlier-tests-run" in r.getMessage() for r in caplog.records))
+
+    job = job_of(run_id)
+    notes.submit(SlowJob(job.dag_id, job.run_id, job.row_key, job.recheck_key, job.url))
+    assert SlowJob.started.wait(30), "the writer did not take the job"
+    # while it is being written (no longer queued), it is still waited for
+    assert notes.wait_idle(30, runs=[(CHAIN, run_id)]), "held by the other run's next try"
+
+    assert stored(run_id) == (f"Propio — {claim_note(url, 2)}", "success")
+    assert not notes.wait_idle(0.5), "the other run's next try is still queued"
+    assert notes.wait_idle(0.5, runs=[(CHAIN, "a-run-never-queued")])
 
 
 @dataclass(frozen=True)

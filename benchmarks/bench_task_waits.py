@@ -88,6 +88,8 @@ def main() -> int:
     parser.add_argument("--days", type=int, default=5, help="runs, one per day (default 5)")
     parser.add_argument("--backend", choices=("postgres", "sqlite"), default="postgres")
     parser.add_argument("--quick", action="store_true", help="2 days")
+    parser.add_argument("--statements", action="store_true", help="also each task-side SQL statement's count")
+    parser.add_argument("--profile", metavar="DIR", help="also a cProfile of each task run, in DIR")
     args = parser.parse_args()
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"onceflow-task-waits-{os.getpid()}.json"
     env = {
@@ -95,6 +97,8 @@ def main() -> int:
         RESULT_ENV: str(out),
         "ONCEFLOW_TASK_WAITS_DAYS": str(2 if args.quick else args.days),
         "ONCEFLOW_TASK_WAITS_BACKEND": args.backend,
+        **({"ONCEFLOW_TASK_WAITS_STATEMENTS": "1"} if args.statements else {}),
+        **({"ONCEFLOW_TASK_WAITS_PROFILE": str(Path(args.profile).resolve())} if args.profile else {}),
     }
     load_before = os.getloadavg()
     done = subprocess.run(

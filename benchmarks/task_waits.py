@@ -17,6 +17,7 @@ event. Standard library and SQLAlchemy only; nothing here changes what the task 
 
 from __future__ import annotations
 
+import cProfile
 import os
 import time
 from collections import defaultdict
@@ -24,6 +25,10 @@ from typing import Any
 
 _totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
 _installed = False
+#: Set (to anything): also count each task-side statement by its text (``bench_task_waits --statements``).
+STATEMENTS_ENV = "ONCEFLOW_TASK_WAITS_STATEMENTS"
+#: A folder: also profile each task run with cProfile into ``<task_id>-<n>.pstats`` there.
+PROFILE_ENV = "ONCEFLOW_TASK_WAITS_PROFILE"
 _in_api = [0]  # SQL run while a message is being answered is the API server's (dag.test runs it here)
 
 
@@ -78,6 +83,8 @@ def install() -> None:
     import sqlalchemy as sa
     from sqlalchemy import event
 
+    statements = bool(os.environ.get(STATEMENTS_ENV))
+
     started: dict[int, float] = {}
 
     @event.listens_for(sa.engine.Engine, "before_cursor_execute")
@@ -89,6 +96,8 @@ def install() -> None:
         t0 = started.pop(id(cursor), None)
         if t0 is not None:
             _add("sql:execute", time.perf_counter() - t0)
+            if statements and not _in_api[0]:
+                _add("  sql: " + " ".join(str(statement).split())[:110], time.perf_counter() - t0)
 
     @event.listens_for(sa.engine.Engine, "commit")
     def _commit(conn: Any) -> None:
@@ -120,13 +129,20 @@ def install_by_task() -> None:
 
     original = task_runner.run
 
+    profiles = os.environ.get(PROFILE_ENV)
+
     def run(ti: Any, *args: Any, **kwargs: Any) -> Any:
         reset()
+        profiler = cProfile.Profile() if profiles else None
         started = time.perf_counter()
         try:
-            return original(ti, *args, **kwargs)
+            if profiler is None:
+                return original(ti, *args, **kwargs)
+            return profiler.runcall(original, ti, *args, **kwargs)
         finally:
             _runs.append((ti.task_id, time.perf_counter() - started, snapshot()))
+            if profiler is not None and profiles:
+                profiler.dump_stats(os.path.join(profiles, f"{ti.task_id}-{len(_runs)}.pstats"))
 
     task_runner.run = run
 

@@ -221,6 +221,58 @@ def test_a_database_with_ledger_tables_but_no_version_is_not_guessed_at(ledger_u
         engine.dispose()
 
 
+def test_a_version_table_without_a_row_falls_back_to_the_handwritten_record_and_two_rows_are_refused(
+    ledger_url,
+):
+    """The revision is read with one query (``_revision``): an empty Alembic table is no revision,
+    so the hand-written ``schema_version`` decides; two rows are Alembic's "several heads" error."""
+    engine = create_ledger_engine(ledger_url)
+    try:
+        handwritten.migrate(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                f"CREATE TABLE {migrations.VERSION_TABLE} (version_num VARCHAR(32) NOT NULL)"
+            )
+        assert migrations.current_revision(engine) == "legacy:3"
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                f"INSERT INTO {migrations.VERSION_TABLE} (version_num) VALUES ('ledger_v6'), ('ledger_v7')"
+            )
+        with pytest.raises(Exception, match="more than one head"):
+            migrations.current_revision(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_two_ledgers_in_two_schemas_of_one_database_each_find_their_own_version(postgres_url):
+    """The version table is looked up as the ledger's own statements find it (its search path),
+    not by name anywhere in the database: a second ledger in another schema is created, not read
+    as the first one's revision."""
+    with sa.create_engine(postgres_url).begin() as conn:
+        conn.exec_driver_sql("CREATE SCHEMA ledger_a; CREATE SCHEMA ledger_b")
+    first = create_ledger_engine(f"{postgres_url}?options=-csearch_path%3Dledger_a")
+    second = create_ledger_engine(f"{postgres_url}?options=-csearch_path%3Dledger_b")
+    try:
+        assert migrations.migrate(first).created
+        assert migrations.current_revision(second) is None
+        done = migrations.migrate(second)
+        assert done.created and done.after == migrations.head()
+        with second.connect() as conn:
+            schemas = (
+                conn.exec_driver_sql(
+                    "SELECT table_schema FROM information_schema.tables "
+                    f"WHERE table_name = '{migrations.VERSION_TABLE}' ORDER BY 1"
+                )
+                .scalars()
+                .all()
+            )
+        assert schemas == ["ledger_a", "ledger_b"]
+    finally:
+        first.dispose()
+        second.dispose()
+
+
 def test_a_ledger_a_newer_release_upgraded_is_left_alone(ledger_url, fake_clock, caplog):
     """Rolling deployment: new workers upgraded first, old ones still start and keep working."""
     engine = create_ledger_engine(ledger_url)

@@ -565,6 +565,7 @@ def test_a_writer_thread_that_died_or_never_started_is_started_again(
     assert not notes.wait_idle(1.5), "written without a writer thread?"
     job = job_of(runs[1][0])
     notes.submit(DyingJob(job.dag_id, "no-such-run", job.row_key, job.recheck_key, job.url))
+    assert notes.wait_idle(30, runs=[(job.dag_id, "no-such-run")]), "a dead writer's job is still waited for"
     assert notes.wait_idle(30), "the first job was not written: the writer was never started again"
     notes.submit(job)  # the writer died on the last job: a new one is started
     assert notes.wait_idle(30), "the writer died and was not started again"

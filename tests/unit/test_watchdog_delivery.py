@@ -104,8 +104,14 @@ def test_a_recovery_never_overtakes_its_down_alert_waiting_out_a_backoff(
 def test_a_slow_receiver_and_a_second_replica_never_send_a_key_twice(
     tmp_path: Path, receiver: AlertReceiver
 ) -> None:
-    """24 checks down at once, each POST taking 0.9 s (of the shared fake clock); a second replica
-    starts delivering 9 s into the first one's burst. No crash, so no key may arrive twice."""
+    """24 checks down at once, each of the first replica's sends taking 0.9 s (of the shared fake
+    clock); a second replica starts delivering 9 s into the first one's burst. No crash, so no key
+    may arrive twice.
+
+    Only the first replica's sends move the clock: the second's run beside them, so their time
+    overlaps. (When every POST the receiver took moved it, a send of the first replica held up
+    behind the second's saw more than its 7 s lease pass, under load, while its real deadline of
+    2 s held: the clock model, not the outbox, sent a key twice.)"""
     clock = FakeClock(T0)
     checks = {
         f"c{i:02d}": {"kind": "heartbeat", "period_seconds": 60, "grace_seconds": 60} for i in range(24)
@@ -122,17 +128,23 @@ def test_a_slow_receiver_and_a_second_replica_never_send_a_key_twice(
     started = threading.Event()
     b_done = threading.Event()
 
-    def slow(_headers: dict[str, str]) -> None:
-        clock.advance(0.9)
-        if clock.now() >= T0 + 125 + 9 and not started.is_set():
-            started.set()
-            threading.Thread(target=lambda: (b.run_once(), b_done.set()), daemon=True).start()
+    def slow(outbox: Any) -> None:
+        send = outbox._send
 
-    receiver.on_accept(slow)
+        def sending(channel: str, key: str, payload: dict[str, Any]) -> None:
+            send(channel, key, payload)
+            clock.advance(0.9)
+            if clock.now() >= T0 + 125 + 9 and not started.is_set():
+                started.set()
+                threading.Thread(target=lambda: (b.run_once(), b_done.set()), daemon=True).start()
+
+        outbox._send = sending
+
+    slow(a.outbox)
+    slow(a.local_outbox)
     a.run_once()
     assert started.is_set()
     assert b_done.wait(120)
-    receiver.on_accept(None)
     keys = [w["idempotency_key"] for w in webhooks(receiver)]
     assert len(keys) == 24, keys
     assert len(set(keys)) == len(keys), sorted(keys)

@@ -16,7 +16,7 @@ PACKAGE = "airflow-provider-onceflow"
 # has the same keys (tests/unit/test_extras.py checks it).
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "sheets": ("the Sheet queue (Airflow's GSheetsHook)", ("airflow.providers.google", "googleapiclient")),
-    "sales": ("daily_sales (cleaning and partition loads)", ("pandas",)),
+    "sales": ("daily_sales (cleaning and partition loads)", ("pandas", "pyarrow")),
     "bigquery": (
         "daily_sales into BigQuery",
         ("airflow.providers.google", "google.cloud.bigquery", "pandas"),

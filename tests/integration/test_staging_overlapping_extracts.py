@@ -27,7 +27,7 @@ from onceflow.sales.clean import clean_orders
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig, generate_orders, write_orders
 from onceflow.sales.partitions import day_bounds_utc
-from onceflow.sales.shop_query import SourceExtract, rows_frame
+from onceflow.sales.shop_query import SourceExtract, columns_frame, rows_frame
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -111,7 +111,7 @@ def test_overlapping_extract_tries_never_pair_one_trys_rows_with_anothers_waterm
         # The DAG streams the read; the test takes the (small) day whole to record and pause.
         with real_read(self, start, end) as (watermark, batches):
             frames = list(batches)
-            frame = pd.concat(frames, ignore_index=True) if frames else rows_frame([])
+            frame = pd.concat(map(columns_frame, frames), ignore_index=True) if frames else rows_frame([])
             reads[threading.current_thread().name] = SourceExtract(frame, watermark)
             point("read")
             yield watermark, iter(frames)

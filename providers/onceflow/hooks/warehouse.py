@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from onceflow.sales.fencing import Lease
     from onceflow.sales.partition_store import PartitionStore
-    from onceflow.sales.shop_query import SourceExtract
+    from onceflow.sales.shop_query import OrderColumns, SourceExtract
 
 BIGQUERY_CONN_TYPES = frozenset({"google_cloud_platform", "gcpbigquery"})
 
@@ -155,9 +155,10 @@ class ShopDbHook(_SqlConnectionHook):
 
     def stream_interval(
         self, start: dt.datetime, end: dt.datetime
-    ) -> contextlib.AbstractContextManager[tuple[dt.datetime, Iterator[pd.DataFrame]]]:
+    ) -> contextlib.AbstractContextManager[tuple[dt.datetime, Iterator[OrderColumns]]]:
         """:meth:`read_interval_snapshot` batch by batch (:func:`onceflow.sales.shop_query.stream_interval`):
-        the watermark and an iterator of frames, valid inside the ``with`` block."""
+        the watermark and an iterator of batches (:func:`~onceflow.sales.shop_query.rows_columns`),
+        valid inside the ``with`` block."""
         from onceflow.sales.shop_query import stream_interval
 
         return stream_interval(self.engine, start, end)

@@ -23,12 +23,12 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-import pandas as pd
-
+from onceflow.sales.arrow_values import text
 from onceflow.sales.deadlines import translate
 from onceflow.sales.schema import SALES_COLUMNS
 
 if TYPE_CHECKING:
+    import pandas as pd
     import sqlalchemy as sa
     from sqlalchemy.engine import Connection
 
@@ -38,6 +38,8 @@ COPY_NULL = "\\N"
 
 def frame_records(df: pd.DataFrame, columns: Sequence[str]) -> list[tuple[Any, ...]]:
     """Rows of ``df`` as tuples of plain Python values (ints, str, date, datetime, None)."""
+    import pandas as pd
+
     cols: list[list[Any]] = []
     for name in columns:
         series = df[name]
@@ -53,6 +55,8 @@ def frame_records(df: pd.DataFrame, columns: Sequence[str]) -> list[tuple[Any, .
 
 
 def _copy_text_column(series: pd.Series) -> pd.Series:
+    import pandas as pd
+
     missing = series.isna()
     if pd.api.types.is_datetime64_any_dtype(series):
         text = series.dt.strftime("%Y-%m-%d %H:%M:%S.%f")
@@ -75,6 +79,8 @@ def _copy_text_column(series: pd.Series) -> pd.Series:
 
 def copy_text(rows: pd.DataFrame, columns: Sequence[str] = SALES_COLUMNS) -> io.StringIO:
     """``rows[columns]`` in COPY text format (see the module docstring), one line per row."""
+    import pandas as pd
+
     buf = io.StringIO()
     if rows.empty:
         return buf
@@ -107,7 +113,9 @@ def copy_lines_text(texts: Sequence[tuple[Any, bool]]) -> bytes:
 
     if not len(texts[0][0]):
         return b""
-    lines = pc.binary_join_element_wise(join_lines(texts, "\t", COPY_ESCAPES), "\n", "")  # newline-ended
+    lines = pc.binary_join_element_wise(
+        join_lines(texts, "\t", COPY_ESCAPES), text("\n"), text("")
+    )  # newline-ended
     return _values(lines)[0]
 
 
@@ -130,11 +138,13 @@ def copy_text_and_digests(texts: Sequence[tuple[Any, bool]]) -> tuple[bytes, byt
 
     if not len(texts[0][0]):
         return b"", b""
-    if any(is_text and pc.any(pc.match_substring_regex(text, _ESCAPED)).as_py() for text, is_text in texts):
+    if any(
+        is_text and pc.any(pc.match_substring_regex(column, _ESCAPED)).as_py() for column, is_text in texts
+    ):
         return copy_lines_text(texts), line_digests(join_lines(texts, "\x1f", CANONICAL_ESCAPES))
-    parts = [pc.fill_null(text, "\\N") for text, _is_text in texts]
-    parts[-1] = pc.binary_join_element_wise(parts[-1], "\n", "")  # each line ends with a newline
-    values, bounds = _values(pc.binary_join_element_wise(*parts, "\t"))
+    parts = [pc.fill_null(column, text("\\N")) for column, _is_text in texts]
+    parts[-1] = pc.binary_join_element_wise(parts[-1], text("\n"), text(""))  # each line ends with a newline
+    values, bounds = _values(pc.binary_join_element_wise(*parts, text("\t")))
     canonical = values.translate(_TAB_TO_UNIT_SEPARATOR)
     sha = hashlib.sha256
     return values, b"".join([sha(canonical[a : b - 1]).digest() for a, b in itertools.pairwise(bounds)])

@@ -18,6 +18,8 @@ import itertools
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from onceflow.sales import arrow_values
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
 
@@ -105,7 +107,7 @@ def arrow_text(column: Any) -> Any:
         # years 1 to 9999); Arrow's strftime gives the same 40x slower.
         return column.cast(pa.string())
     if pa.types.is_boolean(kind):
-        return pc.if_else(column, "t", "f")
+        return pc.if_else(column, arrow_values.text("t"), arrow_values.text("f"))
     return None
 
 
@@ -135,8 +137,8 @@ def join_lines(texts: Sequence[tuple[Any, bool]], separator: str, escapes: Seque
             for plain, escaped in escapes:
                 if pc.any(pc.match_substring(text, plain)).as_py():
                     text = pc.replace_substring(text, plain, escaped)
-        parts.append(pc.fill_null(text, "\\N"))
-    return pc.binary_join_element_wise(*parts, separator)
+        parts.append(pc.fill_null(text, arrow_values.text("\\N")))
+    return pc.binary_join_element_wise(*parts, arrow_values.text(separator))
 
 
 def arrow_lines(

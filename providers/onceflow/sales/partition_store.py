@@ -19,6 +19,7 @@ even if it already wrote its rows inside its own transaction: they are rolled ba
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +53,13 @@ from onceflow.sales.schema_upgrade import upgrade
 from onceflow.sales.table_names import resolve_table
 
 if TYPE_CHECKING:
+    from typing import TypeAlias, TypeGuard
+
     import pandas as pd
     from sqlalchemy.engine import Connection, Engine
+
+    #: reject rows (columns :data:`REJECT_COLUMNS`): one frame, or frames or Arrow record batches.
+    Rejects: TypeAlias = pd.DataFrame | Iterable[Any]
 
 __all__ = [
     "AuditRecord",
@@ -84,13 +90,28 @@ def _release_arrow_memory() -> None:
     pa.default_memory_pool().release_unused()
 
 
+def is_frame(value: object) -> TypeGuard[pd.DataFrame]:
+    """Whether ``value`` is a pandas DataFrame, without importing pandas: a process that never
+    loaded it (the load task, streaming Arrow batches) holds no frame, and pandas costs ~0.2 s."""
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(value, pandas.DataFrame)
+
+
 def _as_frame(batch: Any) -> pd.DataFrame:
     """A batch of sales rows as a normalised frame (Arrow batches converted)."""
-    import pandas as pd
-
     from onceflow.sales.clean import normalise_sales_frame
 
-    return batch if isinstance(batch, pd.DataFrame) else normalise_sales_frame(batch.to_pandas())
+    return batch if is_frame(batch) else normalise_sales_frame(batch.to_pandas())
+
+
+def _reject_records(batch: Any, start: int, length: int) -> list[dict[str, Any]]:
+    """Rows ``start`` to ``start + length`` of a batch of rejects (a frame or an Arrow record
+    batch) as dicts of :data:`REJECT_COLUMNS` holding plain Python values, NULL as None."""
+    if is_frame(batch):
+        rows = frame_records(batch.iloc[start : start + length], REJECT_COLUMNS)
+        return [dict(zip(REJECT_COLUMNS, r, strict=True)) for r in rows]
+    records: list[dict[str, Any]] = batch.slice(start, length).select(list(REJECT_COLUMNS)).to_pylist()
+    return records
 
 
 def utcnow_naive() -> dt.datetime:
@@ -219,7 +240,7 @@ class PartitionStore:
         self,
         lease: Lease,
         rows: pd.DataFrame | Iterable[Any],
-        rejects: pd.DataFrame | Iterable[pd.DataFrame] | None = None,
+        rejects: Rejects | None = None,
         *,
         processing_version: str,
         method: LoadMethod = "auto",
@@ -237,8 +258,9 @@ class PartitionStore:
             32 bytes a row (spilled to a temporary file past ``checksum.SPILL_ROWS`` rows). On
             PostgreSQL the rows go into one COPY, Arrow batches formatted by Arrow.
         :param rejects: reject rows (columns :data:`REJECT_COLUMNS`) for the partition: one frame,
-            or frames inserted batch by batch (e.g. :meth:`StreamedClean.reject_batches
-            <onceflow.sales.staging.StreamedClean.reject_batches>`), or None.
+            or frames or Arrow record batches inserted batch by batch (e.g.
+            :meth:`StreamedClean.reject_arrow_batches
+            <onceflow.sales.staging.StreamedClean.reject_arrow_batches>`), or None.
         :param processing_version: version of the code and reference data that produced ``rows``.
         :param method: how rows are inserted; ``auto`` is COPY on PostgreSQL, INSERT elsewhere.
         :param checkpoint: called with ``"deleted"`` and ``"rows_written"`` inside the transaction
@@ -248,10 +270,8 @@ class PartitionStore:
         :raises StaleAttemptError: a newer attempt holds the partition; nothing is written.
         :raises OlderExtractError: the committed load read the shop later; nothing is written.
         """
-        import pandas as pd
-
-        batches = [rows] if isinstance(rows, pd.DataFrame) else rows
-        if isinstance(rows, pd.DataFrame):
+        batches: Iterable[Any] = [rows] if is_frame(rows) else rows
+        if is_frame(rows):
             self._check_partition(lease, rows)  # before any transaction, for one frame
         digests = RowDigests(SALES_COLUMNS)
         notify = checkpoint or (lambda _stage: None)
@@ -269,6 +289,15 @@ class PartitionStore:
                     copy_chunks(conn, quoted, self._copy_text(lease, batches, digests))
                 else:
                     for batch in batches:
+                        if method == "insert" and not is_frame(batch):
+                            # Arrow batches as plain values: no pandas in the load's process.
+                            self._check_partition_arrow(lease, batch)
+                            if batch.num_rows:
+                                conn.execute(
+                                    self.table.insert(), batch.select(list(SALES_COLUMNS)).to_pylist()
+                                )
+                            digests.add_arrow(batch)
+                            continue
                         frame = _as_frame(batch)
                         self._check_partition(lease, frame)  # a wrong row rolls the whole load back
                         insert_rows(conn, self.table, frame, method)
@@ -287,10 +316,8 @@ class PartitionStore:
     def _copy_text(self, lease: Lease, batches: Iterable[Any], digests: RowDigests) -> Iterator[bytes | str]:
         """Each batch checked, added to the checksum and formatted as COPY text (Arrow batches
         column-wise by Arrow, frames by pandas)."""
-        import pandas as pd
-
         for batch in batches:
-            if isinstance(batch, pd.DataFrame):
+            if is_frame(batch):
                 self._check_partition(lease, batch)
                 digests.add(batch)
                 yield copy_text(batch).getvalue()
@@ -327,7 +354,7 @@ class PartitionStore:
     def record_rejects(
         self,
         lease: Lease,
-        rejects: pd.DataFrame | Iterable[pd.DataFrame],
+        rejects: Rejects,
         *,
         source_watermark_utc: dt.datetime | None = None,
     ) -> None:
@@ -432,7 +459,7 @@ class PartitionStore:
         *,
         row_count: int,
         checksum: str,
-        rejects: pd.DataFrame | Iterable[pd.DataFrame] | None,
+        rejects: Rejects | None,
         processing_version: str,
         source_watermark_utc: dt.datetime | None,
         duplicate_count: int | None = None,
@@ -458,30 +485,20 @@ class PartitionStore:
         self.fencing.mark_committed(conn, lease)
         return audit
 
-    def _replace_rejects(
-        self, conn: Connection, key: str, rejects: pd.DataFrame | Iterable[pd.DataFrame] | None
-    ) -> int:
-        """Replace the partition's rejects with ``rejects`` (a frame or frames, inserted
-        :data:`REJECT_INSERT_ROWS` at a time, so memory holds one batch); returns how many."""
-        import pandas as pd
-
+    def _replace_rejects(self, conn: Connection, key: str, rejects: Rejects | None) -> int:
+        """Replace the partition's rejects with ``rejects`` (a frame, or frames or Arrow record
+        batches, inserted :data:`REJECT_INSERT_ROWS` at a time, so memory holds one batch);
+        returns how many."""
         rj = self.rejects
         conn.execute(rj.delete().where(rj.c.table_name == self.table_name, rj.c.partition_key == key))
-        frames = [] if rejects is None else [rejects] if isinstance(rejects, pd.DataFrame) else rejects
+        batches: Iterable[Any] = [] if rejects is None else [rejects] if is_frame(rejects) else rejects
         count = 0
-        for frame in frames:
-            for start in range(0, len(frame), REJECT_INSERT_ROWS):
-                records = frame_records(frame.iloc[start : start + REJECT_INSERT_ROWS], REJECT_COLUMNS)
+        for batch in batches:
+            for start in range(0, len(batch), REJECT_INSERT_ROWS):
+                records = _reject_records(batch, start, REJECT_INSERT_ROWS)
                 conn.execute(
                     rj.insert(),
-                    [
-                        {
-                            "table_name": self.table_name,
-                            "partition_key": key,
-                            **dict(zip(REJECT_COLUMNS, r, strict=True)),
-                        }
-                        for r in records
-                    ],
+                    [{"table_name": self.table_name, "partition_key": key, **record} for record in records],
                 )
                 count += len(records)
         return count

@@ -36,12 +36,11 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import pandas as pd
 
 from onceflow.files import fsync_dir
 from onceflow.objects import (
@@ -53,16 +52,17 @@ from onceflow.objects import (
     uri_of,
     write_object,
 )
-from onceflow.sales.clean import empty_sales_frame, normalise_sales_frame
 from onceflow.sales.partitions import partition_key, validate_partition
 from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS, sales_arrow_schema
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
+    import pandas as pd
     from airflow.sdk import ObjectStoragePath
 
     from onceflow.sales.clean import CleanResult
+    from onceflow.sales.shop_query import OrderColumns
 
     #: a staging folder: an ``ObjectStoragePath`` (from ``StorageHook.path``), or a local path.
     Folder = ObjectStoragePath | Path | str
@@ -192,26 +192,44 @@ def _extract_schema(facts: dict[str, Any]) -> Any:
     return pa.schema(fields, metadata={METADATA_KEY: json.dumps(facts, sort_keys=True).encode()})
 
 
-def _extract_batch(frame: pd.DataFrame, schema: Any) -> Any:
-    """One batch of extracted rows as an Arrow table of the staged schema."""
+def _extract_batch(batch: OrderColumns | pd.DataFrame, schema: Any) -> Any:
+    """One batch of extracted rows (the shop query's columns, or a frame) as an Arrow table of
+    the staged schema. The columns go to Arrow directly: the extract task never imports pandas."""
     import pyarrow as pa
+
+    from onceflow.sales import arrow_values
 
     columns = []
     for col in ORDER_COLUMNS:
-        values = frame[col]
+        values = batch[col]
         if col in _TEXT_COLUMNS:
             # Stored as bytes (surrogateescape): a byte that is not UTF-8 reaches cleaning unchanged
             # (parquet strings must be UTF-8), where the row is rejected with its raw value.
-            columns.append(pa.array([_text_bytes(col, v) for v in values], type=pa.binary()))
+            columns.append(arrow_values.binaries([_text_bytes(col, v) for v in values]))
+        elif isinstance(values, list):  # the shop query's columns: to Arrow without pandas
+            try:
+                column = (
+                    arrow_values.int64s(values) if col == "row_id" else arrow_values.timestamps_us(values)
+                )
+            except TypeError as exc:
+                raise TypeError(f"extract column {col}: {exc}; refusing to stage it") from exc
+            if col == "row_id" and column.null_count:
+                raise ValueError("extract column row_id holds NULL: every shop order needs its row id")
+            columns.append(column)
         elif col == "row_id":
             columns.append(pa.array(values.astype("int64"), type=pa.int64()))
         else:
+            import pandas as pd
+
             columns.append(pa.array(pd.to_datetime(values).astype("datetime64[us]"), type=pa.timestamp("us")))
     return pa.Table.from_arrays(columns, schema=schema)
 
 
 def write_extract_stream(
-    folder: Folder, batches: Iterable[pd.DataFrame], *, source_watermark_utc: dt.datetime | None = None
+    folder: Folder,
+    batches: Iterable[OrderColumns | pd.DataFrame],
+    *,
+    source_watermark_utc: dt.datetime | None = None,
 ) -> tuple[ObjectStoragePath, int]:
     """:func:`write_extract` for rows that arrive batch by batch: each batch becomes parquet row
     groups as it comes, so memory holds one batch, not the day. Returns the path and the row count.
@@ -227,9 +245,10 @@ def write_extract_stream(
     schema = _extract_schema(facts)
     rows = 0
     with _staged_file(path) as sink, pq.ParquetWriter(sink, schema) as writer:
-        for frame in batches:
-            writer.write_table(_extract_batch(frame, schema), row_group_size=BATCH_ROWS)
-            rows += len(frame)
+        for batch in batches:
+            table = _extract_batch(batch, schema)
+            writer.write_table(table, row_group_size=BATCH_ROWS)
+            rows += table.num_rows
     return path, rows
 
 
@@ -269,12 +288,20 @@ def _text_bytes(column: str, value: object) -> bytes | None:
     """A text value as staged bytes; anything but text or NULL is refused, never staged as NULL."""
     if isinstance(value, str):
         return value.encode("utf-8", "surrogateescape")
-    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+    if value is None or _is_missing(value):
         return None
     raise TypeError(
         f"extract column {column} holds a {type(value).__name__} ({value!r:.60}), not text: the shop "
         "query must convert it (onceflow.sales.shop_query); refusing to stage it as NULL"
     )
+
+
+def _is_missing(value: object) -> bool:
+    """NaN, or pandas' NA when pandas is loaded (a frame's missing text; never in the shop's columns)."""
+    if isinstance(value, float):
+        return value != value
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and value is pandas.NA
 
 
 def read_extract(folder: Folder) -> StagedExtract:
@@ -315,6 +342,11 @@ class StagedClean:
 
     def reject_batches(self) -> Iterator[pd.DataFrame]:
         """The rejects as one frame (:meth:`StreamedClean.reject_batches` streams them)."""
+        yield self.rejects
+
+    def reject_arrow_batches(self) -> Iterator[pd.DataFrame]:
+        """The rejects as one frame (the load takes frames too; :meth:`StreamedClean.reject_arrow_batches`
+        streams Arrow batches)."""
         yield self.rejects
 
     @property
@@ -461,6 +493,8 @@ def read_clean(folder: Folder) -> StagedClean:
 
     :raises StagingMismatchError: rows and rejects were cleaned from different extracts.
     """
+    from onceflow.sales.clean import empty_sales_frame, normalise_sales_frame
+
     folder = storage_path(folder)
     manifest = json.loads(read_object(folder / "manifest.json"))  # absent: clean never finished
     rows, facts = _read_parquet(folder / "rows.parquet")
@@ -528,8 +562,12 @@ class StreamedClean:
     def reject_batches(self, batch_rows: int = REJECT_BATCH_ROWS) -> Iterator[pd.DataFrame]:
         """The rejects, ``batch_rows`` at a time (columns :data:`REJECT_COLUMNS`): a day's rejects
         are bounded by the reject ratio, not by memory (about 1 kB each once loaded as rows)."""
-        for batch in self.rejects_file.iter_batches(batch_size=batch_rows, columns=list(REJECT_COLUMNS)):
+        for batch in self.reject_arrow_batches(batch_rows):
             yield _reject_frame(batch.to_pandas())
+
+    def reject_arrow_batches(self, batch_rows: int = REJECT_BATCH_ROWS) -> Iterator[Any]:
+        """:meth:`reject_batches` as Arrow record batches (what the SQL load inserts, without pandas)."""
+        yield from self.rejects_file.iter_batches(batch_size=batch_rows, columns=list(REJECT_COLUMNS))
 
     @property
     def rejects(self) -> pd.DataFrame:
@@ -548,6 +586,8 @@ class StreamedClean:
 
     def row_batches(self, batch_rows: int = BATCH_ROWS) -> Iterator[pd.DataFrame]:
         """The rows, ``batch_rows`` at a time, each a normalised sales frame."""
+        from onceflow.sales.clean import normalise_sales_frame
+
         for batch in self.rows_file.iter_batches(batch_size=batch_rows):
             yield normalise_sales_frame(batch.to_pandas())
 

@@ -461,3 +461,35 @@ def test_ledger_v7_indexes_a_v6_ledger_with_data_and_goes_back(ledger_url, monke
         assert state() == before
     finally:
         engine.dispose()
+
+
+def test_head_is_alembics_head_of_the_versions_folder():
+    # HEAD lets a current ledger open without Alembic; a new revision must move it too.
+    assert migrations.script_directory().get_current_head() == migrations.HEAD
+
+
+def test_a_current_ledger_opens_without_importing_alembic_and_an_old_one_is_upgraded(ledger_url):
+    # Alembic costs about 70 ms of CPU in every task process that builds a Ledger: only an
+    # upgrade may import it. A fresh interpreter, as a task process is.
+    code = (
+        "import sys\n"
+        "from onceflow.ledger import Ledger, create_ledger_engine, migrations\n"
+        "engine = create_ledger_engine(sys.argv[1])\n"
+        "Ledger(engine)\n"
+        "print(migrations.current_revision(engine), 'alembic' in sys.modules)\n"
+    )
+
+    def open_ledger() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code, ledger_url], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.strip()
+
+    engine = create_ledger_engine(ledger_url)
+    try:
+        handwritten.migrate(engine, target=3)
+    finally:
+        engine.dispose()
+    assert open_ledger() == f"{migrations.HEAD} True"  # upgraded from legacy:3: Alembic did it
+    assert open_ledger() == f"{migrations.HEAD} False"  # current: no Alembic

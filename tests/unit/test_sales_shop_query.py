@@ -22,6 +22,7 @@ from onceflow.sales.shop_query import (
     build_postgres,
     integer_amount_unit,
     read_interval_snapshot,
+    stream_interval,
 )
 
 TEXT = ("text", "text")
@@ -187,6 +188,55 @@ def test_a_blob_in_a_text_column_is_read_as_its_text_not_null(tmp_path: Path) ->
     assert result.rows[["order_id", "customer_id", "gross_cents"]].values.tolist() == [["O1", "C-1", 1250]]
     assert result.rejects[["source_row_id", "reason"]].values.tolist() == [[2, "invalid_text"]]
     assert json.loads(result.rejects["raw"].iloc[0])["order_id"] == "O\udcff2"
+
+
+@pytest.mark.parametrize("declared", ["TEXT", "REAL", "NUMERIC", ""])
+def test_a_sqlite_row_id_stored_as_text_or_real_is_read_as_its_integer(tmp_path: Path, declared: str) -> None:
+    """By its column's affinity SQLite may return a row id as '5' (TEXT) or 5.0 (REAL): an exact integer is one
+    (the extract staged these before it dropped pandas, and must still)."""
+    import sqlite3
+
+    path = tmp_path / "shop.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute(
+            CREATE.format(amount="NUMERIC").replace("row_id INTEGER PRIMARY KEY", f"row_id {declared}")
+        )
+        rows = [
+            sale(1, "2024-05-06 08:00:00"),
+            sale(2, "2024-05-06 09:00:00"),
+            sale(3, "2024-05-06 10:00:00"),
+        ]
+        rows = [(rid, *r[1:]) for rid, r in zip(("5", " 6 ", 7), rows, strict=True)]
+        conn.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        conn.commit()
+    url = f"sqlite:///{path}"
+    assert sorted(read(url)["row_id"].tolist()) == [5, 6, 7]
+    engine = make_source_engine(url)
+    try:
+        with stream_interval(engine, START, END) as (_watermark, batches):
+            _path, staged = staging.write_extract_stream(tmp_path / "run", batches)
+    finally:
+        engine.dispose()
+    assert staged == 3
+    assert sorted(staging.read_extract(tmp_path / "run").frame["row_id"].tolist()) == [5, 6, 7]
+
+
+@pytest.mark.parametrize("stored", ["5.5", "five", 5.5, "", b"5"])
+def test_a_sqlite_row_id_that_is_not_an_integer_fails_the_extract_naming_it(
+    tmp_path: Path, stored: object
+) -> None:
+    import sqlite3
+
+    path = tmp_path / "shop.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute(CREATE.format(amount="NUMERIC").replace("row_id INTEGER PRIMARY KEY", "row_id TEXT"))
+        conn.execute(
+            "INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (stored, *sale(1, "2024-05-06 08:00:00")[1:]),
+        )
+        conn.commit()
+    with pytest.raises(ShopSchemaError, match=r"orders\.row_id holds .*, not an integer"):
+        read(f"sqlite:///{path}")
 
 
 def test_staging_refuses_a_value_that_is_not_text_instead_of_storing_null(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import os
+import re
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -75,6 +76,7 @@ _UNPLACEABLE = "!"
 # Epoch seconds at or beyond this (the year 5138) are most likely milliseconds: refused, not guessed.
 _EPOCH_SECONDS_LIMIT = 10**11
 _EPOCH = dt.datetime(1970, 1, 1)
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
 
 
 class ShopSchemaError(ValueError):
@@ -340,9 +342,33 @@ def rows_columns(rows: list[Any]) -> OrderColumns:
     for name, values in zip(ORDER_COLUMNS, columns, strict=True):
         if name in TIME_COLUMNS:
             data[name] = _times(name, columns[0], values)
+        elif name == "row_id":
+            data[name] = _row_ids(values)
         else:
             data[name] = values
     return data
+
+
+def _row_ids(values: list[Any]) -> list[Any]:
+    """``row_id`` as integers. A SQLite shop stores each value by its column's affinity, so a
+    ``TEXT`` or ``REAL`` row id comes back as ``'5'`` or ``5.0``: an exact integer is read as one;
+    anything else fails naming it (None is left for staging, which refuses a NULL row id)."""
+    if all(type(v) is int for v in values):
+        return values
+    ids: list[Any] = []
+    for value in values:
+        if value is None or type(value) is int:
+            ids.append(value)
+        elif (isinstance(value, float) and value.is_integer()) or (
+            isinstance(value, str) and _INTEGER_TEXT.fullmatch(value.strip())
+        ):
+            ids.append(int(value))
+        else:
+            raise ShopSchemaError(
+                f"shop column {SHOP_TABLE}.row_id holds {value!r:.60}, not an integer: every order "
+                "needs an integer row id (declare it INTEGER, or read orders through a view that casts it)"
+            )
+    return ids
 
 
 def _times(name: str, row_ids: list[Any], values: list[Any]) -> list[dt.datetime | None]:

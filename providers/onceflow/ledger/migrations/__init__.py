@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from alembic.script import ScriptDirectory
     from sqlalchemy.engine import Connection, Engine
 
-#: The newest revision in ``versions/`` (a unit test checks it is Alembic's head). A ledger found
-#: at it is current without importing Alembic, which costs about 70 ms of CPU in every task
-#: process that builds a ``Ledger`` (where the scheduler does not preload it); Alembic is imported
-#: only to upgrade, or to read a version table with several rows.
+#: The newest revision in ``versions/`` (``tests/integration/test_ledger_migrations.py`` checks
+#: it is Alembic's head). A ledger found at it is current without importing Alembic, which costs
+#: about 70 ms of CPU in every task process that builds a ``Ledger`` (where the scheduler does not
+#: preload it); Alembic is imported only to upgrade, or to read a version table with several rows.
 HEAD = "ledger_v7"
 VERSION_TABLE = "onceflow_ledger_alembic_version"
 LEGACY_VERSION_TABLE = "schema_version"

@@ -10,9 +10,14 @@ teardown stay the plugin's. Airflow is not imported here (the plugin configures 
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
 
 
 @pytest.fixture(scope="session")
@@ -98,6 +103,31 @@ def shop_orders(onceflow_shop_orders: Any) -> Any:
 @pytest.fixture
 def sales_connections(onceflow_sales_connections: Any) -> Any:
     return onceflow_sales_connections
+
+
+@pytest.fixture
+def daily_sales_env(
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    sales_db_url: str,
+    sales_connections: Callable[[str, str], Path],
+) -> dict[str, str]:
+    """daily_sales' databases for one test: the shop in a SQLite file, the warehouse in
+    ``sales_db_url`` (SQLite or PostgreSQL), the work ledger in a fresh database of the same
+    backend; no retries. Returns their URLs (``shop``, ``warehouse``, ``ledger``)."""
+    monkeypatch.setenv("ONCEFLOW_SALES_RETRIES", "0")
+    shop = f"sqlite:///{tmp_path / 'shop.db'}"
+    sales_connections(shop, sales_db_url)
+    if sales_db_url.startswith("sqlite"):
+        ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        ledger = str(request.getfixturevalue("postgres_url_factory")("ledger"))
+    kind = "sqlite" if ledger.startswith("sqlite") else "postgres"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ONCEFLOW_LEDGER", json.dumps({"conn_type": kind, "extra": {"sqlalchemy_url": ledger}})
+    )
+    return {"shop": shop, "warehouse": sales_db_url, "ledger": ledger}
 
 
 @pytest.fixture

@@ -75,28 +75,6 @@ def test_an_extract_older_than_the_committed_one_is_refused(store: PartitionStor
     )
 
 
-@pytest.fixture
-def daily_sales_env(
-    request: pytest.FixtureRequest,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    sales_db_url: str,
-    sales_connections: Callable[[str, str], Path],
-) -> dict[str, str]:
-    monkeypatch.setenv("ONCEFLOW_SALES_RETRIES", "0")
-    shop = f"sqlite:///{tmp_path / 'shop.db'}"
-    sales_connections(shop, sales_db_url)
-    if sales_db_url.startswith("sqlite"):
-        ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
-    else:
-        ledger = str(request.getfixturevalue("postgres_url_factory")("ledger"))
-    kind = "sqlite" if ledger.startswith("sqlite") else "postgres"
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_ONCEFLOW_LEDGER", json.dumps({"conn_type": kind, "extra": {"sqlalchemy_url": ledger}})
-    )
-    return {"shop": shop, "warehouse": sales_db_url, "ledger": ledger}
-
-
 def write_shop(url: str, *, late: bool) -> None:
     rows = generate_orders(DAY - dt.timedelta(days=3), DAY + dt.timedelta(days=2), CONFIG)
     rows = [r for r in rows if (r.ingested_at_utc >= NIGHTLY_CUTOFF) == late]

@@ -34,31 +34,6 @@ AMS = "Europe/Amsterdam"
 CONFIG = GeneratorConfig(seed=21, orders_per_day=80)
 
 
-@pytest.fixture
-def daily_sales_env(
-    request: pytest.FixtureRequest,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    sales_db_url: str,
-    sales_connections: Callable[[str, str], Path],
-) -> dict[str, str]:
-    """Shop in a SQLite file, warehouse in ``sales_db_url`` (SQLite or PostgreSQL), the work ledger
-    in a fresh database of the same backend; no retries."""
-    monkeypatch.setenv("ONCEFLOW_SALES_RETRIES", "0")
-    shop = f"sqlite:///{tmp_path / 'shop.db'}"
-    sales_connections(shop, sales_db_url)
-    if sales_db_url.startswith("sqlite"):
-        ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
-    else:
-        ledger = str(request.getfixturevalue("postgres_url_factory")("ledger"))
-    conn = {
-        "conn_type": "sqlite" if ledger.startswith("sqlite") else "postgres",
-        "extra": {"sqlalchemy_url": ledger},
-    }
-    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_LEDGER", json.dumps(conn))
-    return {"shop": shop, "warehouse": sales_db_url, "ledger": ledger}
-
-
 def ledger_of(env: dict[str, str]) -> Ledger:
     from onceflow.ledger import Ledger, create_ledger_engine
 

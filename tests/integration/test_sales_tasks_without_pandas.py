@@ -25,8 +25,6 @@ import sys
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
 from onceflow.sales.checksum import rows_checksum
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig
@@ -36,7 +34,6 @@ from onceflow.testing.sales_fixtures import clean_day
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
 AMS = "Europe/Amsterdam"
 # Malformed rows give the load rejects to insert; refunds and duplicates give clean work.
@@ -106,41 +103,19 @@ def run_task(task_id: str, start: dt.datetime, end: dt.datetime) -> dict[str, An
     return report
 
 
-@pytest.fixture
-def sales_env(
-    request: pytest.FixtureRequest,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    sales_db_url: str,
-    sales_connections: Callable[[str, str], Path],
-    onceflow_airflow_db: Any,
-) -> dict[str, str]:
-    """Shop in SQLite, warehouse in ``sales_db_url`` (SQLite: INSERT; PostgreSQL: COPY), the work
-    ledger in a fresh database of the same backend."""
-    shop = f"sqlite:///{tmp_path / 'shop.db'}"
-    sales_connections(shop, sales_db_url)
-    if sales_db_url.startswith("sqlite"):
-        ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
-    else:
-        ledger = str(request.getfixturevalue("postgres_url_factory")("ledger"))
-    conn = {
-        "conn_type": "sqlite" if ledger.startswith("sqlite") else "postgres",
-        "extra": {"sqlalchemy_url": ledger},
-    }
-    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_LEDGER", json.dumps(conn))
-    return {"shop": shop, "warehouse": sales_db_url}
-
-
 def test_extract_and_load_run_without_pandas_and_store_the_reference_partition(
-    sales_env: dict[str, str], shop_orders: Callable[..., Any]
+    onceflow_airflow_db: Any, daily_sales_env: dict[str, str], shop_orders: Callable[..., Any]
 ) -> None:
+    """Warehouse and ledger on SQLite (INSERT) and on PostgreSQL (COPY)."""
     import pendulum
 
     from onceflow.hooks.storage import StorageHook
     from onceflow.sales import staging
     from onceflow.sales.clean import PROCESSING_VERSION
 
-    shop_orders(sales_env["shop"], DAY - dt.timedelta(days=3), DAY + dt.timedelta(days=2), **vars(CONFIG))
+    shop_orders(
+        daily_sales_env["shop"], DAY - dt.timedelta(days=3), DAY + dt.timedelta(days=2), **vars(CONFIG)
+    )
     start = pendulum.datetime(DAY.year, DAY.month, DAY.day, tz=AMS)
     end = start.add(days=1)
 
@@ -157,7 +132,7 @@ def test_extract_and_load_run_without_pandas_and_store_the_reference_partition(
     assert load["pandas"] is False
 
     # Read back through the warehouse, not through what the load reported.
-    store = PartitionStore(make_engine(sales_env["warehouse"]), "daily_sales")
+    store = PartitionStore(make_engine(daily_sales_env["warehouse"]), "daily_sales")
     assert store.partition_checksum(DAY) == rows_checksum(frame_records(expected.rows, SALES_COLUMNS))
     assert len(store.partition_rows(DAY)) == len(expected.rows)
     # Every column of every reject, as the reference clean gives it (NULL order ids included).

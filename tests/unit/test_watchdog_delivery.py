@@ -298,3 +298,34 @@ def test_a_hung_receiver_costs_a_pass_one_send_deadline_not_one_per_alert(
         listener.close()
         for conn in held:
             conn.close()
+
+
+def test_a_send_whose_lease_was_taken_over_logs_who_holds_it_now(
+    tmp_path: Path, receiver: AlertReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The receiver accepted, but another replica leased the row meanwhile: the error names the
+    row's holder and lease against this send's, which is what a post-mortem of a double send needs."""
+    import sqlalchemy as sa
+
+    from onceflow.watchdog.schema import alerts
+
+    clock = FakeClock(T0)
+    beat(tmp_path, "r1", T0)
+    a = Watchdog(config(tmp_path, receiver, "a", HEARTBEAT), clock=clock.now)
+    a.run_once()
+    clock.set(T0 + 125)
+    send = a.outbox._send
+
+    def taken_over_while_sending(channel: str, key: str, payload: dict[str, Any]) -> None:
+        send(channel, key, payload)
+        engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+        with engine.begin() as conn:
+            conn.execute(alerts.update().values(lease_owner="b#other", lease_until=T0 + 999))
+        engine.dispose()
+
+    a.outbox._send = taken_over_while_sending  # type: ignore[method-assign]
+    with caplog.at_level("ERROR", logger="onceflow.watchdog.alerts"):
+        a.run_once()
+    [message] = [r.getMessage() for r in caplog.records if "taken over" in r.getMessage()]
+    assert "heartbeat/1/down/webhook" in message and "'b#other'" in message and str(T0 + 999) in message
+    assert f"the send ended at {T0 + 125}" in message

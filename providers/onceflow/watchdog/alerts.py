@@ -450,7 +450,22 @@ class Outbox:
                 .values(state=SENT, sent_at=done, lease_until=None)
             ).rowcount
         if marked != len(group):
-            log.error("alert %s sent, but its lease was taken over before it was marked sent", key)
+            # Who holds it now, and until when, against this send's clock: what a post-mortem needs.
+            with engine.connect() as conn:
+                holders = conn.execute(
+                    sa.select(alerts.c.id, alerts.c.state, alerts.c.lease_owner, alerts.c.lease_until).where(
+                        alerts.c.id.in_([r["id"] for r in group])
+                    )
+                ).all()
+            log.error(
+                "alert %s sent, but its lease was taken over before it was marked sent (token %s, "
+                "its lease ran to %s, the send ended at %s; rows now (id, state, owner, until): %s)",
+                key,
+                token,
+                group[0]["lease_until"],
+                done,
+                [tuple(h) for h in holders],
+            )
         log.info("alert %s sent (attempt %d)", key, group[0]["attempts"])
         return True
 

@@ -108,10 +108,13 @@ def test_a_slow_receiver_and_a_second_replica_never_send_a_key_twice(
     clock); a second replica starts delivering 9 s into the first one's burst. No crash, so no key
     may arrive twice.
 
-    Only the first replica's sends move the clock: the second's run beside them, so their time
-    overlaps. (When every POST the receiver took moved it, a send of the first replica held up
-    behind the second's saw more than its 7 s lease pass, under load, while its real deadline of
-    2 s held: the clock model, not the outbox, sent a key twice.)"""
+    Only the first replica's sends move the clock, and never while one of the second's is in
+    flight: a real send ends within its 2 s deadline, well inside its 7 s lease, so no send may
+    see more than one 0.9 s step pass. (When every POST moved the clock, a send of the first
+    replica held up behind the second's saw its lease run out under load; then, with only the
+    first replica's sends moving it, a send of the second held up under CI's load saw the first
+    replica's next eight sends, 7.2 s. Both times the clock model, not the outbox, sent a key
+    twice: the log showed the second send taking over a lease the first send still held.)"""
     clock = FakeClock(T0)
     checks = {
         f"c{i:02d}": {"kind": "heartbeat", "period_seconds": 60, "grace_seconds": 60} for i in range(24)
@@ -127,21 +130,34 @@ def test_a_slow_receiver_and_a_second_replica_never_send_a_key_twice(
     clock.set(T0 + 125)
     started = threading.Event()
     b_done = threading.Event()
+    b_in_flight = threading.Lock()  # held while one of b's sends is out
 
     def slow(outbox: Any) -> None:
         send = outbox._send
 
         def sending(channel: str, key: str, payload: dict[str, Any]) -> None:
             send(channel, key, payload)
-            clock.advance(0.9)
+            with b_in_flight:
+                clock.advance(0.9)
             if clock.now() >= T0 + 125 + 9 and not started.is_set():
                 started.set()
                 threading.Thread(target=lambda: (b.run_once(), b_done.set()), daemon=True).start()
 
         outbox._send = sending
 
+    def in_flight(outbox: Any) -> None:
+        send = outbox._send
+
+        def sending(channel: str, key: str, payload: dict[str, Any]) -> None:
+            with b_in_flight:
+                send(channel, key, payload)
+
+        outbox._send = sending
+
     slow(a.outbox)
     slow(a.local_outbox)
+    in_flight(b.outbox)
+    in_flight(b.local_outbox)
     a.run_once()
     assert started.is_set()
     assert b_done.wait(120)

@@ -451,12 +451,20 @@ class Outbox:
             ).rowcount
         if marked != len(group):
             # Who holds it now, and until when, against this send's clock: what a post-mortem needs.
-            with engine.connect() as conn:
-                holders = conn.execute(
-                    sa.select(alerts.c.id, alerts.c.state, alerts.c.lease_owner, alerts.c.lease_until).where(
-                        alerts.c.id.in_([r["id"] for r in group])
-                    )
-                ).all()
+            # Only a diagnosis: a store failing this read must not turn the pass blind.
+            holders: Any
+            try:
+                with engine.connect() as conn:
+                    holders = [
+                        tuple(h)
+                        for h in conn.execute(
+                            sa.select(
+                                alerts.c.id, alerts.c.state, alerts.c.lease_owner, alerts.c.lease_until
+                            ).where(alerts.c.id.in_([r["id"] for r in group]))
+                        )
+                    ]
+            except Exception as exc:
+                holders = f"unreadable ({redact_text(repr(exc))[:200]})"
             log.error(
                 "alert %s sent, but its lease was taken over before it was marked sent (token %s, "
                 "its lease ran to %s, the send ended at %s; rows now (id, state, owner, until): %s)",
@@ -464,7 +472,7 @@ class Outbox:
                 token,
                 group[0]["lease_until"],
                 done,
-                [tuple(h) for h in holders],
+                holders,
             )
         log.info("alert %s sent (attempt %d)", key, group[0]["attempts"])
         return True

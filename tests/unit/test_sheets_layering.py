@@ -85,7 +85,8 @@ def test_the_jobs_call_down_into_the_tab_and_the_row_model_never_up_into_the_que
     below_the_queue = ["tab", "anchored", "audit", "claim", "settle", "relay", "model", "transport"]
     upward = {m: graph[m] & {"protocol", "wakeup", "reconcile"} for m in below_the_queue}
     assert upward == {m: set() for m in below_the_queue}
-    assert graph["model"] <= {"keys"} and graph["transport"] <= {"retry"}
+    assert graph["model"] <= {"keys"} and graph["transport"] <= {"retry", "service"}
+    assert graph["service"] == set()  # the shared API resources: nothing of the queue
 
 
 def test_protocol_py_is_under_400_lines() -> None:

@@ -40,13 +40,15 @@ def _transport(transport_or_hook: Any, spreadsheet_id: str) -> Any:
     from onceflow.sheets.transport import GoogleSheetsTransport
 
     if hasattr(transport_or_hook, "read"):  # a SheetsTransport
-        service = getattr(transport_or_hook, "service", None)
+        retarget = getattr(transport_or_hook, "with_spreadsheet", None)
         if (
-            service is not None
+            retarget is not None
             and getattr(transport_or_hook, "spreadsheet_id", spreadsheet_id) != spreadsheet_id
         ):
-            return GoogleSheetsTransport(service, spreadsheet_id)
+            return retarget(spreadsheet_id)
         return transport_or_hook
+    if callable(getattr(transport_or_hook, "transport", None)):  # a SheetQueueHook: shared resources
+        return transport_or_hook.transport(spreadsheet_id)
     return GoogleSheetsTransport(transport_or_hook.get_conn(), spreadsheet_id)  # a GSheetsHook
 
 

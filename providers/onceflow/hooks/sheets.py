@@ -64,6 +64,7 @@ class SheetQueueHook(GSheetsHook):
         )
         self._spreadsheet_id = spreadsheet_id
         self._sheet = sheet
+        self._transport_http: Any = None  # transport()'s authorized http
 
     def _extra(self, name: str) -> Any:
         return self._get_field(name, None)
@@ -90,9 +91,21 @@ class SheetQueueHook(GSheetsHook):
         """The queue's tab: the argument, else the ``sheet`` extra, else ``queue``."""
         return str(self._sheet or self._extra("sheet") or "queue")
 
-    def transport(self) -> GoogleSheetsTransport:
-        """The raw API calls, counted per method."""
-        return GoogleSheetsTransport(self.get_conn(), self.spreadsheet_id)
+    def transport(self, spreadsheet_id: str | None = None) -> GoogleSheetsTransport:
+        """The raw API calls, counted per method, on ``spreadsheet_id`` (default: :attr:`spreadsheet_id`).
+
+        Over this process's shared resources (:mod:`onceflow.sheets.service`: built once, not per
+        transport) with this hook's own authorized http, made once per hook as ``get_conn()``
+        makes its service once (one set of credentials, one token).
+        """
+        if self.api_endpoint is None:
+            self.api_endpoint = self._extra("api_endpoint")
+        if self._transport_http is None:
+            self._transport_http = self._authorize()
+        options = self.get_client_options(api_endpoint_override=self.api_endpoint)
+        return GoogleSheetsTransport.shared(
+            self._transport_http, spreadsheet_id or self.spreadsheet_id, options
+        )
 
     def queue(
         self,

@@ -2,9 +2,10 @@
 
 :class:`SheetsTransport` is what :class:`~onceflow.sheets.protocol.SheetQueue` needs;
 :class:`GoogleSheetsTransport` implements it with a google-api-python-client ``sheets`` service
-(from ``GSheetsHook.get_conn()`` in Airflow, or built directly in tests and benchmarks). It turns
-HTTP errors into :class:`~onceflow.sheets.retry.QuotaExceeded` (429, not applied),
-:class:`~onceflow.sheets.retry.Refused` (400, not applied) and
+(in Airflow, ``SheetQueueHook.transport()``: the process's shared resources of
+:mod:`onceflow.sheets.service` with the connection's authorized http; in tests and benchmarks, a
+service built directly). It turns HTTP errors into :class:`~onceflow.sheets.retry.QuotaExceeded`
+(429, not applied), :class:`~onceflow.sheets.retry.Refused` (400, not applied) and
 :class:`~onceflow.sheets.retry.ServerError` (5xx, maybe applied), and counts calls per method.
 The client library's own retries are switched off (``num_retries=0``): a blind retry of a claim
 write is exactly what makes its outcome ambiguous, so the protocol decides what to repeat.
@@ -104,25 +105,50 @@ def _retry_after(headers: Any) -> float | None:
 class GoogleSheetsTransport:
     """:class:`SheetsTransport` over a google-api-python-client ``sheets`` v4 service.
 
-    :param service: ``googleapiclient.discovery.build("sheets", "v4", ...)``; not thread-safe
-        (httplib2), so use one transport per thread.
+    :param service: ``googleapiclient.discovery.build("sheets", "v4", ...)``, or the process's
+        shared :class:`~onceflow.sheets.service.SheetsResources` (then ``http`` is required).
     :param spreadsheet_id: the spreadsheet holding the queue.
+    :param http: the authorized http every request is executed with (default: the service's).
+        Not thread-safe (httplib2), so use one transport per thread.
     """
 
-    def __init__(self, service: Any, spreadsheet_id: str) -> None:
+    def __init__(self, service: Any, spreadsheet_id: str, *, http: Any = None) -> None:
+        from onceflow.sheets.service import SheetsResources
+
         self.service = service
         self.spreadsheet_id = spreadsheet_id
         self.calls: Counter[str] = Counter()
-        # building a resource from the discovery document takes milliseconds: do it once
-        self._sheets = service.spreadsheets()
-        self._values = self._sheets.values()
+        self._http = http
+        if isinstance(service, SheetsResources):
+            if http is None:
+                raise ValueError("shared sheets resources need the connection's http=")
+            self._sheets, self._values = service.spreadsheets, service.values
+            self._metadata = service.developer_metadata
+        else:
+            # making a resource writes its methods' docstrings (~0.1 s for spreadsheets()): once
+            self._sheets = service.spreadsheets()
+            self._values = self._sheets.values()
+            self._metadata = None
+
+    @classmethod
+    def shared(cls, http: Any, spreadsheet_id: str, client_options: Any = None) -> GoogleSheetsTransport:
+        """A transport over the process's shared resources (:mod:`onceflow.sheets.service`) for
+        ``client_options`` (a ``ClientOptions``; ``None``: Google's endpoint), sending every request
+        with ``http``, the connection's authorized http."""
+        from onceflow.sheets.service import resources_for
+
+        return cls(resources_for(http, client_options), spreadsheet_id, http=http)
+
+    def with_spreadsheet(self, spreadsheet_id: str) -> GoogleSheetsTransport:
+        """A transport on another spreadsheet through the same service and http (own call counts)."""
+        return GoogleSheetsTransport(self.service, spreadsheet_id, http=self._http)
 
     def _execute(self, method: str, request: Any) -> Any:
         from googleapiclient.errors import HttpError
 
         self.calls[method] += 1
         try:
-            return request.execute(num_retries=0)
+            return request.execute(http=self._http, num_retries=0)  # None: the service's own
         except HttpError as err:
             status = int(err.resp.status)
             retry_after = _retry_after(err.resp)
@@ -254,11 +280,16 @@ class GoogleSheetsTransport:
         """The developer metadata matching the filters (one ``developerMetadata.search``)."""
         response = self._execute(
             "developerMetadata.search",
-            self._sheets.developerMetadata().search(
+            self._developer_metadata().search(
                 spreadsheetId=self.spreadsheet_id, body={"dataFilters": filters}
             ),
         )
         return [m["developerMetadata"] for m in response.get("matchedDeveloperMetadata", [])]
+
+    def _developer_metadata(self) -> Any:
+        if self._metadata is None:
+            self._metadata = self._sheets.developerMetadata()
+        return self._metadata
 
     def add_sheet(self, title: str) -> None:
         """Add a tab named ``title``."""

@@ -91,7 +91,7 @@ def step(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from airflow.sdk import ObjectStoragePath  # noqa: F401  (staging paths; a task process has it)
 
     from onceflow.sales import staging
-    from onceflow.sales.clean import PROCESSING_VERSION
+    from onceflow.sales.clean_rules import PROCESSING_VERSION
     from onceflow.sales.engine import make_engine, make_source_engine
     from onceflow.sales.partition_store import PartitionStore
     from onceflow.sales.shop_query import stream_interval

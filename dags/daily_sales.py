@@ -103,7 +103,7 @@ def daily_sales() -> None:
         """Clean the staged orders; rows and rejects go back to the same staging folder."""
         from onceflow.hooks.storage import StorageHook
         from onceflow.sales import staging
-        from onceflow.sales.clean import PROCESSING_VERSION
+        from onceflow.sales.clean_rules import PROCESSING_VERSION
         from onceflow.sales.partitions import partition_for_interval
 
         start, end = context["data_interval_start"], context["data_interval_end"]

@@ -1,8 +1,9 @@
 """Import daily_sales' task-side libraries once in the process that forks the task processes.
 
 Where the time of a daily_sales run goes (``benchmarks/bench_backfill.py`` measures it per task):
-each of its three task processes imports pandas (with numpy and pyarrow), about 1.5 s of CPU on
-our 2-core VM, while the work itself is a few tenths of a second. Airflow 3 on Linux starts every
+each of its three task processes imports pyarrow (with numpy), SQLAlchemy and a database driver,
+and before issue 27 pandas too (about 1.5 s of CPU on our 2-core VM then), while the work itself is
+a few tenths of a second. Airflow 3 on Linux starts every
 task process with ``os.fork()`` from an executor worker (LocalExecutor workers are forked from the
 scheduler; Celery workers fork their own), so whatever that process imported is already loaded in
 every task, for free: the pages are shared copy-on-write.
@@ -40,12 +41,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The costly imports of the extract, clean and load tasks (pandas pulls in numpy and pyarrow;
-#: parquet reads import ``pyarrow.dataset``; the ledger's schema check imports Alembic, ~0.1 s).
+#: The costly imports of the extract, clean and load tasks (``pyarrow.parquet`` pulls in pyarrow
+#: and numpy; parquet reads import ``pyarrow.dataset``; a ledger migration imports Alembic, ~0.1 s).
+#: No task imports pandas any more (``tests/integration/test_sales_tasks_without_pandas.py``), so
+#: preloading it would only cost the forking process memory.
 #: Third-party only: ``airflow_local_settings`` is imported while Airflow itself initialises, so
 #: modules that import Airflow (onceflow's hooks) must not load there; they cost milliseconds anyway.
 TASK_MODULES: tuple[str, ...] = (
-    "pandas",
     "pyarrow.parquet",
     "pyarrow.dataset",
     "sqlalchemy",

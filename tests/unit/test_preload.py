@@ -40,12 +40,14 @@ def test_a_library_that_fails_to_import_is_skipped_not_raised(
     assert preload(["json", "onceflow_broken_lib"]) == ["onceflow_broken_lib"]
 
 
-def test_an_airflow_scheduler_process_imports_pandas_from_local_settings(tmp_path: object) -> None:
+def test_an_airflow_scheduler_process_imports_the_task_libraries_from_local_settings(
+    tmp_path: object,
+) -> None:
     """The way Airflow runs it: airflow_local_settings on the path, argv of the scheduler."""
     code = (
         "import sys; sys.argv = ['airflow', 'scheduler']\n"
         "from onceflow.preload import preload_for_task_forks; preload_for_task_forks()\n"
-        "print('pandas' in sys.modules)"
+        "print('pyarrow.parquet' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

@@ -35,7 +35,7 @@ import json, sys
 sys.argv = ["airflow", *sys.argv[1:]]
 import airflow  # initialising Airflow imports airflow_local_settings, as in every Airflow process
 local = sys.modules["airflow_local_settings"]
-print("PROBE " + json.dumps({"pandas": "pandas" in sys.modules, "policy": hasattr(local, "task_policy"),
+print("PROBE " + json.dumps({"parquet": "pyarrow.parquet" in sys.modules, "policy": hasattr(local, "task_policy"),
                              "theirs": getattr(local.task_policy, "__module__", None)}))
 """
 
@@ -54,4 +54,4 @@ def test_the_documented_lines_preload_beside_an_existing_settings_file(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("PROBE "))
-    assert json.loads(line[6:]) == {"pandas": preloads, "policy": True, "theirs": "airflow_local_settings"}
+    assert json.loads(line[6:]) == {"parquet": preloads, "policy": True, "theirs": "airflow_local_settings"}

@@ -106,7 +106,7 @@ def stream_clean(source: pd.DataFrame, *, bucket_rows: int, batch_rows: int, fol
         for batch in table.to_batches(max_chunksize=batch_rows):
             cleaner.add(batch)
         cleaner.dedupe()
-        frames = list(cleaner.rows())
+        frames = [clean.normalise_sales_frame(table.to_pandas()) for table in cleaner.rows()]
         rejects = pa.concat_tables([pa.Table.from_batches([], schema=clean_stream.reject_schema()),
                                     *cleaner.rejects()]).to_pandas()  # fmt: skip
         rows = (

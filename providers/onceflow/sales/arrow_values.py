@@ -1,21 +1,27 @@
-"""Arrow arrays and scalars from Python values, without importing pandas.
+"""Arrow arrays and scalars from Python values, and Python values from Arrow arrays, without
+importing pandas.
 
 ``pyarrow.array()`` and ``pyarrow.scalar()`` (and every ``pyarrow.compute`` call given a plain
 Python value, which it wraps with ``pyarrow.scalar()``) first ask whether the value is a pandas
 object, and that question imports pandas when it is installed: about 0.2 s of CPU in a task
 process that never uses it. daily_sales' extract and load stage and format rows with Arrow alone,
 so they build their arrays here, from buffers (``pyarrow.Array.from_buffers``, which asks
-nothing), and their scalars as one-value arrays' elements. ``tests/integration/
-test_sales_tasks_without_pandas.py`` runs both tasks with pandas refused.
+nothing), and their scalars as one-value arrays' elements. The way back is no better: every
+``to_numpy()`` imports pandas, and ``take()`` given a numpy array does, so the clean task reads
+its columns from their buffers here (:func:`int64_values`, :func:`texts`, :func:`datetimes`) and
+takes rows by :func:`indices`. ``tests/integration/test_sales_tasks_without_pandas.py`` runs every
+daily_sales task with pandas refused.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
 _EPOCH = dt.datetime(1970, 1, 1)
+_EPOCH_DAY = _EPOCH.date().toordinal()
 
 
 def _validity(values: Sequence[object]) -> tuple[Any, int]:
@@ -81,6 +87,38 @@ def binaries(values: Sequence[bytes | None]) -> Any:
     return pa.Array.from_buffers(pa.binary(), len(values), buffers, nulls)
 
 
+def strings(values: Sequence[str | None]) -> Any:
+    """An Arrow ``string`` array of ``values``, None as null.
+
+    :raises UnicodeEncodeError: a value holds a lone surrogate (not UTF-8: stage it as binary).
+    """
+    import pyarrow as pa
+
+    encoded = [None if v is None else v.encode("utf-8") for v in values]
+    return binaries(encoded).view(pa.string())
+
+
+def dates(values: Sequence[dt.date | None]) -> Any:
+    """An Arrow ``date32`` array of ``values``, None as null.
+
+    :raises TypeError: a value is not a ``date`` (a ``datetime`` is refused: its time would be lost).
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    days: list[int] = []
+    for value in values:
+        if value is None:
+            days.append(0)
+        elif not isinstance(value, dt.date) or isinstance(value, dt.datetime):
+            raise TypeError(f"{value!r:.60} is not a date")
+        else:
+            days.append(value.toordinal() - _EPOCH_DAY)
+    validity, nulls = _validity(values)
+    data = np.array(days, dtype=np.int32)
+    return pa.Array.from_buffers(pa.date32(), len(values), [validity, pa.py_buffer(data)], nulls)
+
+
 def text(value: str) -> Any:
     """``value`` as an Arrow string scalar (what ``pyarrow.compute`` takes for a plain ``str``)."""
     import numpy as np
@@ -89,3 +127,100 @@ def text(value: str) -> Any:
     data = value.encode()
     offsets = np.array([0, len(data)], dtype=np.int32)
     return pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])[0]
+
+
+def indices(positions: Any) -> Any:
+    """Row positions (a sequence of ints or a numpy array) as an Arrow int64 array, for ``take()``."""
+    import numpy as np
+    import pyarrow as pa
+
+    data = np.ascontiguousarray(positions, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)], 0)
+
+
+def _chunks(column: Any) -> list[Any]:
+    return [c for c in (column.chunks if hasattr(column, "chunks") else [column]) if len(c)]
+
+
+def _present(chunk: Any) -> list[bool] | None:
+    """Which values of ``chunk`` are not null (None when none is)."""
+    import numpy as np
+
+    bitmap = chunk.buffers()[0]
+    if bitmap is None or not chunk.null_count:
+        return None
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return bits[chunk.offset : chunk.offset + len(chunk)].astype(bool).tolist()
+
+
+def int64_values(column: Any) -> Any:
+    """A 64-bit integer or timestamp array (or chunked array) without nulls as a numpy int64 array.
+
+    :raises ValueError: it holds a null.
+    """
+    import numpy as np
+
+    parts = []
+    for chunk in _chunks(column):
+        if chunk.null_count:
+            raise ValueError(f"a {chunk.type} column holds {chunk.null_count} nulls")
+        parts.append(
+            np.frombuffer(chunk.buffers()[1], dtype=np.int64, count=len(chunk), offset=chunk.offset * 8)
+        )
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def texts(column: Any) -> list[str | None]:
+    """A ``binary`` or ``string`` array (or chunked array) as ``str`` values, None for null; bytes
+    that are not UTF-8 become lone surrogates (``surrogateescape``), as the shop engine reads them."""
+    import numpy as np
+    import pyarrow as pa
+
+    out: list[str | None] = []
+    for chunk in _chunks(column):
+        wide = pa.types.is_large_binary(chunk.type) or pa.types.is_large_string(chunk.type)
+        width = 8 if wide else 4
+        _, offsets_buffer, data_buffer = chunk.buffers()
+        offsets = np.frombuffer(
+            offsets_buffer,
+            dtype=np.int64 if wide else np.int32,
+            count=len(chunk) + 1,
+            offset=chunk.offset * width,
+        ).tolist()
+        data = data_buffer.to_pybytes()[offsets[0] : offsets[-1]] if data_buffer is not None else b""
+        if data.isascii():  # one decode, then slices (byte offsets are character offsets)
+            text, start = data.decode("ascii"), offsets[0]
+            values: list[str | None] = [text[a - start : b - start] for a, b in itertools.pairwise(offsets)]
+        else:
+            view, start = memoryview(data), offsets[0]
+            values = [
+                str(view[a - start : b - start], "utf-8", "surrogateescape")
+                for a, b in itertools.pairwise(offsets)
+            ]
+        present = _present(chunk)
+        if present is not None:
+            values = [v if p else None for v, p in zip(values, present, strict=True)]
+        out += values
+    return out
+
+
+def datetimes(column: Any) -> list[dt.datetime | None]:
+    """A timestamp array (or chunked array) as naive ``datetime`` values (microseconds), None for
+    null.
+
+    :raises pyarrow.ArrowInvalid: a value has nanoseconds (it would be cut).
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    out: list[dt.datetime | None] = []
+    for chunk in _chunks(column):
+        if chunk.type != pa.timestamp("us"):
+            chunk = chunk.cast(pa.timestamp("us"))
+        micros = np.frombuffer(chunk.buffers()[1], dtype=np.int64, count=len(chunk), offset=chunk.offset * 8)
+        values: list[dt.datetime | None] = micros.view("datetime64[us]").astype(object).tolist()
+        present = _present(chunk)
+        if present is not None:
+            values = [v if p else None for v, p in zip(values, present, strict=True)]
+        out += values
+    return out

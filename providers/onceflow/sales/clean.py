@@ -1,4 +1,7 @@
-"""Cleaning one day of shop events into one row per order (pandas, deterministic).
+"""Cleaning one day of shop events into one row per order (pandas, deterministic): the reference.
+
+The clean task runs the same rules without pandas (:mod:`onceflow.sales.clean_rules`, bucket by
+bucket in :mod:`onceflow.sales.clean_stream`); the tests compare it with :func:`clean_orders`.
 
 Rules, in order:
 
@@ -31,60 +34,29 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import re
-from decimal import ROUND_HALF_EVEN, Decimal
-from typing import TYPE_CHECKING, Any
+from decimal import Decimal
 
 import pandas as pd
 
+from onceflow.sales import clean_rules as rules
+from onceflow.sales.clean_rules import PROCESSING_VERSION, RATES_TO_EUR, REJECT_REASONS
 from onceflow.sales.schema import ID_LENGTH, ORDER_COLUMNS, REJECT_COLUMNS, SALES_COLUMNS
 
-if TYPE_CHECKING:
-    from collections.abc import Mapping
+__all__ = ["PROCESSING_VERSION", "RATES_TO_EUR", "REJECT_REASONS", "CleanResult", "clean_orders"]
 
-# Fixed rates into EUR (units of EUR per unit of currency). Versioned with PROCESSING_VERSION:
-# changing a rate changes results, so it must change the processing version too.
-RATES_TO_EUR: Mapping[str, Decimal] = {
-    "EUR": Decimal("1"),
-    "USD": Decimal("0.92"),
-    "GBP": Decimal("1.17"),
-    "SEK": Decimal("0.087"),
-}
-# v2: rows the warehouse cannot store (nul_byte, invalid_text, value_too_long) are rejected.
-# v3: rows that share an event key but differ as events are rejected (conflicting_duplicate).
-# v4: amounts with more than two decimal places are accepted when the extra digits are zeros
-#     (a numeric(14,4) column), else rejected as sub_cent_amount (they were all bad_amount).
-# v5: a NULL and the text "None", or ids holding \x1f, no longer make two different events one
-#     (the second was dropped as an exact repeat): it is a conflicting_duplicate.
-PROCESSING_VERSION = "sales-clean-v5"
-REJECT_REASONS: tuple[str, ...] = (
-    "nul_byte",
-    "invalid_text",
-    "value_too_long",
-    "missing_order_id",
-    "unknown_event_type",
-    "missing_refund_id",
-    "bad_amount",
-    "sub_cent_amount",
-    "non_positive_amount",
-    "unknown_currency",
-    "conflicting_duplicate",
-)
-# What makes two rows under one key the same event (row_id and ingested_at_utc do not).
-_EVENT_FIELDS = ("event_type", "order_id", "refund_id", "customer_id", "created_at_utc", "currency")
-# At most 12 integer digits (no bigint overflow in cents), any number of decimals; digits beyond
-# the cents must be zeros (_CENTS_EXACT_RE), else the amount is rejected rather than rounded.
-_AMOUNT_RE = re.compile(r"^-?\d{1,12}(\.\d+)?$")
-_CENTS_EXACT_RE = re.compile(r"^-?\d{1,12}(\.\d{1,2}0*)?$")
-_TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
-# Columns that reach the warehouse's varchar(ID_LENGTH) columns as they are.
-_STORED_ID_COLUMNS = ("order_id", "customer_id")
-# A lone surrogate: how a byte that is not UTF-8 arrives (the shop engine decodes with
-# surrogateescape, so the byte is kept rather than failing the extract).
-_SURROGATE = re.compile("[\ud800-\udfff]")
+# The shared constants and per-value helpers (clean_rules holds the rules the clean task runs).
+_EVENT_FIELDS = rules.EVENT_FIELDS
+_AMOUNT_RE = rules.AMOUNT_RE
+_CENTS_EXACT_RE = rules.CENTS_EXACT_RE
+_TEXT_COLUMNS = rules.TEXT_COLUMNS
+_STORED_ID_COLUMNS = rules.STORED_ID_COLUMNS
+_SURROGATE = rules.SURROGATE
+_CENT = rules.CENT
+_raw_json = rules.raw_json
+_storable_id = rules.storable_id
+_to_cents = rules.to_cents
 _NUL = re.compile("\x00")
-_CENT = Decimal("0.01")
 
 
 class RejectRatioExceeded(ValueError):
@@ -124,35 +96,8 @@ class CleanResult:
             )
 
 
-def _raw_json(row: Mapping[Any, object]) -> str:
-    def plain(v: object) -> object:
-        if v is None or (isinstance(v, float) and v != v) or v is pd.NaT:
-            return None
-        if isinstance(v, dt.datetime):
-            return v.isoformat(sep=" ", timespec="microseconds")
-        return v if isinstance(v, str | int) else str(v)
-
-    return json.dumps({k: plain(row[k]) for k in ORDER_COLUMNS}, sort_keys=True)
-
-
-def _storable_id(value: object) -> str | None:
-    """A reject's ``order_id`` as the warehouse can store it: escaped, cut to the column width.
-
-    The whole value stays in the reject's raw JSON; this column is for finding the row.
-    """
-    if not isinstance(value, str):
-        return None
-    text = value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
-    return text if len(text) <= ID_LENGTH else text[: ID_LENGTH - 3] + "..."
-
-
 def _blank(series: pd.Series) -> pd.Series:
     return series.isna() | (series.astype("string").str.strip() == "")
-
-
-def _to_cents(amount: str, currency: str, reporting: str) -> int:
-    value = Decimal(amount) * RATES_TO_EUR[currency] / RATES_TO_EUR[reporting]
-    return int(value.quantize(_CENT, rounding=ROUND_HALF_EVEN) * 100)
 
 
 def _reject_reasons(df: pd.DataFrame) -> pd.Series:

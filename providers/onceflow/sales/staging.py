@@ -426,7 +426,6 @@ def clean_extract(
 
     :param bucket_rows: rows per bucket (default :data:`onceflow.sales.clean_stream.BUCKET_ROWS`).
     """
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from onceflow.sales.clean_stream import BUCKET_ROWS, DayCleaner, reject_schema
@@ -461,8 +460,7 @@ def clean_extract(
             metadata = {METADATA_KEY: json.dumps(facts, sort_keys=True).encode()}
             schema = sales_arrow_schema().with_metadata(metadata)
             with _staged_file(folder / "rows.parquet") as sink, pq.ParquetWriter(sink, schema) as writer:
-                for rows in cleaner.rows():
-                    table = pa.Table.from_pandas(rows, schema=sales_arrow_schema(), preserve_index=False)
+                for table in cleaner.rows():
                     writer.write_table(table.replace_schema_metadata(metadata), row_group_size=BATCH_ROWS)
             rejects = 0
             schema = reject_schema().with_metadata(metadata)

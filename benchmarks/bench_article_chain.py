@@ -497,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
             (dags / "empty_pipeline.py").write_text(empty_chain_dag(article_pipeline_shape(work / "probe")))
             env = {
                 "AIRFLOW_CONN_ONCEFLOW_SHEETS": emulator.connection_json(spreadsheet_id=sid),
+                # the preload builds the Sheets resources for the emulator too (onceflow.sheets.service)
+                "ONCEFLOW_SHEETS_API_ENDPOINTS": emulator.endpoint,
                 "AIRFLOW_CONN_ONCEFLOW_LEDGER": json.dumps(
                     {"conn_type": "postgres", "extra": {"sqlalchemy_url": ledger}}
                 ),

@@ -19,7 +19,9 @@ executor starts), e.g. ``$AIRFLOW_HOME/config/airflow_local_settings.py``::
 
 After the imports it runs :data:`WARM_UPS`: the article chain's language detector (lingua's models
 of the default languages), which ``extract`` and ``score`` would otherwise build in every task
-process, about 1.2 s of CPU each, twice per article.
+process, about 1.2 s of CPU each, twice per article; and the Sheets API's resources
+(:mod:`onceflow.sheets.service`), which each task that touches the sheet would otherwise build,
+about 0.2 s of CPU each.
 
 It is a deployment choice, not something the DAG does: the forking process keeps about 150 MB
 more resident for the imports and 200 MB more for the detector (measured on Linux, Python 3.11;
@@ -68,7 +70,10 @@ TASK_MODULES: tuple[str, ...] = (
 #: ``module:function`` run after the imports, whose results stay in memory for every forked task:
 #: lingua builds the detector's models in Rust memory the tasks only read, so the pages stay shared.
 #: Like the imports, they must not import Airflow.
-WARM_UPS: tuple[str, ...] = ("onceflow.articles.language:warm",)
+#: The Sheets API resources (about 0.2 s of CPU in every task process that touches the sheet,
+#: mostly google-api-python-client writing method docstrings) are built here for Google's endpoint
+#: and the ``ONCEFLOW_SHEETS_API_ENDPOINTS`` ones (an emulator's); no credentials are in them.
+WARM_UPS: tuple[str, ...] = ("onceflow.articles.language:warm", "onceflow.sheets.service:warm")
 
 #: What :func:`write_local_settings` adds to ``airflow_local_settings.py``.
 LOCAL_SETTINGS = "from onceflow.preload import preload_for_task_forks\n\npreload_for_task_forks()\n"

@@ -89,6 +89,34 @@ def test_a_task_forked_from_a_preloaded_scheduler_finds_the_language_detector_bu
     assert (int(built), language) == (1, "es"), out.stderr
 
 
+def test_a_task_forked_from_a_preloaded_scheduler_finds_the_sheets_resources_built() -> None:
+    """Google's and the configured endpoint's resources are built before the fork: a transport in
+    the child builds no service (only the connection's http is the child's own)."""
+    code = (
+        "import os, sys; sys.argv = ['airflow', 'scheduler']\n"
+        "os.environ['ONCEFLOW_SHEETS_API_ENDPOINTS'] = 'http://127.0.0.1:9/'\n"
+        "from onceflow.preload import preload_for_task_forks; preload_for_task_forks()\n"
+        "from google.api_core.client_options import ClientOptions\n"
+        "from google.auth.credentials import AnonymousCredentials\n"
+        "from google_auth_httplib2 import AuthorizedHttp\n"
+        "from googleapiclient import discovery\n"
+        "from onceflow.sheets import service\n"
+        "from onceflow.sheets.transport import GoogleSheetsTransport\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    discovery.build = None  # a build in the child would fail\n"
+        "    for endpoint in (None, 'http://127.0.0.1:9/'):\n"
+        "        GoogleSheetsTransport.shared(AuthorizedHttp(AnonymousCredentials()), 'sid', ClientOptions(api_endpoint=endpoint))\n"
+        "    print(len(service._built), flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.split() == ["2"], out.stderr
+
+
 def test_elsewhere_nothing_is_warmed() -> None:
     code = (
         "import sys; sys.argv = ['airflow', 'api-server']\n"

@@ -102,8 +102,8 @@ def resources_for(http: Any, client_options: Any) -> SheetsResources:
 
 def warm(endpoints: str | None = None) -> None:
     """Build the resources for Google's endpoint and each of ``endpoints`` (comma-separated; default
-    the ``ONCEFLOW_SHEETS_API_ENDPOINTS`` environment variable) ahead: in a process that forks the
-    task processes, every task finds them built."""
+    the ``ONCEFLOW_SHEETS_API_ENDPOINTS`` environment variable), for ``onceflow.preload``: in the
+    process that forks the task processes, every task finds them built."""
     import os
 
     if endpoints is None:

@@ -222,3 +222,19 @@ def test_the_event_fingerprints_are_the_per_value_ones(unit: str) -> None:
     assert clean._event_fingerprints(valid) == old_fingerprints(valid)
     valid["created_at_utc"] = valid["created_at_utc"].astype(object)  # plain datetimes: per value
     assert clean._event_fingerprints(valid) == old_fingerprints(valid)
+
+
+def test_missing_event_and_ingestion_times_sort_as_the_reference_sorts_them(tmp_path: Path) -> None:
+    """The shop's columns are NOT NULL, but a typed shop's need not be: a missing time sorts last
+    when picking a key's winner and an order's first event, as pandas sorts NaT, and is skipped by
+    the order's first event time."""
+    source = messy_day(9, orders=200)
+    rng = random.Random(9)
+    for column in ("created_at_utc", "ingested_at_utc"):
+        values = source[column].astype(object)
+        values[rng.sample(range(len(source)), len(source) // 6)] = None
+        source[column] = pd.to_datetime(values)
+    old = clean_orders(source, partition=DAY)
+    assert source["ingested_at_utc"].isna().sum() > 30 and source["created_at_utc"].isna().sum() > 30
+    assert old.duplicates_dropped > 0 and old.reasons()["conflicting_duplicate"] > 0
+    assert_same(stream_clean(source, bucket_rows=13, batch_rows=41, folder=tmp_path), old)

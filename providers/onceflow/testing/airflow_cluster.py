@@ -396,9 +396,15 @@ class AirflowCluster:
     # -- commands ----------------------------------------------------------------------------
 
     def cli(self, *args: str, check: bool = True, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
-        """Run ``airflow <args>`` against this cluster's configuration."""
+        """Run ``airflow <args>`` against this cluster's configuration.
+
+        On a SQLite metadata DB through :mod:`onceflow.sqlite_cli`: its transactions take the write
+        lock first, so ``backfill create`` cannot commit half a backfill and then delete runs the
+        scheduler already started (which killed the scheduler; see that module).
+        """
+        on_sqlite = self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("sqlite")
         proc = subprocess.run(
-            [sys.executable, "-m", "airflow", *args],
+            [sys.executable, "-m", "onceflow.sqlite_cli" if on_sqlite else "airflow", *args],
             env=self.env,
             capture_output=True,
             text=True,

@@ -108,8 +108,10 @@ def create_backfill(
     ]
     if reprocess_behavior:
         args += ["--reprocess-behavior", reprocess_behavior]
-    # On a SQLite metadata DB the scheduler's writes can lock the CLI out ("database is locked").
-    # Retried only when no backfill came of it; one that was created stands (or fails) as it is.
+    # On a SQLite metadata DB the CLI holds the write lock from each transaction's start
+    # (AirflowCluster.cli: onceflow.sqlite_cli), so "database is locked" means it waited 60 s for
+    # another writer and made no run. Retried only when no backfill came of it; one that
+    # was created stands (or fails) as it is.
     for attempt in range(6):
         proc = cluster.cli(*args, check=False)
         locked = "database is locked" in proc.stderr + proc.stdout

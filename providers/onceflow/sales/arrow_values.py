@@ -29,6 +29,8 @@ def _validity(values: Sequence[object]) -> tuple[Any, int]:
     import numpy as np
     import pyarrow as pa
 
+    if None not in values:  # the common case, asked in C
+        return None, 0
     present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
     nulls = len(values) - int(present.sum())
     if not nulls:
@@ -44,9 +46,10 @@ def int64s(values: Sequence[int | None], kind: Any = None) -> Any:
     import numpy as np
     import pyarrow as pa
 
-    for value in values:
-        if value is not None and (type(value) is bool or not isinstance(value, int)):
-            raise TypeError(f"{value!r:.60} is not an integer")
+    if not set(map(type, values)) <= {int, type(None)}:  # else (bool, an int subclass) ask each
+        for value in values:
+            if value is not None and (type(value) is bool or not isinstance(value, int)):
+                raise TypeError(f"{value!r:.60} is not an integer")
     validity, nulls = _validity(values)
     data = np.fromiter((0 if v is None else v for v in values), dtype=np.int64, count=len(values))
     return pa.Array.from_buffers(kind or pa.int64(), len(values), [validity, pa.py_buffer(data)], nulls)

@@ -3,6 +3,7 @@ and every request still goes with its own connection's credentials, to its own e
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -138,6 +139,46 @@ def test_credentials_of_another_universe_are_refused_as_the_client_refuses_them(
         GoogleSheetsTransport.shared(_authorized("t", [], universe="other.example"), "sid", options)
 
 
+class _Canned:
+    """An ``httplib2.Http`` that answers every request with one value, without the network."""
+
+    def __init__(self) -> None:
+        self.uris: list[str] = []
+
+    def request(self, uri: str, method: str = "GET", body: Any = None, headers: Any = None, **kw: Any) -> Any:
+        import httplib2
+
+        self.uris.append(uri)
+        return httplib2.Response({"status": "200"}), b'{"valueRanges": [{"values": [["x"]]}]}'
+
+
+@pytest.mark.parametrize("named_by", ["the hook's client options", "the environment only"])
+def test_a_connection_of_another_universe_is_served_as_its_own_service_would_serve_it(
+    builds: list[str | None], monkeypatch: pytest.MonkeyPatch, named_by: str
+) -> None:
+    """With ``GOOGLE_CLOUD_UNIVERSE_DOMAIN`` set, the hook's client options name that universe (and
+    the client reads the variable when they do not): the request goes to that universe's endpoint
+    with the connection's http. Credentials of Google's universe are refused there, before sending."""
+    from google.api_core.client_options import ClientOptions
+    from google.api_core.universe import UniverseMismatchError
+    from google.oauth2.credentials import Credentials
+    from google_auth_httplib2 import AuthorizedHttp
+
+    monkeypatch.setenv("GOOGLE_CLOUD_UNIVERSE_DOMAIN", "other.example")
+    anonymous = {"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True}}
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEFLOW_SHEETS", json.dumps(anonymous))
+    options = SheetQueueHook().get_client_options() if named_by.startswith("the hook") else ClientOptions()
+    canned = _Canned()
+    http = AuthorizedHttp(Credentials(token="t", universe_domain="other.example"), http=canned)
+    assert GoogleSheetsTransport.shared(http, "sid", options).read(["A1"]) == [[["x"]]]
+    assert [u.split("?")[0] for u in canned.uris] == [
+        "https://sheets.other.example/v4/spreadsheets/sid/values:batchGet"
+    ]
+    with pytest.raises(UniverseMismatchError):
+        GoogleSheetsTransport.shared(AuthorizedHttp(Credentials(token="g"), http=canned), "sid", options)
+    assert len(canned.uris) == 1
+
+
 def test_the_warm_up_builds_googles_and_the_configured_endpoints(
     builds: list[str | None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -145,4 +186,9 @@ def test_the_warm_up_builds_googles_and_the_configured_endpoints(
     service.warm()
     service.warm()
     assert builds == [None, "http://127.0.0.1:1/", "http://127.0.0.1:2/"]
-    assert set(service._built) == {(None, None), ("http://127.0.0.1:1/", None), ("http://127.0.0.1:2/", None)}
+    google = "googleapis.com"  # the universe each is keyed by, as the client resolves it
+    assert set(service._built) == {
+        (None, google),
+        ("http://127.0.0.1:1/", google),
+        ("http://127.0.0.1:2/", google),
+    }

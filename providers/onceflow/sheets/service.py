@@ -31,10 +31,23 @@ class SheetsResources:
     universe_domain: str
 
 
-class _NoHttp:
-    """The shared resources' own http: refuses to send, so no request leaves without ``http=``."""
+@dataclass(frozen=True)
+class _UniverseOnly:
+    """What the client reads of a service's credentials before each request: their universe."""
 
-    credentials = None
+    universe_domain: str
+
+
+class _NoHttp:
+    """The shared resources' own http: refuses to send, so no request leaves without ``http=``.
+
+    Its ``credentials`` are only the client's universe: the resource checks them before making each
+    request, and without credentials it would take Google's universe for theirs and refuse every
+    request of another universe. The transport's own credentials are checked by :func:`resources_for`.
+    """
+
+    def __init__(self, universe_domain: str) -> None:
+        self.credentials = _UniverseOnly(universe_domain)
 
     def request(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise RuntimeError("a shared sheets resource's request was executed without its transport's http")
@@ -44,25 +57,30 @@ class _NoHttp:
 
 
 _lock = threading.Lock()
-_built: dict[tuple[str | None, str | None], SheetsResources] = {}
+_built: dict[tuple[str | None, str], SheetsResources] = {}  # (api_endpoint, universe)
 
 
 def shared_resources(api_endpoint: str | None = None, universe_domain: str | None = None) -> SheetsResources:
     """This process's resources for the endpoint and universe (built on first use).
 
     :param api_endpoint: the ``ClientOptions.api_endpoint`` (``None``: Google's).
-    :param universe_domain: the ``ClientOptions.universe_domain`` (``None``: the default).
+    :param universe_domain: the ``ClientOptions.universe_domain`` (``None``: the
+        ``GOOGLE_CLOUD_UNIVERSE_DOMAIN`` environment variable, else Google's, as the client decides).
     """
-    key = (api_endpoint, universe_domain)
+    import os
+
+    from google.api_core import universe
+
+    resolved = universe.determine_domain(universe_domain, os.environ.get("GOOGLE_CLOUD_UNIVERSE_DOMAIN"))
+    key = (api_endpoint, resolved)
     with _lock:  # two threads asking at once build once
         found = _built.get(key)
         if found is None:
-            found = _built[key] = _build(api_endpoint, universe_domain)
+            found = _built[key] = _build(api_endpoint, resolved)
         return found
 
 
-def _build(api_endpoint: str | None, universe_domain: str | None) -> SheetsResources:
-    from google.api_core import universe
+def _build(api_endpoint: str | None, universe_domain: str) -> SheetsResources:
     from google.api_core.client_options import ClientOptions
     from googleapiclient.discovery import build
 
@@ -70,7 +88,7 @@ def _build(api_endpoint: str | None, universe_domain: str | None) -> SheetsResou
     service = build(
         "sheets",
         "v4",
-        http=_NoHttp(),
+        http=_NoHttp(universe_domain),
         cache_discovery=False,
         client_options=ClientOptions(api_endpoint=api_endpoint, universe_domain=universe_domain),
     )
@@ -79,7 +97,7 @@ def _build(api_endpoint: str | None, universe_domain: str | None) -> SheetsResou
         spreadsheets=spreadsheets,
         values=spreadsheets.values(),
         developer_metadata=spreadsheets.developerMetadata(),
-        universe_domain=universe.determine_domain(universe_domain, None),
+        universe_domain=universe_domain,
     )
 
 

@@ -131,6 +131,24 @@ def test_values_read_back_equal_pyarrows_own(seed: int) -> None:
     got.validate(full=True)
 
 
+def test_columns_of_other_types_read_back_as_pyarrows_own() -> None:
+    """Extracts staged through pandas (before the extract built its columns itself) typed a column
+    of NULLs alone ``null``; a reader taking every column for binary or int64 failed on them or
+    took an int32's buffer 8 bytes a value."""
+    for column in (
+        pa.nulls(5),
+        pa.chunked_array([pa.nulls(3), pa.nulls(4).slice(1)]),
+        pa.array(["EUR", None, "SEK", "EUR"]).dictionary_encode(),
+        pa.array(["EUR", None, "SEK", "EUR"]).dictionary_encode().slice(1),
+    ):
+        assert arrow_values.texts(column) == column.to_pylist()
+    for kind in (pa.int32(), pa.uint16(), pa.int8()):
+        column = pa.chunked_array([pa.array(range(100), kind).slice(3, 50), pa.array([7, 8], kind)])
+        assert arrow_values.int64_values(column).tolist() == column.to_pylist()
+    with pytest.raises(TypeError, match="not integers"):
+        arrow_values.int64_values(pa.array([1.5, 2.0]))
+
+
 def test_a_null_in_an_integer_column_read_as_numbers_is_refused() -> None:
     with pytest.raises(ValueError, match="1 nulls"):
         arrow_values.int64_values(pa.chunked_array([pa.array([1, None, 3], type=pa.int64())]))

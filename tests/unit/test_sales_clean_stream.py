@@ -22,6 +22,7 @@ from onceflow.sales import clean, clean_stream, staging
 from onceflow.sales.clean import CleanResult, clean_orders
 from onceflow.sales.clean_stream import DayCleaner
 from onceflow.sales.generator import GeneratorConfig
+from onceflow.sales.schema import ORDER_COLUMNS
 from onceflow.testing.sales_fixtures import source_frame
 
 if TYPE_CHECKING:
@@ -238,3 +239,33 @@ def test_missing_event_and_ingestion_times_sort_as_the_reference_sorts_them(tmp_
     assert source["ingested_at_utc"].isna().sum() > 30 and source["created_at_utc"].isna().sum() > 30
     assert old.duplicates_dropped > 0 and old.reasons()["conflicting_duplicate"] > 0
     assert_same(stream_clean(source, bucket_rows=13, batch_rows=41, folder=tmp_path), old)
+
+
+def test_an_extract_staged_through_pandas_with_a_column_of_nulls_cleans_as_the_reference(
+    tmp_path: Path,
+) -> None:
+    """Extracts staged before the extract built its Arrow columns itself went through
+    ``pa.Table.from_pandas``, which types a text column holding only NULLs (``refund_id`` on a day
+    without refunds) ``null``, not binary; a retried clean of such a staged day must still run."""
+    source = messy_day(10, orders=80)
+    source = source[(source["event_type"] == "sale") & source["refund_id"].isna()].reset_index(drop=True)
+    frame = source.copy()
+    for col in clean._TEXT_COLUMNS:  # as write_extract staged text then: bytes, surrogateescape
+        frame[col] = pd.Series([v.encode("utf-8", "surrogateescape") if isinstance(v, str) else None
+                                for v in frame[col]], dtype=object)  # fmt: skip
+    for col in ("created_at_utc", "ingested_at_utc"):
+        frame[col] = frame[col].astype("datetime64[us]")
+    table = pa.Table.from_pandas(frame.loc[:, list(ORDER_COLUMNS)], preserve_index=False)
+    assert table.schema.field("refund_id").type == pa.null()
+    old, new = tmp_path / "old", tmp_path / "new"
+    for folder in (old, new):
+        folder.mkdir()
+        pq.write_table(table, folder / "extract.parquet")
+    extract = staging.read_extract(old)
+    staging.write_clean(old, clean_orders(extract.frame, partition=DAY), partition=DAY,
+                        processing_version="v", source=extract)  # fmt: skip
+    staging.clean_extract(new, partition=DAY, processing_version="v", bucket_rows=7)
+    before, after = staging.read_clean(old), staging.read_clean(new)
+    assert len(before.rows) > 20 and len(before.rejects) > 0
+    pd.testing.assert_frame_equal(after.rows, before.rows)
+    pd.testing.assert_frame_equal(after.rejects, before.rejects)

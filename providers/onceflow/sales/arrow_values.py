@@ -141,6 +141,13 @@ def indices(positions: Any) -> Any:
     return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)], 0)
 
 
+def _is_text(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return any(f(kind) for f in (pa.types.is_binary, pa.types.is_string, pa.types.is_large_binary,
+                                 pa.types.is_large_string))  # fmt: skip
+
+
 def _chunks(column: Any) -> list[Any]:
     return [c for c in (column.chunks if hasattr(column, "chunks") else [column]) if len(c)]
 
@@ -157,16 +164,23 @@ def _present(chunk: Any) -> list[bool] | None:
 
 
 def int64_values(column: Any) -> Any:
-    """A 64-bit integer or timestamp array (or chunked array) without nulls as a numpy int64 array.
+    """An integer or timestamp array (or chunked array) without nulls as a numpy int64 array.
 
     :raises ValueError: it holds a null.
+    :raises TypeError: it holds neither integers nor timestamps.
     """
     import numpy as np
+    import pyarrow as pa
 
     parts = []
     for chunk in _chunks(column):
         if chunk.null_count:
             raise ValueError(f"a {chunk.type} column holds {chunk.null_count} nulls")
+        if not (pa.types.is_int64(chunk.type) or pa.types.is_timestamp(chunk.type)):
+            # Read as they are, an int32's buffer would be taken 8 bytes a value: two values as one.
+            if not pa.types.is_integer(chunk.type):
+                raise TypeError(f"a {chunk.type} column is not integers")
+            chunk = chunk.cast(pa.int64())
         parts.append(
             np.frombuffer(chunk.buffers()[1], dtype=np.int64, count=len(chunk), offset=chunk.offset * 8)
         )
@@ -174,13 +188,18 @@ def int64_values(column: Any) -> Any:
 
 
 def texts(column: Any) -> list[str | None]:
-    """A ``binary`` or ``string`` array (or chunked array) as ``str`` values, None for null; bytes
-    that are not UTF-8 become lone surrogates (``surrogateescape``), as the shop engine reads them."""
+    """A ``binary`` or ``string`` array (or chunked array; another type Arrow casts to binary, such
+    as ``null``) as ``str`` values, None for null; bytes that are not UTF-8 become lone surrogates
+    (``surrogateescape``), as the shop engine reads them."""
     import numpy as np
     import pyarrow as pa
 
     out: list[str | None] = []
     for chunk in _chunks(column):
+        if not _is_text(chunk.type):
+            # A column of NULLs alone, as extracts staged through pandas typed them (``null``),
+            # or one dictionary-encoded: the values as binary (offsets and data buffers).
+            chunk = chunk.cast(pa.binary())
         wide = pa.types.is_large_binary(chunk.type) or pa.types.is_large_string(chunk.type)
         width = 8 if wide else 4
         _, offsets_buffer, data_buffer = chunk.buffers()

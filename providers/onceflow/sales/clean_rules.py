@@ -1,9 +1,10 @@
 """Cleaning's rules on plain Python rows: what the clean task runs, without pandas.
 
 The rules are stated in :mod:`onceflow.sales.clean`, whose ``clean_orders`` applies them to a whole
-day in pandas. That stays the reference: ``tests/unit/test_sales_clean_stream.py`` and
-``tests/unit/test_sales_clean_rules.py`` compare this module's results with it, rejects and all,
-on generated messy days. The task runs this one because pandas costs 0.2 to 0.3 s of CPU to
+day in pandas. That stays the reference: ``tests/unit/test_sales_clean_stream.py`` compares this
+module's results with it, rejects and all, on generated messy days, and
+``tests/unit/test_sales_clean_rules.py`` each row's reject reason and reject row, awkward value by
+awkward value in every column. The task runs this one because pandas costs 0.2 to 0.3 s of CPU to
 import in every clean task process the scheduler does not preload it into (issue 27), and the
 rules look at one row, or at the rows of one key or one order, at a time: plain Python does that
 about as fast.

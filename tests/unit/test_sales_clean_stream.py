@@ -7,6 +7,7 @@ day spans dozens of them and the rejects need merge passes."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -269,3 +270,46 @@ def test_an_extract_staged_through_pandas_with_a_column_of_nulls_cleans_as_the_r
     assert len(before.rows) > 20 and len(before.rejects) > 0
     pd.testing.assert_frame_equal(after.rows, before.rows)
     pd.testing.assert_frame_equal(after.rejects, before.rejects)
+
+
+@pytest.mark.parametrize("failing", ["reject_reason", "dedupe_positions", "net_per_order", None])
+def test_the_cycle_collector_is_paused_only_while_rules_run(
+    failing: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """Off inside the rules, on again after each step, after a rule that raises and after rows()
+    is left half read (a clean task that fails goes on to Airflow's own code in that process)."""
+    import gc
+
+    request.addfinalizer(gc.enable)  # a leak fails this test, not the tests after it
+    seen: list[bool] = []
+    real = clean_stream.reject_reason
+
+    def watched(row: clean_stream.Row) -> str | None:
+        seen.append(gc.isenabled())
+        if failing == "reject_reason":
+            raise RuntimeError("a rule failed")
+        return real(row)
+
+    def broken(*args: object) -> object:
+        raise RuntimeError("a rule failed")
+
+    monkeypatch.setattr(clean_stream, "reject_reason", watched)
+    if failing and failing != "reject_reason":
+        monkeypatch.setattr(clean_stream, failing, broken)
+    source = messy_day(11, orders=40)
+    staging.write_extract(tmp_path, source)
+    table = pq.read_table(tmp_path / "extract.parquet")
+    assert gc.isenabled()
+    with (
+        pytest.raises(RuntimeError) if failing else contextlib.nullcontext(),
+        DayCleaner(partition=DAY, expected_rows=len(source), workdir=str(tmp_path), bucket_rows=5) as cleaner,
+    ):
+        cleaner.add(table)
+        assert gc.isenabled()
+        cleaner.dedupe()
+        assert gc.isenabled()
+        for _ in cleaner.rows():  # one bucket's rows, then the rest abandoned
+            assert gc.isenabled()
+            break
+    assert gc.isenabled()
+    assert seen and not any(seen)

@@ -12,6 +12,7 @@ import sys
 
 
 def main() -> None:
+    """Run the ``airflow`` CLI on ``sys.argv`` with every SQLite transaction begun ``IMMEDIATE``."""
     from sqlalchemy.engine import Engine
 
     from onceflow.sqlite_metadata import write_lock_at_begin

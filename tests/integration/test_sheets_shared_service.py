@@ -4,6 +4,9 @@ and every request still goes with its own connection's credentials, to its own e
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -192,3 +195,41 @@ def test_the_warm_up_builds_googles_and_the_configured_endpoints(
         ("http://127.0.0.1:1/", google),
         ("http://127.0.0.1:2/", google),
     }
+
+
+def test_a_task_forked_while_another_thread_builds_can_still_build() -> None:
+    """The scheduler forks task processes: a fork while a thread holds the build lock must not
+    leave the child a lock nobody releases (its first transport would hang)."""
+    code = textwrap.dedent(
+        """
+        import os, threading, time
+        from onceflow.sheets import service
+
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with service._lock:
+                held.set()
+                release.wait()
+
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            service.shared_resources("http://127.0.0.1:9")  # builds from the bundled document
+            os._exit(0)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                print("child exit", os.waitstatus_to_exitcode(status))
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, 9)
+            print("child hung")
+        release.set()
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "child exit 0", done.stdout + done.stderr[-2000:]

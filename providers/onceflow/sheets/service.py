@@ -15,6 +15,7 @@ thread-safe: each transport keeps its own http; the shared resources only make r
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -57,6 +58,17 @@ class _NoHttp:
 
 
 _lock = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    # A fork while another thread builds would leave the child a lock nobody releases: every
+    # task's first transport would hang. The child starts with a free one (the built resources stay).
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 _built: dict[tuple[str | None, str], SheetsResources] = {}  # (api_endpoint, universe)
 
 
@@ -67,7 +79,6 @@ def shared_resources(api_endpoint: str | None = None, universe_domain: str | Non
     :param universe_domain: the ``ClientOptions.universe_domain`` (``None``: the
         ``GOOGLE_CLOUD_UNIVERSE_DOMAIN`` environment variable, else Google's, as the client decides).
     """
-    import os
 
     from google.api_core import universe
 
@@ -122,7 +133,6 @@ def warm(endpoints: str | None = None) -> None:
     """Build the resources for Google's endpoint and each of ``endpoints`` (comma-separated; default
     the ``ONCEFLOW_SHEETS_API_ENDPOINTS`` environment variable), for ``onceflow.preload``: in the
     process that forks the task processes, every task finds them built."""
-    import os
 
     if endpoints is None:
         endpoints = os.environ.get("ONCEFLOW_SHEETS_API_ENDPOINTS", "")

@@ -69,10 +69,14 @@ class SheetQueueHook(GSheetsHook):
     def _extra(self, name: str) -> Any:
         return self._get_field(name, None)
 
-    def get_conn(self) -> Any:
-        """The ``sheets`` v4 service, on the connection's ``api_endpoint`` if it names one."""
+    def _resolve_endpoint(self) -> None:
+        """The connection's ``api_endpoint`` extra, unless one was passed in."""
         if self.api_endpoint is None:
             self.api_endpoint = self._extra("api_endpoint")
+
+    def get_conn(self) -> Any:
+        """The ``sheets`` v4 service, on the connection's ``api_endpoint`` if it names one."""
+        self._resolve_endpoint()
         return super().get_conn()
 
     @property
@@ -98,8 +102,7 @@ class SheetQueueHook(GSheetsHook):
         transport) with this hook's own authorized http, made once per hook as ``get_conn()``
         makes its service once (one set of credentials, one token).
         """
-        if self.api_endpoint is None:
-            self.api_endpoint = self._extra("api_endpoint")
+        self._resolve_endpoint()
         if self._transport_http is None:
             self._transport_http = self._authorize()
         options = self.get_client_options(api_endpoint_override=self.api_endpoint)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import operator
 import re
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from onceflow.sales.schema import ID_LENGTH, ORDER_COLUMNS
+from onceflow.sales.schema import ID_LENGTH, ORDER_COLUMNS, ORDER_TEXT_COLUMNS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -62,7 +63,7 @@ EVENT_FIELDS = ("event_type", "order_id", "refund_id", "customer_id", "created_a
 AMOUNT_RE = re.compile(r"^-?\d{1,12}(\.\d+)?$")
 CENTS_EXACT_RE = re.compile(r"^-?\d{1,12}(\.\d{1,2}0*)?$")
 ZERO_RE = re.compile(r"-?0+(\.0+)?")
-TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
+TEXT_COLUMNS = ORDER_TEXT_COLUMNS
 # Columns that reach the warehouse's varchar(ID_LENGTH) columns as they are.
 STORED_ID_COLUMNS = ("order_id", "customer_id")
 # A lone surrogate: how a byte that is not UTF-8 arrives (the shop engine decodes with
@@ -84,6 +85,10 @@ class Row(NamedTuple):
     ingested_at_utc: dt.datetime | None
     amount: str | None
     currency: str | None
+
+
+#: A row's :data:`TEXT_COLUMNS` values, in one C call.
+_text_values = operator.itemgetter(*(Row._fields.index(c) for c in TEXT_COLUMNS))
 
 
 class SalesRow(NamedTuple):
@@ -149,7 +154,7 @@ def reject_reason(row: Row) -> str | None:
     rejects ``row`` alone, or None for a valid row."""
     # One string of every text value: a NUL or a surrogate in it is in one of them (cheaper than
     # asking each value, and the question is the same for all six).
-    joined = "".join([v for v in row[1:5] if v is not None] + [v for v in row[7:9] if v is not None])
+    joined = "".join(v for v in _text_values(row) if v is not None)
     if "\x00" in joined:
         return "nul_byte"
     if not joined.isascii() and SURROGATE.search(joined):

@@ -49,6 +49,7 @@ from onceflow.sales.clean_rules import (
     Row,
     SalesRow,
     dedupe_positions,
+    event_key,
     net_per_order,
     reject,
     reject_reason,
@@ -72,7 +73,6 @@ MERGE_FAN_IN = 64
 RUN_BATCH_ROWS = 4_096
 #: order ids sampled per order bucket to place the ranges' boundaries.
 SAMPLE_PER_BUCKET = 200
-_TEXT_COLUMNS = TEXT_COLUMNS
 
 
 def extract_frame(table: pa.Table) -> pd.DataFrame:
@@ -82,8 +82,8 @@ def extract_frame(table: pa.Table) -> pd.DataFrame:
     import pandas as pd
     import pyarrow as pa
 
-    frame = table.drop_columns([c for c in _TEXT_COLUMNS if c in table.column_names]).to_pandas()
-    for col in _TEXT_COLUMNS:
+    frame = table.drop_columns([c for c in TEXT_COLUMNS if c in table.column_names]).to_pandas()
+    for col in TEXT_COLUMNS:
         if col not in table.column_names:
             continue
         column = table.column(col)
@@ -127,13 +127,16 @@ def extract_rows(table: pa.Table) -> list[Row]:
     return list(map(Row._make, zip(*columns, strict=True)))
 
 
+def _columns(rows: Sequence[tuple[Any, ...]], fields: Sequence[str]) -> list[list[Any]]:
+    """``rows`` as one list per field (as many empty lists as ``fields`` for no rows)."""
+    return [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in fields]
+
+
 def reject_table(rejects: Sequence[Reject]) -> pa.Table:
     """Rejects as an Arrow table of :func:`reject_schema`."""
     import pyarrow as pa
 
-    ids, order_ids, reasons, raws = (
-        (list(c) for c in zip(*rejects, strict=True)) if rejects else ([], [], [], [])
-    )
+    ids, order_ids, reasons, raws = _columns(rejects, Reject._fields)
     arrays = [
         arrow_values.int64s(ids),
         arrow_values.strings(order_ids),
@@ -147,8 +150,7 @@ def sales_rows_table(rows: Sequence[SalesRow]) -> pa.Table:
     """Sales rows as an Arrow table of :func:`~onceflow.sales.schema.sales_arrow_schema`."""
     import pyarrow as pa
 
-    columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in SalesRow._fields]
-    values = dict(zip(SalesRow._fields, columns, strict=True))
+    values = dict(zip(SalesRow._fields, _columns(rows, SalesRow._fields), strict=True))
     arrays = [
         arrow_values.dates(values["partition_date"]),
         arrow_values.strings(values["order_id"]),
@@ -456,7 +458,7 @@ class DayCleaner:
         if self._events is None:
             path = os.path.join(self._workdir, "events.arrow")
             self._events = _Buckets(path, self._buckets, table.schema)
-        keys = [str(r.order_id if r.event_type == "sale" else r.refund_id) for r in valid]
+        keys = [event_key(r) for r in valid]
         self._events.add(table.take(arrow_values.indices(positions)), _bucket_of_keys(keys, self._buckets))
         first = (-self._valid_seen) % self._stride  # the sample takes every stride-th valid row of the day
         self._sample += [str(r.order_id) for r in valid[first :: self._stride]]

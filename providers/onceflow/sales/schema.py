@@ -41,6 +41,8 @@ orders = sa.Table(
 )
 
 ORDER_COLUMNS: tuple[str, ...] = tuple(c.name for c in orders.columns)
+#: The text columns of ``orders`` (staged as bytes, checked by cleaning for NUL and stray bytes).
+ORDER_TEXT_COLUMNS: tuple[str, ...] = tuple(c.name for c in orders.columns if isinstance(c.type, sa.String))
 
 # Columns of the warehouse sales table, in load order (the COPY/CSV layout).
 SALES_COLUMNS: tuple[str, ...] = (

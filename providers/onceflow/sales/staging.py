@@ -53,7 +53,7 @@ from onceflow.objects import (
     write_object,
 )
 from onceflow.sales.partitions import partition_key, validate_partition
-from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS, sales_arrow_schema
+from onceflow.sales.schema import ORDER_COLUMNS, ORDER_TEXT_COLUMNS, REJECT_COLUMNS, sales_arrow_schema
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -80,7 +80,6 @@ COPY_BATCH_ROWS = 50_000
 REJECT_BATCH_ROWS = 10_000
 #: extract rows per batch cleaning reads (the extract's row groups hold 50,000).
 EXTRACT_READ_ROWS = 50_000
-_TEXT_COLUMNS = ("order_id", "event_type", "refund_id", "customer_id", "amount", "currency")
 
 
 class StagingConfigError(StorageUriError):
@@ -202,7 +201,7 @@ def _extract_batch(batch: OrderColumns | pd.DataFrame, schema: Any) -> Any:
     columns = []
     for col in ORDER_COLUMNS:
         values = batch[col]
-        if col in _TEXT_COLUMNS:
+        if col in ORDER_TEXT_COLUMNS:
             # Stored as bytes (surrogateescape): a byte that is not UTF-8 reaches cleaning unchanged
             # (parquet strings must be UTF-8), where the row is rejected with its raw value.
             columns.append(arrow_values.binaries([_text_bytes(col, v) for v in values]))

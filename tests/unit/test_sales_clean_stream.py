@@ -117,7 +117,9 @@ def stream_clean(source: pd.DataFrame, *, bucket_rows: int, batch_rows: int, fol
             else clean_orders(source.iloc[:0], partition=DAY).rows
         )
         assert cleaner.row_count == len(rows)
-        assert sum(cleaner.reasons.values()) == len(rejects)
+        assert (
+            dict(cleaner.reasons) == rejects["reason"].value_counts().to_dict()
+        )  # no reason without a reject
         return CleanResult(rows=rows, rejects=rejects, source_rows=cleaner.source_rows,
                            duplicates_dropped=cleaner.duplicates_dropped)  # fmt: skip
 
@@ -131,7 +133,9 @@ def assert_same(new: CleanResult, old: CleanResult) -> None:
 
 
 @pytest.mark.parametrize(
-    ("seed", "bucket_rows", "batch_rows"), [(1, 23, 50), (2, 7, 11), (3, 100_000, 50_000), (4, 61, 1000)]
+    ("seed", "bucket_rows", "batch_rows"),
+    # the last three: the day in one bucket, kept in memory (read in one batch, in 37s, one by one)
+    [(1, 23, 50), (2, 7, 11), (4, 61, 1000), (3, 100_000, 50_000), (12, 100_000, 37), (13, 100_000, 1)],
 )
 def test_the_bucketed_clean_equals_the_whole_day_clean(
     seed: int, bucket_rows: int, batch_rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -151,11 +155,12 @@ def test_the_bucketed_clean_equals_the_whole_day_clean(
     assert_same(stream_clean(source, bucket_rows=bucket_rows, batch_rows=batch_rows, folder=tmp_path), old)
 
 
-def test_an_empty_day_and_a_day_of_only_rejects(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bucket_rows", [3, 100_000])
+def test_an_empty_day_and_a_day_of_only_rejects(bucket_rows: int, tmp_path: Path) -> None:
     source = messy_day(5, orders=20)
     for name, day in {"empty": source.iloc[:0], "rejects": source.assign(currency="XXX")}.items():
         old = clean_orders(day, partition=DAY)
-        assert_same(stream_clean(day, bucket_rows=3, batch_rows=4, folder=tmp_path / name), old)
+        assert_same(stream_clean(day, bucket_rows=bucket_rows, batch_rows=4, folder=tmp_path / name), old)
 
 
 def test_input_order_does_not_matter(tmp_path: Path) -> None:
@@ -163,6 +168,52 @@ def test_input_order_does_not_matter(tmp_path: Path) -> None:
     first = stream_clean(source, bucket_rows=17, batch_rows=29, folder=tmp_path / "a")
     backwards = source.sort_values("row_id", ascending=False)
     assert_same(stream_clean(backwards, bucket_rows=17, batch_rows=29, folder=tmp_path / "b"), first)
+    # kept in memory: the same, in either order
+    assert_same(stream_clean(backwards, bucket_rows=100_000, batch_rows=29, folder=tmp_path / "c"), first)
+    assert_same(stream_clean(source, bucket_rows=100_000, batch_rows=29, folder=tmp_path / "d"), first)
+
+
+def test_a_day_of_one_bucket_is_not_spilled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spill files only where the day spans buckets; the outcome is the same either way."""
+    spilled: list[str] = []
+    real = clean_stream._Spill.__init__
+
+    def watched(self: clean_stream._Spill, path: str, schema: pa.Schema) -> None:
+        spilled.append(path)
+        real(self, path, schema)
+
+    monkeypatch.setattr(clean_stream._Spill, "__init__", watched)
+    source = messy_day(14, orders=200)
+    in_memory = stream_clean(source, bucket_rows=len(source), batch_rows=50, folder=tmp_path / "a")
+    assert spilled == []
+    assert_same(
+        in_memory, stream_clean(source, bucket_rows=len(source) - 1, batch_rows=50, folder=tmp_path / "b")
+    )
+    assert len(spilled) == 3  # events, orders, rejects: two buckets spill
+
+
+def test_a_small_day_is_cleaned_without_pyarrow_compute(tmp_path: Path) -> None:
+    """A clean task of a day in one bucket does not import pyarrow.compute (0.06 s of CPU in each task
+    process without the preload); one of several buckets does (it sorts and takes with it)."""
+    import subprocess
+    import sys
+
+    staging.write_extract(tmp_path, messy_day(6, orders=150))
+    code = (
+        "import sys, datetime as dt\n"
+        "from onceflow.sales import staging\n"
+        f"s = staging.clean_extract({str(tmp_path)!r}, partition=dt.date(2024, 10, 27), processing_version='v',"
+        " bucket_rows=int(sys.argv[1]))\n"
+        "print(s.rows > 50 and s.rejects > 5, 'pyarrow.compute' in sys.modules, 'pandas' in sys.modules)\n"
+    )
+    runs = {
+        rows: subprocess.run(
+            [sys.executable, "-c", code, str(rows)], capture_output=True, text=True, check=True
+        )
+        for rows in (100_000, 20)
+    }
+    assert runs[100_000].stdout.split() == ["True", "False", "False"], runs[100_000].stderr
+    assert runs[20].stdout.split() == ["True", "True", "False"], runs[20].stderr
 
 
 def test_clean_extract_stages_what_write_clean_of_clean_orders_stages(
@@ -272,9 +323,14 @@ def test_an_extract_staged_through_pandas_with_a_column_of_nulls_cleans_as_the_r
     pd.testing.assert_frame_equal(after.rejects, before.rejects)
 
 
+@pytest.mark.parametrize("bucket_rows", [5, 100_000])
 @pytest.mark.parametrize("failing", ["reject_reason", "dedupe_positions", "net_per_order", None])
 def test_the_cycle_collector_is_paused_only_while_rules_run(
-    failing: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    failing: str | None,
+    bucket_rows: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     """Off inside the rules, on again after each step, after a rule that raises and after rows()
     is left half read (a clean task that fails goes on to Airflow's own code in that process)."""
@@ -302,7 +358,9 @@ def test_the_cycle_collector_is_paused_only_while_rules_run(
     assert gc.isenabled()
     with (
         pytest.raises(RuntimeError) if failing else contextlib.nullcontext(),
-        DayCleaner(partition=DAY, expected_rows=len(source), workdir=str(tmp_path), bucket_rows=5) as cleaner,
+        DayCleaner(
+            partition=DAY, expected_rows=len(source), workdir=str(tmp_path), bucket_rows=bucket_rows
+        ) as cleaner,
     ):
         cleaner.add(table)
         assert gc.isenabled()

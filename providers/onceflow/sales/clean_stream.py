@@ -20,6 +20,11 @@ spilling the rest to local files (Arrow IPC, lz4) in a temporary folder:
 4. **Rejects**: each batch's malformed rows and each bucket's conflicts are runs sorted by source
    row id, merged into one sorted stream (at most :data:`MERGE_FAN_IN` runs at a time).
 
+A day that fits in one bucket (the extract's row count at most :data:`BUCKET_ROWS`, most days of most
+shops) is not spilled at all: its rows are read from Arrow once and stay Python rows through the
+steps above, which is the same clean with one bucket (no spill files, one conversion instead of
+three, and no ``pyarrow.compute``: 0.06 s of CPU to import in a task process).
+
 Memory holds one read batch, one bucket (about :data:`BUCKET_ROWS` rows, as Python rows) and the order-id sample,
 whatever the day's size; the spill files take about the extract's size twice on local disk
 (``$TMPDIR``). One key or order with more rows than a bucket is not split (a bucket holds every
@@ -34,6 +39,7 @@ import collections
 import contextlib
 import gc
 import math
+import operator
 import os
 import zlib
 from collections.abc import Iterator
@@ -73,6 +79,9 @@ MERGE_FAN_IN = 64
 RUN_BATCH_ROWS = 4_096
 #: order ids sampled per order bucket to place the ranges' boundaries.
 SAMPLE_PER_BUCKET = 200
+
+_ROW_ID = operator.attrgetter("row_id")
+_SOURCE_ROW_ID = operator.attrgetter("source_row_id")
 
 
 def extract_frame(table: pa.Table) -> pd.DataFrame:
@@ -410,7 +419,12 @@ class DayCleaner:
         self._buckets = max(1, math.ceil(expected_rows / bucket_rows))
         self._events: _Buckets | None = None
         self._orders: _Buckets | None = None
-        self._rejects = _Runs(workdir)
+        # One bucket: the day stays in memory as Python rows (valid rows, then the winners; rejects).
+        self._in_memory = self._buckets == 1
+        self._valid: list[Row] = []
+        self._winners: list[Row] = []
+        self._memory_rejects: list[Reject] = []
+        self._rejects: _Runs | None = None if self._in_memory else _Runs(workdir)
         self._sample: list[str] = []
         self._stride = max(1, expected_rows // (self._buckets * SAMPLE_PER_BUCKET))
         self._valid_seen = 0
@@ -443,6 +457,10 @@ class DayCleaner:
         table = table.select(list(ORDER_COLUMNS))
         if not len(table):
             return
+        if self._in_memory:  # sorted by row id once, in dedupe()
+            self._add_in_memory(extract_rows(table))
+            return
+        assert self._rejects is not None
         table = table.take(_row_id_order(table))
         rows = extract_rows(table)
         self.source_rows += len(rows)
@@ -464,14 +482,38 @@ class DayCleaner:
         self._sample += [str(r.order_id) for r in valid[first :: self._stride]]
         self._valid_seen += len(valid)
 
+    def _add_in_memory(self, rows: list[Row]) -> None:
+        self.source_rows += len(rows)
+        bad = []
+        for row in rows:
+            why = reject_reason(row)
+            if why is None:
+                self._valid.append(row)
+            else:
+                bad.append(reject(row, why))
+        self._memory_rejects += bad
+        self.reasons.update(r.reason for r in bad)
+
     @_gc_paused()
     def dedupe(self) -> None:
         """Step 2: every bucket of events deduplicated; conflicts to the rejects, winners by order range."""
         if self._deduped:
             raise RuntimeError("dedupe() runs once")
         self._deduped = True
+        if self._in_memory:
+            # Row id order (stable), as the one bucket is read back sorted in the spilled path.
+            valid = sorted(self._valid, key=_ROW_ID)
+            self._valid = []
+            winners, conflicting, repeats = dedupe_positions(valid)
+            self.duplicates_dropped += repeats
+            if conflicting:  # a reason only once it has a reject, as the spilled path counts them
+                self._memory_rejects += [reject(valid[i], "conflicting_duplicate") for i in conflicting]
+                self.reasons["conflicting_duplicate"] += len(conflicting)
+            self._winners = [valid[i] for i in winners]
+            return
         if self._events is None:
             return
+        assert self._rejects is not None
         sample = sorted(set(self._sample))
         self._sample = []
         count = min(self._buckets, max(1, len(sample)))
@@ -507,6 +549,15 @@ class DayCleaner:
         non-empty bucket."""
         if not self._deduped:
             raise RuntimeError("rows() before dedupe()")
+        if self._in_memory:
+            winners, self._winners = self._winners, []
+            if winners:
+                with _gc_paused():
+                    rows = net_per_order(winners, self.partition, self.reporting_currency)
+                    self.row_count += len(rows)
+                    out = sales_rows_table(rows)
+                yield out
+            return
         if self._orders is None:
             return
         for b in range(self._orders.count):
@@ -522,6 +573,13 @@ class DayCleaner:
         """Step 4: every reject (columns :data:`REJECT_COLUMNS`), sorted by source row id."""
         if not self._deduped:
             raise RuntimeError("rejects() before dedupe()")
+        if self._in_memory:
+            # Source row ids are unique (the shop's key): a stable sort is the spilled path's merge.
+            rejects, self._memory_rejects = sorted(self._memory_rejects, key=_SOURCE_ROW_ID), []
+            for start in range(0, len(rejects), RUN_BATCH_ROWS):
+                yield reject_table(rejects[start : start + RUN_BATCH_ROWS])
+            return
+        assert self._rejects is not None
         yield from self._rejects.merged()
 
     def close(self) -> None:

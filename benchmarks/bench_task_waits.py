@@ -91,6 +91,8 @@ def main() -> int:
     parser.add_argument("--statements", action="store_true", help="also each task-side SQL statement's count")
     parser.add_argument("--profile", metavar="DIR", help="also a cProfile of each task run, in DIR")
     args = parser.parse_args()
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"onceflow-task-waits-{os.getpid()}.json"
     env = {
         **os.environ,

@@ -27,6 +27,7 @@ from onceflow.sales.schema import ORDER_COLUMNS
 from onceflow.testing.sales_fixtures import source_frame
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 DAY = dt.date(2024, 10, 27)  # 25 hours in Europe/Amsterdam
@@ -108,7 +109,9 @@ def stream_clean(source: pd.DataFrame, *, bucket_rows: int, batch_rows: int, fol
         for batch in table.to_batches(max_chunksize=batch_rows):
             cleaner.add(batch)
         cleaner.dedupe()
-        frames = [clean.normalise_sales_frame(table.to_pandas()) for table in cleaner.rows()]
+        tables = list(cleaner.rows())
+        assert all(len(table) for table in tables)  # one table per bucket that has rows
+        frames = [clean.normalise_sales_frame(table.to_pandas()) for table in tables]
         rejects = pa.concat_tables([pa.Table.from_batches([], schema=clean_stream.reject_schema()),
                                     *cleaner.rejects()]).to_pandas()  # fmt: skip
         rows = (
@@ -190,6 +193,30 @@ def test_a_day_of_one_bucket_is_not_spilled(tmp_path: Path, monkeypatch: pytest.
         in_memory, stream_clean(source, bucket_rows=len(source) - 1, batch_rows=50, folder=tmp_path / "b")
     )
     assert len(spilled) == 3  # events, orders, rejects: two buckets spill
+
+
+@pytest.mark.parametrize("bucket_rows", [5, 100_000])
+@pytest.mark.parametrize("first", ["rows", "rejects"])
+def test_rows_and_rejects_are_read_once(bucket_rows: int, first: str, tmp_path: Path) -> None:
+    """A second read raises: the day in one bucket hands its rows over as it yields them (a second
+    rows() yielded nothing, a day silently lost), the spilled one yielded them again (row_count
+    doubled). Closing twice (close() in a with block) does nothing."""
+    source = messy_day(15, orders=60)
+    staging.write_extract(tmp_path, source)
+    table = pq.read_table(tmp_path / "extract.parquet")
+    second = {"rows": "rejects", "rejects": "rows"}[first]
+    with DayCleaner(
+        partition=DAY, expected_rows=len(source), workdir=str(tmp_path), bucket_rows=bucket_rows
+    ) as cleaner:
+        cleaner.add(table)
+        cleaner.dedupe()
+        counts = {step: sum(len(t) for t in getattr(cleaner, step)()) for step in (first, second)}
+        assert counts["rows"] == cleaner.row_count > 0 and counts["rejects"] == cleaner.reject_count > 0
+        for step in (first, second):
+            with pytest.raises(RuntimeError, match=f"{step}\\(\\) runs once"):
+                next(getattr(cleaner, step)())
+        assert cleaner.row_count == counts["rows"]
+        cleaner.close()
 
 
 def test_a_small_day_is_cleaned_without_pyarrow_compute(tmp_path: Path) -> None:
@@ -338,20 +365,20 @@ def test_the_cycle_collector_is_paused_only_while_rules_run(
 
     request.addfinalizer(gc.enable)  # a leak fails this test, not the tests after it
     seen: list[bool] = []
-    real = clean_stream.reject_reason
 
-    def watched(row: clean_stream.Row) -> str | None:
-        seen.append(gc.isenabled())
-        if failing == "reject_reason":
-            raise RuntimeError("a rule failed")
-        return real(row)
+    def watching(name: str) -> Callable[..., object]:
+        real = getattr(clean_stream, name)
 
-    def broken(*args: object) -> object:
-        raise RuntimeError("a rule failed")
+        def watched(*args: object) -> object:
+            seen.append(gc.isenabled())
+            if failing == name:
+                raise RuntimeError("a rule failed")
+            return real(*args)
 
-    monkeypatch.setattr(clean_stream, "reject_reason", watched)
-    if failing and failing != "reject_reason":
-        monkeypatch.setattr(clean_stream, failing, broken)
+        return watched
+
+    for name in ("reject_reason", "dedupe_positions", "net_per_order"):
+        monkeypatch.setattr(clean_stream, name, watching(name))
     source = messy_day(11, orders=40)
     staging.write_extract(tmp_path, source)
     table = pq.read_table(tmp_path / "extract.parquet")

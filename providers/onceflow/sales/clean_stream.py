@@ -391,7 +391,8 @@ class DayCleaner:
     bounded memory (see the module docstring).
 
     Use: :meth:`add` each batch of source rows, :meth:`dedupe` once, then :meth:`rows` and
-    :meth:`rejects` (each once), and :meth:`close` (or use it as a context manager).
+    :meth:`rejects` (each once: a second call raises), and :meth:`close` (or use it as a context
+    manager; closing again does nothing).
 
     :param partition: the business-local day, written into every output row.
     :param expected_rows: the day's source row count (sizes the buckets; a wrong guess costs
@@ -429,6 +430,7 @@ class DayCleaner:
         self._stride = max(1, expected_rows // (self._buckets * SAMPLE_PER_BUCKET))
         self._valid_seen = 0
         self._deduped = False
+        self._read: set[str] = set()  # of "rows" and "rejects": each is read once
         #: source rows read, exact repeats dropped, rejects by reason, output rows.
         self.source_rows = 0
         self.duplicates_dropped = 0
@@ -440,6 +442,15 @@ class DayCleaner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _read_once(self, step: str) -> None:
+        """Refuse a step before :meth:`dedupe` or a second time: the one-bucket path hands its rows
+        over as it yields them and would yield nothing again, the spilled one everything twice."""
+        if not self._deduped:
+            raise RuntimeError(f"{step}() before dedupe()")
+        if step in self._read:
+            raise RuntimeError(f"{step}() runs once")
+        self._read.add(step)
 
     @property
     def reject_count(self) -> int:
@@ -547,8 +558,7 @@ class DayCleaner:
         """Step 3: the day's rows (an Arrow table of
         :func:`~onceflow.sales.schema.sales_arrow_schema`), sorted by order id, one table per
         non-empty bucket."""
-        if not self._deduped:
-            raise RuntimeError("rows() before dedupe()")
+        self._read_once("rows")
         if self._in_memory:
             winners, self._winners = self._winners, []
             if winners:
@@ -571,8 +581,7 @@ class DayCleaner:
 
     def rejects(self) -> Iterator[pa.Table]:
         """Step 4: every reject (columns :data:`REJECT_COLUMNS`), sorted by source row id."""
-        if not self._deduped:
-            raise RuntimeError("rejects() before dedupe()")
+        self._read_once("rejects")
         if self._in_memory:
             # Source row ids are unique (the shop's key): a stable sort is the spilled path's merge.
             rejects, self._memory_rejects = sorted(self._memory_rejects, key=_SOURCE_ROW_ID), []
@@ -587,4 +596,4 @@ class DayCleaner:
         for spill in (self._events, self._orders, self._rejects):
             if spill is not None:
                 spill.close()
-        self._events = self._orders = None
+        self._events = self._orders = self._rejects = None

@@ -474,13 +474,9 @@ class DayCleaner:
         assert self._rejects is not None
         table = table.take(_row_id_order(table))
         rows = extract_rows(table)
-        self.source_rows += len(rows)
-        reasons = [reject_reason(row) for row in rows]
-        bad = [reject(row, why) for row, why in zip(rows, reasons, strict=True) if why is not None]
+        positions, bad = self._sort_out(rows)
         if bad:
             self._rejects.add(reject_table(bad), extend=True)
-            self.reasons.update(r.reason for r in bad)
-        positions = [i for i, why in enumerate(reasons) if why is None]
         if not positions:
             return
         valid = [rows[i] for i in positions]
@@ -494,16 +490,34 @@ class DayCleaner:
         self._valid_seen += len(valid)
 
     def _add_in_memory(self, rows: list[Row]) -> None:
-        self.source_rows += len(rows)
-        bad = []
-        for row in rows:
-            why = reject_reason(row)
-            if why is None:
-                self._valid.append(row)
-            else:
-                bad.append(reject(row, why))
+        positions, bad = self._sort_out(rows)
+        self._valid += [rows[i] for i in positions]
         self._memory_rejects += bad
+
+    def _sort_out(self, rows: list[Row]) -> tuple[list[int], list[Reject]]:
+        """Step 1's rule on source ``rows``, counted: ``(positions of the valid rows, rejects)``."""
+        self.source_rows += len(rows)
+        reasons = [reject_reason(row) for row in rows]
+        bad = [reject(row, why) for row, why in zip(rows, reasons, strict=True) if why is not None]
         self.reasons.update(r.reason for r in bad)
+        return [i for i, why in enumerate(reasons) if why is None], bad
+
+    def _dedupe_bucket(self, valid: list[Row]) -> tuple[list[int], list[Reject]]:
+        """Step 2's rule on one bucket's ``valid`` rows (row id order), counted: ``(positions of
+        the winners, rejects of the conflicting rows)``; a reason is counted only with a reject."""
+        winners, conflicting, repeats = dedupe_positions(valid)
+        self.duplicates_dropped += repeats
+        conflicts = [reject(valid[i], "conflicting_duplicate") for i in conflicting]
+        if conflicts:
+            self.reasons["conflicting_duplicate"] += len(conflicts)
+        return winners, conflicts
+
+    def _net_table(self, events: list[Row]) -> pa.Table:
+        """Step 3's rule on every event of some orders, counted: their sales rows as Arrow."""
+        with _gc_paused():
+            rows = net_per_order(events, self.partition, self.reporting_currency)
+            self.row_count += len(rows)
+            return sales_rows_table(rows)
 
     @_gc_paused()
     def dedupe(self) -> None:
@@ -515,11 +529,8 @@ class DayCleaner:
             # Row id order (stable), as the one bucket is read back sorted in the spilled path.
             valid = sorted(self._valid, key=_ROW_ID)
             self._valid = []
-            winners, conflicting, repeats = dedupe_positions(valid)
-            self.duplicates_dropped += repeats
-            if conflicting:  # a reason only once it has a reject, as the spilled path counts them
-                self._memory_rejects += [reject(valid[i], "conflicting_duplicate") for i in conflicting]
-                self.reasons["conflicting_duplicate"] += len(conflicting)
+            winners, conflicts = self._dedupe_bucket(valid)
+            self._memory_rejects += conflicts
             self._winners = [valid[i] for i in winners]
             return
         if self._events is None:
@@ -540,14 +551,9 @@ class DayCleaner:
                 continue
             table = table.take(_row_id_order(table))
             valid = extract_rows(table)
-            winners, conflicting, repeats = dedupe_positions(valid)
-            self.duplicates_dropped += repeats
-            if conflicting:
-                self._rejects.add(
-                    reject_table([reject(valid[i], "conflicting_duplicate") for i in conflicting]),
-                    extend=False,
-                )
-                self.reasons["conflicting_duplicate"] += len(conflicting)
+            winners, conflicts = self._dedupe_bucket(valid)
+            if conflicts:
+                self._rejects.add(reject_table(conflicts), extend=False)
             order_ids = np.array([valid[i].order_id for i in winners], dtype=object)
             bucket = np.searchsorted(boundaries, order_ids, side="right").astype(np.int64)
             self._orders.add(table.take(arrow_values.indices(winners)), bucket)
@@ -562,22 +568,14 @@ class DayCleaner:
         if self._in_memory:
             winners, self._winners = self._winners, []
             if winners:
-                with _gc_paused():
-                    rows = net_per_order(winners, self.partition, self.reporting_currency)
-                    self.row_count += len(rows)
-                    out = sales_rows_table(rows)
-                yield out
+                yield self._net_table(winners)
             return
         if self._orders is None:
             return
         for b in range(self._orders.count):
             table = self._orders.read(b)
             if len(table):
-                with _gc_paused():
-                    rows = net_per_order(extract_rows(table), self.partition, self.reporting_currency)
-                    self.row_count += len(rows)
-                    out = sales_rows_table(rows)
-                yield out
+                yield self._net_table(extract_rows(table))
 
     def rejects(self) -> Iterator[pa.Table]:
         """Step 4: every reject (columns :data:`REJECT_COLUMNS`), sorted by source row id."""

@@ -146,3 +146,44 @@ def test_the_preload_and_the_loopback_log_servers_share_one_settings_file_each_a
     assert text.count("preload_for_task_forks()\n") == 1
     assert text.count("bind_log_servers_to_loopback()\n") == 1
     compile(text, str(path), "exec")  # still a module Airflow can import
+
+
+def test_no_preloaded_module_imports_airflow() -> None:
+    """airflow_local_settings runs while Airflow initialises: a listed module that imported Airflow
+    would import it half-initialised. Each one, in a fresh interpreter, leaves Airflow unloaded."""
+    from onceflow.preload import ONCEFLOW_TASK_MODULES, TASK_MODULES
+
+    assert set(ONCEFLOW_TASK_MODULES) <= set(TASK_MODULES)
+    code = (
+        "import importlib, sys\n"
+        "name = sys.argv[1]\n"
+        "try:\n"
+        "    importlib.import_module(name)\n"
+        "except ImportError:\n"
+        "    print('not installed')\n"
+        "else:\n"
+        "    print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))\n"
+    )
+    found = {}
+    for name in TASK_MODULES:
+        out = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, check=True)
+        found[name] = out.stdout.strip()
+    assert {n: f for n, f in found.items() if f not in ("[]", "not installed")} == {}
+    # the onceflow ones are part of this checkout: they must really import, not be skipped
+    assert {n: found[n] for n in ONCEFLOW_TASK_MODULES} == dict.fromkeys(ONCEFLOW_TASK_MODULES, "[]")
+
+
+def test_a_task_forked_from_a_preloaded_scheduler_imports_no_onceflow_sales_module_itself() -> None:
+    """What the extract, clean and load import of onceflow's that is not preloaded: only modules
+    that import Airflow (hooks, operators), which cannot load in airflow_local_settings."""
+    code = (
+        "import sys; sys.argv = ['airflow', 'scheduler']\n"
+        "from onceflow.preload import preload_for_task_forks; preload_for_task_forks(warm_ups=())\n"
+        "before = set(sys.modules)\n"
+        "import onceflow.sales.staging, onceflow.sales.clean_stream, onceflow.sales.clean_rules\n"
+        "import onceflow.sales.partition_store, onceflow.sales.ledger_link, onceflow.sales.shop_query\n"
+        "import onceflow.ledger.worker, onceflow.shutdown, onceflow.sales.bulk_load, onceflow.sales.checksum\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith('onceflow')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -93,8 +93,11 @@ def install(engine: Engine, what: str, deadlines: Deadlines | None = None) -> En
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True  # session settings, outside any transaction
         cursor = dbapi_connection.cursor()
-        cursor.execute(f"SET lock_timeout = '{_milliseconds(limits.lock_timeout_s)}ms'")
-        cursor.execute(f"SET statement_timeout = '{_milliseconds(limits.statement_timeout_s)}ms'")
+        # One round trip for both (a simple-protocol query may hold several statements).
+        cursor.execute(
+            f"SET lock_timeout = '{_milliseconds(limits.lock_timeout_s)}ms'; "
+            f"SET statement_timeout = '{_milliseconds(limits.statement_timeout_s)}ms'"
+        )
         cursor.close()
         dbapi_connection.autocommit = autocommit
         record.info[_INFO_KEY] = (what, limits)

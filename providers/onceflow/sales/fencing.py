@@ -123,10 +123,12 @@ class PartitionFence:
             stmt = stmt.with_for_update()
         return conn.execute(stmt).one_or_none()
 
-    def _lock_or_create(self, conn: Connection, key: str, work_key: str) -> Any:
+    def _lock_or_create(self, conn: Connection, key: str, work_key: str, now: dt.datetime) -> Any:
+        """The partition's fence row, created (tokens 0) if missing, locked; ``now``: the caller's
+        read of the clock in this transaction (one round trip fewer than reading it again)."""
         values = {
             "table_name": self.table_name, "partition_key": key, "work_key": work_key, "fence_token": 0,
-            "committed_token": 0, "run_id": "", "try_number": 0, "updated_at_utc": self.now(conn),
+            "committed_token": 0, "run_id": "", "try_number": 0, "updated_at_utc": now,
             "ledger_token": 0, "fenced_by": "warehouse", "expires_at_utc": _EPOCH,
         }  # fmt: skip
         if self.dialect == "postgresql":
@@ -149,7 +151,7 @@ class PartitionFence:
         """
         key = partition_key(partition)
         now = self.now(conn)
-        row = self._lock_or_create(conn, key, "")
+        row = self._lock_or_create(conn, key, "", now)
         if row.run_id == run_id and row.try_number > try_number:
             raise StaleAttemptError(
                 f"{self.table_name} partition {key}: try {try_number} of run {run_id!r} is stale, "
@@ -180,7 +182,7 @@ class PartitionFence:
         """
         key = partition_key(partition)
         now = self.now(conn)
-        row = self._lock_or_create(conn, key, work_key)
+        row = self._lock_or_create(conn, key, work_key, now)
         if int(row.ledger_token) > token:
             raise StaleAttemptError(
                 f"{self.table_name} partition {key}: ledger token {token} of run {run_id!r} try "
@@ -215,9 +217,13 @@ class PartitionFence:
             )
         return row
 
-    def mark_committed(self, conn: Connection, lease: Lease) -> None:
-        """Record the commit; a warehouse lease ends so another run may load at once."""
-        now = self.now(conn)
+    def mark_committed(self, conn: Connection, lease: Lease, now: dt.datetime | None = None) -> None:
+        """Record the commit; a warehouse lease ends so another run may load at once.
+
+        :param now: this transaction's read of the clock, if the caller has one (the audit's
+            ``loaded_at_utc``); else it is read here.
+        """
+        now = self.now(conn) if now is None else now
         conn.execute(
             self.fence.update()
             .where(self._where(partition_key(lease.partition)))

@@ -466,6 +466,7 @@ class PartitionStore:
     ) -> AuditRecord:
         key = partition_key(lease.partition)
         reject_count = self._replace_rejects(conn, key, rejects)
+        now = self.fencing.now(conn)
         audit = AuditRecord(
             table_name=self.table_name,
             partition_key=key,
@@ -476,13 +477,13 @@ class PartitionStore:
             try_number=lease.try_number,
             fence_token=lease.fence_token,
             processing_version=processing_version,
-            loaded_at_utc=self.fencing.now(conn),
+            loaded_at_utc=now,
             ledger_token=lease.ledger_token,
             source_watermark_utc=source_watermark_utc,
             duplicate_count=duplicate_count,
         )
         replace_audit(conn, self.audit_table, audit)
-        self.fencing.mark_committed(conn, lease)
+        self.fencing.mark_committed(conn, lease, now)
         return audit
 
     def _replace_rejects(self, conn: Connection, key: str, rejects: Rejects | None) -> int:

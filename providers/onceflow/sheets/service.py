@@ -79,7 +79,6 @@ def shared_resources(api_endpoint: str | None = None, universe_domain: str | Non
     :param universe_domain: the ``ClientOptions.universe_domain`` (``None``: the
         ``GOOGLE_CLOUD_UNIVERSE_DOMAIN`` environment variable, else Google's, as the client decides).
     """
-
     from google.api_core import universe
 
     resolved = universe.determine_domain(universe_domain, os.environ.get("GOOGLE_CLOUD_UNIVERSE_DOMAIN"))
@@ -133,7 +132,6 @@ def warm(endpoints: str | None = None) -> None:
     """Build the resources for Google's endpoint and each of ``endpoints`` (comma-separated; default
     the ``ONCEFLOW_SHEETS_API_ENDPOINTS`` environment variable), for ``onceflow.preload``: in the
     process that forks the task processes, every task finds them built."""
-
     if endpoints is None:
         endpoints = os.environ.get("ONCEFLOW_SHEETS_API_ENDPOINTS", "")
     shared_resources()

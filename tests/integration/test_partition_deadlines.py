@@ -151,3 +151,27 @@ def test_a_deadline_below_a_millisecond_is_one_millisecond_not_none(postgres_url
         assert shown == ["1ms", "1ms"]
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg"])
+def test_both_deadlines_are_set_on_each_driver_s_new_sessions(postgres_url: str, driver: str) -> None:
+    """Both SETs go in one execute: psycopg 3 sends a query without parameters by the simple
+    protocol too, so the second one is not dropped or refused there either."""
+    import sqlalchemy as sa
+
+    url = sa.engine.make_url(postgres_url).set(drivername=f"postgresql+{driver}")
+    engine = make_engine(
+        url.render_as_string(hide_password=False), deadlines=Deadlines(lock_timeout_s=2.5, statement_timeout_s=7)
+    )
+    try:
+        assert engine.dialect.driver == driver
+        for _ in range(2):  # a new session, then a pooled one: set once per session, kept
+            with engine.connect() as conn:
+                shown = [
+                    conn.exec_driver_sql(f"SHOW {name}").scalar_one()
+                    for name in ("lock_timeout", "statement_timeout")
+                ]
+            assert shown == ["2500ms", "7s"]
+    finally:
+        engine.dispose()

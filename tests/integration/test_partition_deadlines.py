@@ -162,7 +162,8 @@ def test_both_deadlines_are_set_on_each_driver_s_new_sessions(postgres_url: str,
 
     url = sa.engine.make_url(postgres_url).set(drivername=f"postgresql+{driver}")
     engine = make_engine(
-        url.render_as_string(hide_password=False), deadlines=Deadlines(lock_timeout_s=2.5, statement_timeout_s=7)
+        url.render_as_string(hide_password=False),
+        deadlines=Deadlines(lock_timeout_s=2.5, statement_timeout_s=7),
     )
     try:
         assert engine.dialect.driver == driver

@@ -176,3 +176,29 @@ def test_both_deadlines_are_set_on_each_driver_s_new_sessions(postgres_url: str,
             assert shown == ["2500ms", "7s"]
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_both_deadlines_are_set_where_psycopg_3_prepares_every_statement(postgres_url: str) -> None:
+    """psycopg 3 with ``prepare_threshold=0`` (passed through make_engine to create_engine) sends
+    every query as a prepared statement, which may hold one command only: two SETs joined by ';'
+    failed every new connection there ("cannot insert multiple commands into a prepared
+    statement")."""
+    import sqlalchemy as sa
+
+    url = sa.engine.make_url(postgres_url).set(drivername="postgresql+psycopg")
+    engine = make_engine(
+        url.render_as_string(hide_password=False),
+        deadlines=Deadlines(lock_timeout_s=2.5, statement_timeout_s=7),
+        connect_args={"prepare_threshold": 0},
+    )
+    try:
+        with engine.connect() as conn:
+            shown = [
+                conn.exec_driver_sql(f"SHOW {name}").scalar_one()
+                for name in ("lock_timeout", "statement_timeout")
+            ]
+            assert conn.connection.dbapi_connection.prepare_threshold == 0
+        assert shown == ["2500ms", "7s"]
+    finally:
+        engine.dispose()

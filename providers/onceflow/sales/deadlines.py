@@ -93,10 +93,12 @@ def install(engine: Engine, what: str, deadlines: Deadlines | None = None) -> En
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True  # session settings, outside any transaction
         cursor = dbapi_connection.cursor()
-        # One round trip for both (a simple-protocol query may hold several statements).
+        # One round trip for both, in ONE statement: two SETs joined by ';' are refused where the
+        # query is prepared (psycopg 3 with prepare_threshold=0: "cannot insert multiple commands
+        # into a prepared statement"); set_config(..., false) is SET, for the session.
         cursor.execute(
-            f"SET lock_timeout = '{_milliseconds(limits.lock_timeout_s)}ms'; "
-            f"SET statement_timeout = '{_milliseconds(limits.statement_timeout_s)}ms'"
+            f"SELECT set_config('lock_timeout', '{_milliseconds(limits.lock_timeout_s)}ms', false), "
+            f"set_config('statement_timeout', '{_milliseconds(limits.statement_timeout_s)}ms', false)"
         )
         cursor.close()
         dbapi_connection.autocommit = autocommit

@@ -53,6 +53,8 @@ ONCEFLOW_TASK_MODULES: tuple[str, ...] = (
     "onceflow.sales.clean_stream",
     "onceflow.sales.partition_store",
     "onceflow.sales.ledger_link",  # with the work ledger and onceflow.shutdown
+    "onceflow.sales.engine",  # the hooks' engines
+    "onceflow.sales.config",  # the DAG file's settings (read from the environment when called)
 )
 
 #: The costly imports of the extract, clean and load tasks (``pyarrow.parquet`` pulls in pyarrow

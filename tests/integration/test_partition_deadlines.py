@@ -5,6 +5,7 @@ and shop, a real ledger; the lock is a real ``LOCK TABLE`` held by another sessi
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,13 @@ pytestmark = pytest.mark.postgres
 DAY = dt.date(2024, 10, 27)
 DATA = clean_day(DAY, GeneratorConfig(seed=5, orders_per_day=40))
 SHORT = Deadlines(lock_timeout_s=1, statement_timeout_s=0.5)
+
+
+def shown_deadlines(conn: Any) -> list[str]:
+    """The session's lock_timeout and statement_timeout, as PostgreSQL shows them."""
+    return [
+        conn.exec_driver_sql(f"SHOW {name}").scalar_one() for name in ("lock_timeout", "statement_timeout")
+    ]
 
 
 def attempt(ledger: Ledger, store: PartitionStore, try_number: int) -> AuditRecord:
@@ -144,10 +152,7 @@ def test_a_deadline_below_a_millisecond_is_one_millisecond_not_none(postgres_url
     engine = make_engine(postgres_url, deadlines=Deadlines(lock_timeout_s=0.0004, statement_timeout_s=0.0009))
     try:
         with engine.connect() as conn:
-            shown = [
-                conn.exec_driver_sql(f"SHOW {name}").scalar_one()
-                for name in ("lock_timeout", "statement_timeout")
-            ]
+            shown = shown_deadlines(conn)
         assert shown == ["1ms", "1ms"]
     finally:
         engine.dispose()
@@ -156,8 +161,8 @@ def test_a_deadline_below_a_millisecond_is_one_millisecond_not_none(postgres_url
 @pytest.mark.postgres
 @pytest.mark.parametrize("driver", ["psycopg2", "psycopg"])
 def test_both_deadlines_are_set_on_each_driver_s_new_sessions(postgres_url: str, driver: str) -> None:
-    """Both SETs go in one execute: psycopg 3 sends a query without parameters by the simple
-    protocol too, so the second one is not dropped or refused there either."""
+    """Both deadlines are set by one statement on each new session, on either driver onceflow
+    supports, and kept on the pooled session."""
     import sqlalchemy as sa
 
     url = sa.engine.make_url(postgres_url).set(drivername=f"postgresql+{driver}")
@@ -169,10 +174,7 @@ def test_both_deadlines_are_set_on_each_driver_s_new_sessions(postgres_url: str,
         assert engine.dialect.driver == driver
         for _ in range(2):  # a new session, then a pooled one: set once per session, kept
             with engine.connect() as conn:
-                shown = [
-                    conn.exec_driver_sql(f"SHOW {name}").scalar_one()
-                    for name in ("lock_timeout", "statement_timeout")
-                ]
+                shown = shown_deadlines(conn)
             assert shown == ["2500ms", "7s"]
     finally:
         engine.dispose()
@@ -194,10 +196,7 @@ def test_both_deadlines_are_set_where_psycopg_3_prepares_every_statement(postgre
     )
     try:
         with engine.connect() as conn:
-            shown = [
-                conn.exec_driver_sql(f"SHOW {name}").scalar_one()
-                for name in ("lock_timeout", "statement_timeout")
-            ]
+            shown = shown_deadlines(conn)
             assert conn.connection.dbapi_connection.prepare_threshold == 0
         assert shown == ["2500ms", "7s"]
     finally:

@@ -217,13 +217,11 @@ class PartitionFence:
             )
         return row
 
-    def mark_committed(self, conn: Connection, lease: Lease, now: dt.datetime | None = None) -> None:
+    def mark_committed(self, conn: Connection, lease: Lease, now: dt.datetime) -> None:
         """Record the commit; a warehouse lease ends so another run may load at once.
 
-        :param now: this transaction's read of the clock, if the caller has one (the audit's
-            ``loaded_at_utc``); else it is read here.
+        :param now: this transaction's read of the clock (:meth:`now`; the audit's ``loaded_at_utc``).
         """
-        now = self.now(conn) if now is None else now
         conn.execute(
             self.fence.update()
             .where(self._where(partition_key(lease.partition)))

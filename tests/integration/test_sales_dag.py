@@ -239,13 +239,17 @@ def test_an_injection_shaped_table_name_in_configuration_is_refused(
 
 # -- staging through onceflow_storage (no shared disk between workers) -----------------------------
 
-STAGED = ["extract.parquet", "manifest.json", "rejects.parquet", "rows.parquet"]
+STAGED = {
+    "text": ["extract.tsv", "manifest.json", "rejects.tsv", "rows.tsv"],
+    "parquet": ["extract.parquet", "manifest.json", "rejects.parquet", "rows.parquet"],
+}
 
 
 def local_files(folder: Path) -> set[Path]:
     return {p for p in folder.rglob("*") if p.is_file()} if folder.exists() else set()
 
 
+@pytest.mark.parametrize("staging_format", ["text", "parquet"])
 def test_a_run_stages_through_onceflow_storage_in_a_bucket_and_writes_no_local_file(
     run_dag: Callable[..., Any],
     shop_orders: Callable[..., Any],
@@ -253,10 +257,17 @@ def test_a_run_stages_through_onceflow_storage_in_a_bucket_and_writes_no_local_f
     fake_gcs: FakeGcs,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
+    staging_format: str,
 ) -> None:
     """The workers of a Celery cluster share no disk: extract, clean and load hand the day over
-    through the bucket of ``onceflow_storage``, never through a folder on the worker."""
+    through the bucket of ``onceflow_storage``, never through a folder on the worker; the day
+    staged as text (the default for its size) and as parquet."""
     from pathlib import Path
+
+    from onceflow.sales.text_staging import TEXT_ROWS_ENV
+
+    if staging_format == "parquet":
+        monkeypatch.setenv(TEXT_ROWS_ENV, "0")
 
     day = dt.date(2024, 10, 27)
     shop_orders(
@@ -284,9 +295,10 @@ def test_a_run_stages_through_onceflow_storage_in_a_bucket_and_writes_no_local_f
     assert uri.startswith(f"gs://{bucket}/steps/sales-staging/daily_sales/2024-10-27/")
     key = uri.removeprefix(f"gs://{bucket}/")
     objects = fake_gcs.objects(bucket)
-    assert sorted(objects) == [f"{key}/{name}" for name in STAGED]
+    assert sorted(objects) == [f"{key}/{name}" for name in STAGED[staging_format]]
     manifest = json.loads(objects[f"{key}/manifest.json"])
     assert (manifest["rows"], manifest["rejects"]) == (audit.row_count, audit.reject_count)
+    assert manifest["format"] == staging_format
     # and nothing on the worker's disk: not the old default folder, not the local storage default
     after = local_files(onceflow_home / "staging") | local_files(onceflow_home / "storage")
     assert after == local_before, sorted(after - local_before)

@@ -1,7 +1,7 @@
 """Randomised crowded days through clean and load (issue 29 review): what the warehouse holds after
 the bounded-memory clean (``staging.clean_extract``, buckets of a few rows) and the streamed load
-(``open_clean`` → Arrow batches of a few rows → one COPY formatted in a second thread, the checksum
-spilled to sorted runs) equals the whole-day ``clean_orders`` of the same rows: the rows read back
+(``open_clean`` → Arrow batches, or Python rows of a day staged as text, of a few rows → one COPY
+formatted in a second thread, the checksum spilled to sorted runs) equals the whole-day ``clean_orders`` of the same rows: the rows read back
 with plain SQL, the rejects with their reasons, the audit's counts, and a checksum equal to the one
 recomputed from the rows read back. Between two days, a load whose rows fail part way (in the
 formatting thread, or a row of another partition) leaves the previous day's partition and audit.
@@ -24,7 +24,9 @@ from onceflow.sales.clean import clean_orders
 from onceflow.sales.engine import make_engine
 from onceflow.sales.partition_store import PartitionStore, frame_records
 from onceflow.sales.schema import ORDER_COLUMNS, REJECT_COLUMNS, SALES_COLUMNS
+from onceflow.sales.text_staging import TEXT_ROWS_ENV
 from onceflow.testing.sales_crowded import random_day
+from onceflow.testing.sales_fixtures import order_columns
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -44,8 +46,11 @@ def failing(batches: Iterator[Any], at: int, how: str) -> Iterator[Any]:
         if i == at:
             if how == "raise":
                 raise FormattingFailed(f"batch {i}")
-            dates = pa.array([DAY + dt.timedelta(days=1)] * batch.num_rows, pa.date32())
-            batch = batch.set_column(0, "partition_date", dates)
+            if isinstance(batch, list):  # a day staged as text: Python rows
+                batch = [(DAY + dt.timedelta(days=1), *row[1:]) for row in batch]
+            else:
+                dates = pa.array([DAY + dt.timedelta(days=1)] * batch.num_rows, pa.date32())
+                batch = batch.set_column(0, "partition_date", dates)
         yield batch
 
 
@@ -77,7 +82,12 @@ def test_random_days_load_what_the_whole_day_clean_gives(
             monkeypatch.setattr(staging, "EXTRACT_READ_ROWS", rng.choice([1, 4, 50_000]))
             source = random_day(seed)
             folder = tmp_path / str(seed)
-            staging.write_extract(folder, source)
+            # Text or parquet staging (issue 27): the extract as the shop query's batch, or a frame.
+            monkeypatch.setenv(TEXT_ROWS_ENV, rng.choice(["0", "10000"]))
+            if rng.random() < 0.5:
+                staging.write_extract_stream(folder, [order_columns(source)])
+            else:
+                staging.write_extract(folder, source)
             whole = clean_orders(staging.read_extract(folder).frame, partition=DAY)
             staging.clean_extract(
                 folder, partition=DAY, processing_version="v", bucket_rows=rng.choice([1, 3, 50])
@@ -89,14 +99,14 @@ def test_random_days_load_what_the_whole_day_clean_gives(
                 with staging.open_clean(folder) as staged, pytest.raises((FormattingFailed, ValueError)):
                     store.overwrite(
                         store.acquire_lease(DAY, run_id=f"r{seed}", try_number=1),
-                        failing(staged.arrow_batches(batch_rows), rng.randrange(-(-len(whole.rows) // batch_rows)), how),
+                        failing(staged.load_batches(batch_rows), rng.randrange(-(-len(whole.rows) // batch_rows)), how),
                         staged.rejects, processing_version="v",
                     )  # fmt: skip
                 assert (store.audit(DAY), store.partition_rows(DAY), store.partition_rejects(DAY)) == loaded
 
             with staging.open_clean(folder) as staged:
                 audit = store.overwrite(
-                    store.acquire_lease(DAY, run_id=f"r{seed}", try_number=2), staged.arrow_batches(batch_rows),
+                    store.acquire_lease(DAY, run_id=f"r{seed}", try_number=2), staged.load_batches(batch_rows),
                     staged.rejects, processing_version="v", duplicate_count=staged.duplicates_dropped,
                 )  # fmt: skip
             rows, rejects = store.partition_rows(DAY), store.partition_rejects(DAY)

@@ -3,7 +3,8 @@
 Try A reads the shop first and is paused at a named point of its staging write; the late rows
 arrive; try B reads the shop and stages everything; A resumes and finishes. Whatever order the
 renames land in, the load must commit one try's rows with that same try's watermark: the
-watermark travels inside the staged parquet file and is read back with the rows. (When it lived
+watermark travels inside the staged file (parquet metadata, or a text file's header) and is read
+back with the rows. (When it lived
 in a separate ``extract.json``, A paused after its parquet rename gave B's rows with A's older
 watermark, and A paused before it gave A's rows with B's newer watermark, which would then beat
 a genuinely newer extract.) The real DAG's extract and clean callables run against a SQLite shop;
@@ -61,25 +62,32 @@ class Gate:
         assert self.go.wait(60), "never released"
 
 
+@pytest.mark.parametrize("staging_format", ["text", "parquet"])
 @pytest.mark.parametrize("storage", ["file", "gcs"])
 @pytest.mark.parametrize("paused", ["older_try", "newer_try"])
 def test_overlapping_extract_tries_never_pair_one_trys_rows_with_anothers_watermark(
     paused: str,
     storage: str,
+    staging_format: str,
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     sales_db_url: str,
     sales_connections: Callable[[str, str], Path],
 ) -> None:
-    """older_try: A (early read) stops after publishing its parquet; B runs to the end; A ends.
-    newer_try: A stops after its read; B (late read) stops after publishing its parquet; A runs to
-    the end; B ends. The files left are B's in the first case and A's in the second."""
+    """older_try: A (early read) stops after publishing its extract; B runs to the end; A ends.
+    newer_try: A stops after its read; B (late read) stops after publishing its extract; A runs to
+    the end; B ends. The files left are B's in the first case and A's in the second. The day
+    staged as text (``extract.tsv``, the default for a day this small) and as parquet."""
     from onceflow.hooks.warehouse import ShopDbHook
     from onceflow.operators.partition import PartitionOverwriteOperator
     from onceflow.sales import staging
+    from onceflow.sales.text_staging import TEXT_ROWS_ENV
     from onceflow.testing.dag_runner import load_dag
 
+    if staging_format == "parquet":  # else the day (about 60 orders) is staged as text
+        monkeypatch.setenv(TEXT_ROWS_ENV, "0")
+    extract_name = {"text": staging.EXTRACT_TEXT, "parquet": staging.EXTRACT_PARQUET}[staging_format]
     shop = f"sqlite:///{tmp_path / 'shop.db'}"
     sales_connections(shop, sales_db_url)
     if storage == "gcs":  # staged in a bucket through onceflow_storage, not in a local folder
@@ -121,12 +129,12 @@ def test_overlapping_extract_tries_never_pair_one_trys_rows_with_anothers_waterm
 
     def pausing_write_object(path: ObjectStoragePath, data: bytes) -> None:
         real_write_object(path, data)
-        if path.name == "extract.parquet":  # uploaded: other readers now see it
+        if path.name == extract_name:  # uploaded (or renamed, locally): other readers now see it
             point("published")
 
     def pausing_rename(temp: str, path: ObjectStoragePath) -> None:
         real_rename(temp, path)
-        if path.name == "extract.parquet":  # renamed: other readers now see it
+        if path.name == extract_name:  # renamed: other readers now see it
             point("published")
 
     monkeypatch.setattr(staging, "write_object", pausing_write_object)
@@ -176,7 +184,7 @@ def test_overlapping_extract_tries_never_pair_one_trys_rows_with_anothers_waterm
     if storage == "gcs":
         assert results["A"]["staging_dir"].startswith(f"gs://{bucket}/sales-staging/daily_sales/2024-10-27/")
         staged = fake_gcs.objects(bucket)
-        assert [name.rsplit("/", 1)[1] for name in staged] == ["extract.parquet"], staged
+        assert [name.rsplit("/", 1)[1] for name in staged] == [extract_name], staged
     assert len(reads["A"].frame) < len(reads["B"].frame)  # B saw the late rows
     assert reads["A"].watermark_utc < reads["B"].watermark_utc
 

@@ -22,9 +22,8 @@ import pytest
 from onceflow.sales import clean, clean_stream, staging
 from onceflow.sales.clean import CleanResult, clean_orders
 from onceflow.sales.clean_stream import DayCleaner
-from onceflow.sales.generator import GeneratorConfig
 from onceflow.sales.schema import ORDER_COLUMNS
-from onceflow.testing.sales_fixtures import source_frame
+from onceflow.testing import sales_fixtures
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -34,69 +33,8 @@ DAY = dt.date(2024, 10, 27)  # 25 hours in Europe/Amsterdam
 
 
 def messy_day(seed: int, orders: int = 400) -> pd.DataFrame:
-    """A generated day with conflicts, ties and NULLs added, row ids sparse and rows shuffled."""
-    config = GeneratorConfig(
-        seed=seed, orders_per_day=orders, refund_rate=0.3, duplicate_rate=0.15, malformed_per_day=6
-    )
-    df = source_frame(DAY, config)
-    rng = random.Random(seed)
-    rows = df.to_dict("records")
-    extra: list[dict[str, object]] = []
-    sales = [r for r in rows if r["event_type"] == "sale" and r["order_id"]]
-    refunds = [r for r in rows if r["event_type"] == "refund" and r["refund_id"]]
-    later = dt.timedelta(seconds=rng.randint(1, 90))
-    for r in rng.sample(sales, len(sales) // 10):  # a corrected amount, later or earlier
-        extra.append(
-            {
-                **r,
-                "amount": f"{rng.randint(100, 9999) / 100:.2f}",
-                "ingested_at_utc": r["ingested_at_utc"] + rng.choice([later, -later]),
-            }
-        )
-    for r in rng.sample(sales, len(sales) // 20):  # another currency under the same order id
-        extra.append({**r, "currency": "SEK" if r["currency"] != "SEK" else "GBP"})
-    for r in rng.sample(sales, len(sales) // 20):  # the same amount written differently: a repeat
-        extra.append({**r, "amount": str(float(r["amount"])), "ingested_at_utc": r["ingested_at_utc"]})
-    for r in rng.sample(refunds, len(refunds) // 3):  # the refund id reused on another order
-        other = rng.choice(sales)
-        extra.append({**r, "order_id": other["order_id"], "ingested_at_utc": r["ingested_at_utc"] + later})
-    for r in rng.sample(sales, len(sales) // 15):  # customer NULL on the sale, a refund names one
-        r["customer_id"] = None
-        extra.append(
-            {
-                **r,
-                "event_type": "refund",
-                "refund_id": f"RN-{r['order_id']}",
-                "customer_id": "C-refund",
-                "amount": "1.00",
-            }
-        )
-    for r in rng.sample(sales, len(sales) // 20):  # a refund of an order sold on an earlier day
-        extra.append(
-            {
-                **r,
-                "order_id": f"OLD-{r['order_id']}",
-                "event_type": "refund",
-                "refund_id": f"RO-{r['order_id']}",
-                "customer_id": None,
-            }
-        )
-    for i in range(8):  # malformed in ways the generator does not make
-        base = rng.choice(sales)
-        bad = [{"order_id": "O\x00" + str(i)}, {"customer_id": "C\udcff"}, {"order_id": "O" * 65},
-               {"amount": "10.001"}, {"amount": None}, {"currency": None}, {"order_id": "   "},
-               {"event_type": None}][i]  # fmt: skip
-        extra.append({**base, **bad})
-    rows += extra
-    rng.shuffle(rows)
-    ids = rng.sample(range(1, 40 * len(rows)), len(rows))  # unique, sparse, in no particular order
-    for r, row_id in zip(rows, ids, strict=True):
-        r["row_id"] = row_id
-    text = {"order_id", "event_type", "refund_id", "customer_id", "amount", "currency"}
-    # Text as plain objects, as the extract hands it over: pandas' string dtype refuses surrogates.
-    return pd.DataFrame(
-        {c: pd.Series([r[c] for r in rows], dtype=object if c in text else None) for c in df.columns}
-    )
+    """:func:`onceflow.testing.sales_fixtures.messy_day` of :data:`DAY`."""
+    return sales_fixtures.messy_day(DAY, seed, orders)
 
 
 def stream_clean(source: pd.DataFrame, *, bucket_rows: int, batch_rows: int, folder: Path) -> CleanResult:

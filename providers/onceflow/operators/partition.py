@@ -222,7 +222,7 @@ class PartitionOverwriteOperator(BaseOperator):
 
         if staged.reject_ratio > self.max_reject_ratio:
             store.record_rejects(
-                lease, staged.reject_arrow_batches(), source_watermark_utc=staged.source_watermark_utc
+                lease, staged.reject_load_batches(), source_watermark_utc=staged.source_watermark_utc
             )
             raise AirflowFailException(
                 f"{staged.reject_count} of {staged.source_rows} source rows rejected for {day} "
@@ -254,8 +254,8 @@ class PartitionOverwriteOperator(BaseOperator):
         else:
             audit = store.overwrite(
                 lease,
-                staged.arrow_batches(),
-                staged.reject_arrow_batches(),
+                staged.load_batches(),
+                staged.reject_load_batches(),
                 processing_version=staged.processing_version,
                 method=self.load_method,
                 source_watermark_utc=staged.source_watermark_utc,

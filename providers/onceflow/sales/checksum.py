@@ -87,6 +87,8 @@ def _canonical_column(series: pd.Series) -> pd.Series:
 CANONICAL_ESCAPES = (("\\", "\\\\"), ("\x1f", "\\x1f"), ("\n", "\\n"))
 #: digests kept in memory before they are sorted and spilled as a run (32 bytes each).
 SPILL_ROWS = 1_000_000
+#: digests of rows added as Python values kept as ``bytes`` before they join the numpy runs.
+_PLAIN_ROWS = 100_000
 #: digests read from each run at a time while runs are merged.
 _MERGE_ROWS = 65_536
 
@@ -172,6 +174,7 @@ class RowDigests:
 
     def __init__(self, columns: Sequence[str]) -> None:
         self.columns = columns
+        self._plain: list[bytes] = []  # digests of rows added as Python values (add_rows)
         self._parts: list[Any] = []
         self._pending = 0
         self._runs: list[tuple[int, int]] = []  # (first digest, count) of each run in the file
@@ -204,6 +207,22 @@ class RowDigests:
         for chunk in lines.chunks if hasattr(lines, "chunks") else [lines]:
             if len(chunk):
                 self._add_packed(line_digests(chunk))
+
+    def add_rows(self, rows: Sequence[Sequence[object]]) -> None:
+        """Add rows of plain Python values (in ``columns`` order), each digest of its
+        :func:`canonical_line`: a load that adds only these, and few, never imports numpy."""
+        sha = hashlib.sha256
+        self._plain += [sha(canonical_line(row).encode()).digest() for row in rows]
+        self.rows += len(rows)
+        if len(self._plain) >= _PLAIN_ROWS:
+            self._pack_plain()
+
+    def _pack_plain(self) -> None:
+        """Move the digests of :meth:`add_rows` into the numpy runs (counted there, not again)."""
+        if self._plain:
+            count, packed, self._plain = len(self._plain), b"".join(self._plain), []
+            self._add_packed(packed)
+            self.rows -= count
 
     def add_digests(self, packed: bytes) -> None:
         """Add rows given as the SHA-256 digests of their canonical lines, concatenated."""
@@ -243,6 +262,11 @@ class RowDigests:
     def hexdigest(self) -> str:
         """The checksum of every row added so far, independent of their order (as ``rows_checksum``)."""
         outer = hashlib.sha256()
+        if not self._parts and not self._runs:  # only add_rows' digests: sorted as bytes, in Python
+            self._plain.sort()
+            outer.update(b"".join(self._plain))
+            return outer.hexdigest()
+        self._pack_plain()
         if not self._runs:
             digests = self._sorted_pending()
             self._parts, self._pending = [digests], len(digests)  # sorted already: a second call is cheap

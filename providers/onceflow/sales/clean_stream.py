@@ -45,8 +45,6 @@ import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from onceflow.sales import arrow_values
 from onceflow.sales.clean_rules import (
     RATES_TO_EUR,
@@ -66,6 +64,7 @@ if TYPE_CHECKING:
     import datetime as dt
     from collections.abc import Sequence
 
+    import numpy as np
     import pandas as pd
     import pyarrow as pa
 
@@ -176,11 +175,15 @@ def sales_rows_table(rows: Sequence[SalesRow]) -> pa.Table:
 
 def _row_id_order(table: pa.Table) -> Any:
     """The positions that put ``table``'s rows in row id order (stable), as an Arrow array."""
+    import numpy as np
+
     return arrow_values.indices(np.argsort(arrow_values.int64_values(table.column("row_id")), kind="stable"))
 
 
 def _bucket_of_keys(keys: Sequence[str], buckets: int) -> np.ndarray:
     """A bucket per event key (a stable hash: the same key, the same bucket, in every process)."""
+    import numpy as np
+
     return np.fromiter(
         (zlib.crc32(k.encode("utf-8", "surrogatepass")) % buckets for k in keys),
         dtype=np.int64,
@@ -266,6 +269,8 @@ class _Buckets:
 
     def add(self, table: pa.Table, bucket: np.ndarray) -> None:
         """Add row ``i`` of ``table`` to bucket ``bucket[i]`` (each bucket keeps the rows' order)."""
+        import numpy as np
+
         if not len(table):
             return
         order = np.argsort(bucket, kind="stable")
@@ -351,6 +356,7 @@ class _Runs:
 
 def _merge(spill: _Spill, runs: list[list[int]]) -> Iterator[pa.Table]:
     """The rows of sorted ``runs`` in one sorted stream (stable: ties in run order)."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -489,6 +495,16 @@ class DayCleaner:
         self._sample += [str(r.order_id) for r in valid[first :: self._stride]]
         self._valid_seen += len(valid)
 
+    @_gc_paused()
+    def add_rows(self, rows: list[Row]) -> None:
+        """Step 1 for source rows already read as Python rows (a day staged as text), on a day held
+        in memory; a spilled day takes Arrow batches (:meth:`add`)."""
+        if self._deduped:
+            raise RuntimeError("add_rows() after dedupe()")
+        if not self._in_memory:
+            raise RuntimeError("add_rows() on a day that spills: add Arrow batches with add()")
+        self._add_in_memory(rows)
+
     def _add_in_memory(self, rows: list[Row]) -> None:
         positions, bad = self._sort_out(rows)
         self._valid += [rows[i] for i in positions]
@@ -512,12 +528,16 @@ class DayCleaner:
             self.reasons["conflicting_duplicate"] += len(conflicts)
         return winners, conflicts
 
-    def _net_table(self, events: list[Row]) -> pa.Table:
-        """Step 3's rule on every event of some orders, counted: their sales rows as Arrow."""
+    def _net_rows(self, events: list[Row]) -> list[SalesRow]:
+        """Step 3's rule on every event of some orders, counted: their sales rows."""
         with _gc_paused():
             rows = net_per_order(events, self.partition, self.reporting_currency)
             self.row_count += len(rows)
-            return sales_rows_table(rows)
+            return rows
+
+    def _net_table(self, events: list[Row]) -> pa.Table:
+        """:meth:`_net_rows` as Arrow."""
+        return sales_rows_table(self._net_rows(events))
 
     @_gc_paused()
     def dedupe(self) -> None:
@@ -535,6 +555,8 @@ class DayCleaner:
             return
         if self._events is None:
             return
+        import numpy as np
+
         assert self._rejects is not None
         sample = sorted(set(self._sample))
         self._sample = []
@@ -564,12 +586,12 @@ class DayCleaner:
         """Step 3: the day's rows (an Arrow table of
         :func:`~onceflow.sales.schema.sales_arrow_schema`), sorted by order id, one table per
         non-empty bucket."""
-        self._read_once("rows")
         if self._in_memory:
-            winners, self._winners = self._winners, []
-            if winners:
-                yield self._net_table(winners)
+            rows = self.sales_rows()
+            if rows:
+                yield sales_rows_table(rows)
             return
+        self._read_once("rows")
         if self._orders is None:
             return
         for b in range(self._orders.count):
@@ -579,15 +601,36 @@ class DayCleaner:
 
     def rejects(self) -> Iterator[pa.Table]:
         """Step 4: every reject (columns :data:`REJECT_COLUMNS`), sorted by source row id."""
-        self._read_once("rejects")
         if self._in_memory:
-            # Source row ids are unique (the shop's key): a stable sort is the spilled path's merge.
-            rejects, self._memory_rejects = sorted(self._memory_rejects, key=_SOURCE_ROW_ID), []
+            rejects = self.reject_rows()
             for start in range(0, len(rejects), RUN_BATCH_ROWS):
                 yield reject_table(rejects[start : start + RUN_BATCH_ROWS])
             return
+        self._read_once("rejects")
         assert self._rejects is not None
         yield from self._rejects.merged()
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the day is held in memory (one bucket): :meth:`sales_rows` and :meth:`reject_rows` then serve."""
+        return self._in_memory
+
+    def sales_rows(self) -> list[SalesRow]:
+        """:meth:`rows` of a day held in memory as Python rows (what a day staged as text writes)."""
+        if not self._in_memory:
+            raise RuntimeError("sales_rows() on a day that spilled: read rows() instead")
+        self._read_once("rows")
+        winners, self._winners = self._winners, []
+        return self._net_rows(winners) if winners else []
+
+    def reject_rows(self) -> list[Reject]:
+        """:meth:`rejects` of a day held in memory as Python rows, sorted by source row id."""
+        if not self._in_memory:
+            raise RuntimeError("reject_rows() on a day that spilled: read rejects() instead")
+        self._read_once("rejects")
+        # Source row ids are unique (the shop's key): a stable sort is the spilled path's merge.
+        rejects, self._memory_rejects = sorted(self._memory_rejects, key=_SOURCE_ROW_ID), []
+        return rejects
 
     def close(self) -> None:
         """Delete the spill files (the caller deletes ``workdir``)."""

@@ -10,8 +10,11 @@
 | ``ONCEFLOW_SALES_RETRIES`` | ``2`` | task retries (tests that expect failure set 0) |
 | ``ONCEFLOW_SALES_TASK_TIMEOUT_MINUTES`` | ``120`` | ``execution_timeout`` of each task (then it fails and retries; at least 1/60) |
 | ``ONCEFLOW_SALES_STAGING_DIR`` | ``<onceflow_storage base>/sales-staging`` | files between tasks |
+| ``ONCEFLOW_SALES_TEXT_ROWS`` | ``10000`` | days up to this size are staged as text (0: parquet always) |
 
-``ONCEFLOW_SALES_STAGING_DIR`` is the exception: the extract task reads it (not the parse), through
+``ONCEFLOW_SALES_STAGING_DIR`` and ``ONCEFLOW_SALES_TEXT_ROWS`` are the exceptions, read by the tasks
+when they run (:func:`onceflow.sales.text_staging.text_rows_limit`). The extract task reads the staging
+directory (not the parse), through
 :func:`onceflow.sales.staging.base_uri`. It overrides where the staging goes: an absolute path, a
 ``file:///abs/path`` or a ``gs://bucket/prefix`` URI (anything else fails the extract, naming the
 variable). Unset, the staging goes through connection ``onceflow_storage``, under its ``base``

@@ -51,8 +51,10 @@ from onceflow.sales.partitions import partition_key, validate_partition
 from onceflow.sales.schema import REJECT_COLUMNS, SALES_COLUMNS, sales_table, warehouse_tables
 from onceflow.sales.schema_upgrade import upgrade
 from onceflow.sales.table_names import resolve_table
+from onceflow.sales.text_staging import SALES_KINDS, copy_lines
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import TypeAlias, TypeGuard
 
     import pandas as pd
@@ -97,6 +99,17 @@ def is_frame(value: object) -> TypeGuard[pd.DataFrame]:
     return pandas is not None and isinstance(value, pandas.DataFrame)
 
 
+def _rows_frame(rows: list[Sequence[Any]]) -> pd.DataFrame:
+    """Plain Python sales rows as a normalised frame (the baselines' methods take frames)."""
+    import pandas as pd
+
+    from onceflow.sales.clean import normalise_sales_frame
+
+    return normalise_sales_frame(
+        pd.DataFrame.from_records(list(map(tuple, rows)), columns=list(SALES_COLUMNS))
+    )
+
+
 def _as_frame(batch: Any) -> pd.DataFrame:
     """A batch of sales rows as a normalised frame (Arrow batches converted)."""
     from onceflow.sales.clean import normalise_sales_frame
@@ -104,9 +117,17 @@ def _as_frame(batch: Any) -> pd.DataFrame:
     return batch if is_frame(batch) else normalise_sales_frame(batch.to_pandas())
 
 
+def is_row_list(value: object) -> TypeGuard[list[Sequence[Any]]]:
+    """Whether a batch is a list of rows of plain Python values (a day staged as text,
+    :class:`onceflow.sales.staging.TextClean`): loaded without Arrow, numpy or pandas."""
+    return isinstance(value, list)
+
+
 def _reject_records(batch: Any, start: int, length: int) -> list[dict[str, Any]]:
-    """Rows ``start`` to ``start + length`` of a batch of rejects (a frame or an Arrow record
-    batch) as dicts of :data:`REJECT_COLUMNS` holding plain Python values, NULL as None."""
+    """Rows ``start`` to ``start + length`` of a batch of rejects (a frame, an Arrow record batch
+    or a list of rows) as dicts of :data:`REJECT_COLUMNS` holding plain Python values, NULL as None."""
+    if is_row_list(batch):
+        return [dict(zip(REJECT_COLUMNS, r, strict=True)) for r in batch[start : start + length]]
     if is_frame(batch):
         rows = frame_records(batch.iloc[start : start + length], REJECT_COLUMNS)
         return [dict(zip(REJECT_COLUMNS, r, strict=True)) for r in rows]
@@ -289,6 +310,17 @@ class PartitionStore:
                     copy_chunks(conn, quoted, self._copy_text(lease, batches, digests))
                 else:
                     for batch in batches:
+                        if method == "insert" and is_row_list(batch):
+                            self._check_partition_rows(lease, batch)
+                            if batch:
+                                conn.execute(
+                                    self.table.insert(),
+                                    [dict(zip(SALES_COLUMNS, r, strict=True)) for r in batch],
+                                )
+                            digests.add_rows(batch)
+                            continue
+                        if is_row_list(batch):
+                            batch = _rows_frame(batch)
                         if method == "insert" and not is_frame(batch):
                             # Arrow batches as plain values: no pandas in the load's process.
                             self._check_partition_arrow(lease, batch)
@@ -317,6 +349,11 @@ class PartitionStore:
         """Each batch checked, added to the checksum and formatted as COPY text (Arrow batches
         column-wise by Arrow, frames by pandas)."""
         for batch in batches:
+            if is_row_list(batch):  # plain Python rows, formatted here: no Arrow in the process
+                self._check_partition_rows(lease, batch)
+                digests.add_rows(batch)
+                yield copy_lines(batch, SALES_KINDS)
+                continue
             if is_frame(batch):
                 self._check_partition(lease, batch)
                 digests.add(batch)
@@ -338,6 +375,13 @@ class PartitionStore:
     @staticmethod
     def _check_partition(lease: Lease, rows: pd.DataFrame) -> None:
         wrong = {d for d in rows["partition_date"].unique() if d != lease.partition}
+        if wrong:
+            key = partition_key(lease.partition)
+            raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")
+
+    @staticmethod
+    def _check_partition_rows(lease: Lease, rows: Sequence[Sequence[Any]]) -> None:
+        wrong = {row[0] for row in rows if row[0] != lease.partition}
         if wrong:
             key = partition_key(lease.partition)
             raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")

@@ -5,6 +5,12 @@ Layout: ``<base>/<dag_id>/<partition>/<run key>/`` with ``extract.parquet``, ``r
 the run id made path-safe plus a short hash, so two runs of the same partition never share
 files, and a retry of a task rewrites its own files.
 
+**A small day is staged as text** (``extract.tsv``, ``rows.tsv``, ``rejects.tsv``;
+:mod:`onceflow.sales.text_staging`, which says why): the extract picks the format once it has read
+past the shop's first batch, clean writes text for a day held in memory within the limit, and the
+manifest's ``format`` tells the load which files to read. Everything said below of the parquet
+files' facts holds for the text files' header line.
+
 **Where.** Folders are ``ObjectStoragePath`` objects on connection ``onceflow_storage``
 (:meth:`onceflow.hooks.storage.StorageHook.sales_staging`), local files or ``gs://``, so Celery
 workers on several hosts share no disk. The base is ``$ONCEFLOW_SALES_STAGING_DIR`` (an absolute
@@ -32,6 +38,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -52,8 +59,16 @@ from onceflow.objects import (
     uri_of,
     write_object,
 )
+from onceflow.sales import text_staging
 from onceflow.sales.partitions import partition_key, validate_partition
-from onceflow.sales.schema import ORDER_COLUMNS, ORDER_TEXT_COLUMNS, REJECT_COLUMNS, sales_arrow_schema
+from onceflow.sales.schema import (
+    ORDER_COLUMNS,
+    ORDER_TEXT_COLUMNS,
+    REJECT_COLUMNS,
+    SALES_COLUMNS,
+    sales_arrow_schema,
+)
+from onceflow.sales.text_staging import EXTRACT_KINDS, REJECT_KINDS, SALES_KINDS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -80,6 +95,13 @@ COPY_BATCH_ROWS = 50_000
 REJECT_BATCH_ROWS = 10_000
 #: extract rows per batch cleaning reads (the extract's row groups hold 50,000).
 EXTRACT_READ_ROWS = 50_000
+
+#: the staged files' names (a day staged as text, :mod:`onceflow.sales.text_staging`, or as parquet).
+EXTRACT_TEXT, EXTRACT_PARQUET = "extract.tsv", "extract.parquet"
+ROWS_TEXT, REJECTS_TEXT = "rows.tsv", "rejects.tsv"
+#: a staged clean's manifest ``format``: its rows and rejects as text or as parquet (the default
+#: of a manifest without one, written before text staging).
+TEXT_FORMAT, PARQUET_FORMAT = "text", "parquet"
 
 
 class StagingConfigError(StorageUriError):
@@ -233,14 +255,82 @@ def write_extract_stream(
     """:func:`write_extract` for rows that arrive batch by batch: each batch becomes parquet row
     groups as it comes, so memory holds one batch, not the day. Returns the path and the row count.
 
+    A day that comes as one batch of the shop query's columns (not a frame) of at most
+    :func:`~onceflow.sales.text_staging.text_rows_limit` rows is staged as text instead
+    (``extract.tsv``): the extract task then never imports Arrow. Whether a second batch follows is
+    known once the shop's cursor has been read past the first.
+
     Locally the file is written beside its final name and renamed into place once complete (a
     killed writer leaves the previous file); on ``gs://`` the finished file is uploaded whole, so
     memory then holds the compressed file (6.5 MB per 100,000 rows) for the upload.
     """
+    facts = {"source_watermark_utc": _iso(source_watermark_utc), "extract_id": uuid.uuid4().hex}
+    stream = iter(batches)
+    first = next(stream, None)
+    limit = text_staging.text_rows_limit()
+    if limit and first is None:
+        return _write_extract_text(storage_path(folder), None, facts)
+    if limit and isinstance(first, dict) and len(first["row_id"]) <= limit:
+        second = next(stream, None)  # the shop's cursor is read to its end before the format is chosen
+        if second is None:
+            return _write_extract_text(storage_path(folder), first, facts)
+        stream = itertools.chain([first, second], stream)
+    elif first is not None:
+        stream = itertools.chain([first], stream)
+    return _write_extract_parquet(storage_path(folder), stream, facts)
+
+
+def _write_extract_text(
+    folder: ObjectStoragePath, batch: OrderColumns | None, facts: dict[str, Any]
+) -> tuple[ObjectStoragePath, int]:
+    """A day of one small batch as ``extract.tsv`` (no Arrow in the extract task)."""
+    rows = _checked_rows(batch) if batch else []
+    path = folder / EXTRACT_TEXT
+    write_object(path, text_staging.encode(rows, ORDER_COLUMNS, EXTRACT_KINDS, facts))
+    return path, len(rows)
+
+
+def _checked_rows(batch: OrderColumns) -> list[tuple[Any, ...]]:
+    """The shop query's columns as rows, refused as :func:`_extract_batch` refuses them: a text
+    column holding anything but text or NULL, a row id that is not an integer or is NULL, a time
+    that is not a naive datetime."""
+    for col in ORDER_COLUMNS:
+        values = batch[col]
+        kinds = set(map(type, values))
+        if col in ORDER_TEXT_COLUMNS:
+            if not kinds <= {str, type(None)}:
+                batch = {**batch, col: [_text_value(col, v) for v in values]}
+        elif col == "row_id":
+            if not kinds <= {int}:
+                for value in values:
+                    if value is None:
+                        raise ValueError(
+                            "extract column row_id holds NULL: every shop order needs its row id"
+                        )
+                    if type(value) is bool or not isinstance(value, int):
+                        raise TypeError(
+                            f"extract column {col}: {value!r:.60} is not an integer; refusing to stage it"
+                        )
+        elif not kinds <= {dt.datetime, type(None)} or any(
+            v is not None and v.tzinfo is not None for v in values
+        ):
+            bad = next(
+                v
+                for v in values
+                if v is not None and (not isinstance(v, dt.datetime) or v.tzinfo is not None)
+            )
+            raise TypeError(
+                f"extract column {col}: {bad!r:.60} is not a naive datetime; refusing to stage it"
+            )
+    return list(zip(*(batch[c] for c in ORDER_COLUMNS), strict=True))
+
+
+def _write_extract_parquet(
+    folder: ObjectStoragePath, batches: Iterable[OrderColumns | pd.DataFrame], facts: dict[str, Any]
+) -> tuple[ObjectStoragePath, int]:
     import pyarrow.parquet as pq
 
-    path = storage_path(folder) / "extract.parquet"
-    facts = {"source_watermark_utc": _iso(source_watermark_utc), "extract_id": uuid.uuid4().hex}
+    path = folder / EXTRACT_PARQUET
     schema = _extract_schema(facts)
     rows = 0
     with _staged_file(path) as sink, pq.ParquetWriter(sink, schema) as writer:
@@ -285,8 +375,14 @@ def _staged_file(path: ObjectStoragePath) -> Iterator[Any]:
 
 def _text_bytes(column: str, value: object) -> bytes | None:
     """A text value as staged bytes; anything but text or NULL is refused, never staged as NULL."""
+    text = _text_value(column, value)
+    return None if text is None else text.encode("utf-8", "surrogateescape")
+
+
+def _text_value(column: str, value: object) -> str | None:
+    """A text value as staged (NaN and pandas' NA as NULL); anything else is refused."""
     if isinstance(value, str):
-        return value.encode("utf-8", "surrogateescape")
+        return value
     if value is None or _is_missing(value):
         return None
     raise TypeError(
@@ -305,15 +401,54 @@ def _is_missing(value: object) -> bool:
 
 def read_extract(folder: Folder) -> StagedExtract:
     """The rows :func:`write_extract` stored, with the watermark from the same file and read."""
+    folder = storage_path(folder)
+    data = _text_extract(folder)
+    if data is not None:
+        from onceflow.sales.shop_query import columns_frame
+
+        facts, rows = text_staging.decode(data, EXTRACT_TEXT, ORDER_COLUMNS, EXTRACT_KINDS)
+        frame = columns_frame(_as_columns(rows))
+        return StagedExtract(frame, _parse(facts.get("source_watermark_utc")), facts.get("extract_id"))
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from onceflow.sales.clean_stream import extract_frame
 
-    table = pq.read_table(pa.BufferReader(read_object(storage_path(folder) / "extract.parquet")))
+    table = pq.read_table(pa.BufferReader(read_object(folder / EXTRACT_PARQUET)))
     facts = json.loads((table.schema.metadata or {}).get(METADATA_KEY) or "{}")
     frame = extract_frame(table)
     return StagedExtract(frame, _parse(facts.get("source_watermark_utc")), facts.get("extract_id"))
+
+
+def _as_columns(rows: list[tuple[Any, ...]]) -> OrderColumns:
+    """Extract rows column by column (the shop query's batches' shape)."""
+    columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in ORDER_COLUMNS]
+    return dict(zip(ORDER_COLUMNS, columns, strict=True))
+
+
+def _text_extract(folder: ObjectStoragePath) -> bytes | None:
+    """The folder's ``extract.tsv`` if that is the extract to clean, else None (``extract.parquet``).
+
+    One try stages one of the two; a folder holds both only when tries staged the day in different
+    formats (the day's size crossed :func:`~onceflow.sales.text_staging.text_rows_limit` between
+    them), and then the extract that read the shop later is the one to clean (the text one on a tie).
+    """
+    try:
+        data = read_object(folder / EXTRACT_TEXT)
+    except FileNotFoundError:
+        return None
+    other = folder / EXTRACT_PARQUET
+    if not other.exists():
+        return data
+    import pyarrow.parquet as pq
+
+    with _open_staged(other) as handle:
+        parquet_facts = _facts_of(pq.ParquetFile(handle)) or {}
+    text_facts = text_staging.header(data, EXTRACT_TEXT)["facts"]
+    never = dt.datetime.min
+    text_read = _parse(text_facts.get("source_watermark_utc")) or never
+    parquet_read = _parse(parquet_facts.get("source_watermark_utc")) or never
+    return data if text_read >= parquet_read else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,6 +481,14 @@ class StagedClean:
     def reject_arrow_batches(self) -> Iterator[pd.DataFrame]:
         """The rejects as one frame (the load takes frames too; :meth:`StreamedClean.reject_arrow_batches`
         streams Arrow batches)."""
+        yield self.rejects
+
+    def load_batches(self, batch_rows: int | None = None) -> Iterator[pd.DataFrame]:
+        """The rows as the load takes them: one frame."""
+        yield self.rows
+
+    def reject_load_batches(self) -> Iterator[pd.DataFrame]:
+        """The rejects as the load takes them: one frame."""
         yield self.rejects
 
     @property
@@ -385,6 +528,7 @@ def write_clean(
     _write_parquet(result.rejects.astype({"source_row_id": "int64"}), folder / "rejects.parquet", facts)
     manifest = {
         **facts,
+        "format": PARQUET_FORMAT,
         "rows": len(result.rows),
         "rejects": len(result.rejects),
         "duplicates_dropped": result.duplicates_dropped,
@@ -413,9 +557,9 @@ def clean_extract(
     reporting_currency: str = "EUR",
     bucket_rows: int | None = None,
 ) -> CleanSummary:
-    """Clean the folder's ``extract.parquet`` into ``rows.parquet``, ``rejects.parquet`` and the
-    manifest, as :func:`write_clean` of :func:`~onceflow.sales.clean.clean_orders` of
-    :func:`read_extract` would, in bounded memory (:class:`onceflow.sales.clean_stream.DayCleaner`).
+    """Clean the folder's extract into rows, rejects and the manifest, as :func:`write_clean` of
+    :func:`~onceflow.sales.clean.clean_orders` of :func:`read_extract` would, in bounded memory
+    (:class:`onceflow.sales.clean_stream.DayCleaner`).
 
     The extract is held open (one try's file, its rows and watermark together, as
     :func:`read_extract`'s one read) and read row group by row group; spill files go to a
@@ -423,59 +567,73 @@ def clean_extract(
     output file is written as it streams into a temporary file and renamed into place (on
     ``gs://``: uploaded whole once complete), the manifest last.
 
+    A day held in memory (one bucket) of at most
+    :func:`~onceflow.sales.text_staging.text_rows_limit` source rows is staged as ``rows.tsv`` and
+    ``rejects.tsv``, a larger one as ``rows.parquet`` and ``rejects.parquet``; the manifest's
+    ``format`` says which (:data:`TEXT_FORMAT`, :data:`PARQUET_FORMAT`). A text extract cleaned as
+    text never imports Arrow.
+
     :param bucket_rows: rows per bucket (default :data:`onceflow.sales.clean_stream.BUCKET_ROWS`).
     """
-    import pyarrow.parquet as pq
-
-    from onceflow.sales.clean_stream import BUCKET_ROWS, DayCleaner, reject_schema
+    from onceflow.sales.clean_rules import Row
+    from onceflow.sales.clean_stream import BUCKET_ROWS, DayCleaner
 
     folder = storage_path(folder)
-    with (
-        _open_staged(folder / "extract.parquet") as handle,
-        tempfile.TemporaryDirectory(prefix="onceflow-clean-") as work,
-    ):
-        # pre_buffer=False: pre-buffering (pyarrow's default) keeps every column chunk read until
-        # the file is closed, so memory grew with the file (about 40 MB per million rows).
-        extract = pq.ParquetFile(handle, pre_buffer=False)
-        source = _facts_of(extract) or {}
-        with DayCleaner(
-            partition=partition,
-            expected_rows=extract.metadata.num_rows,
-            workdir=work,
-            reporting_currency=reporting_currency,
-            bucket_rows=bucket_rows or BUCKET_ROWS,
-        ) as cleaner:
+    with contextlib.ExitStack() as stack:
+        data = _text_extract(folder)
+        text_rows: list[tuple[Any, ...]] = []
+        if data is not None:
+            source, text_rows = text_staging.decode(data, EXTRACT_TEXT, ORDER_COLUMNS, EXTRACT_KINDS)
+            expected_rows = len(text_rows)
+        else:
+            import pyarrow.parquet as pq
+
+            handle = stack.enter_context(_open_staged(folder / EXTRACT_PARQUET))
+            # pre_buffer=False: pre-buffering (pyarrow's default) keeps every column chunk read until
+            # the file is closed, so memory grew with the file (about 40 MB per million rows).
+            extract = pq.ParquetFile(handle, pre_buffer=False)
+            source = _facts_of(extract) or {}
+            expected_rows = extract.metadata.num_rows
+        work = stack.enter_context(tempfile.TemporaryDirectory(prefix="onceflow-clean-"))
+        cleaner = stack.enter_context(
+            DayCleaner(
+                partition=partition,
+                expected_rows=expected_rows,
+                workdir=work,
+                reporting_currency=reporting_currency,
+                bucket_rows=bucket_rows or BUCKET_ROWS,
+            )
+        )
+        if data is None:
             for batch in extract.iter_batches(batch_size=EXTRACT_READ_ROWS):
                 cleaner.add(batch)
-            cleaner.dedupe()
-            facts = {
-                "partition": partition_key(partition),
-                "source_rows": cleaner.source_rows,
-                "processing_version": processing_version,
-                "source_watermark_utc": _iso(_parse(source.get("source_watermark_utc"))),
-                "extract_id": source.get("extract_id"),
-                "duplicates_dropped": cleaner.duplicates_dropped,
-            }
-            metadata = {METADATA_KEY: json.dumps(facts, sort_keys=True).encode()}
-            schema = sales_arrow_schema().with_metadata(metadata)
-            with _staged_file(folder / "rows.parquet") as sink, pq.ParquetWriter(sink, schema) as writer:
-                for table in cleaner.rows():
-                    writer.write_table(table.replace_schema_metadata(metadata), row_group_size=BATCH_ROWS)
-            rejects = 0
-            schema = reject_schema().with_metadata(metadata)
-            with _staged_file(folder / "rejects.parquet") as sink, pq.ParquetWriter(sink, schema) as writer:
-                for table in cleaner.rejects():
-                    writer.write_table(table.replace_schema_metadata(metadata), row_group_size=BATCH_ROWS)
-                    rejects += len(table)
-            summary = CleanSummary(
-                source_rows=cleaner.source_rows,
-                rows=cleaner.row_count,
-                rejects=rejects,
-                duplicates_dropped=cleaner.duplicates_dropped,
-                reasons=dict(sorted(cleaner.reasons.items())),
-            )
+        elif cleaner.in_memory:
+            cleaner.add_rows(list(map(Row._make, text_rows)))
+        elif text_rows:  # a text extract spilled into more than one bucket (a small bucket_rows)
+            cleaner.add(_extract_batch(_as_columns(text_rows), _extract_schema(source)))
+        del text_rows
+        cleaner.dedupe()
+        facts = {
+            "partition": partition_key(partition),
+            "source_rows": cleaner.source_rows,
+            "processing_version": processing_version,
+            "source_watermark_utc": _iso(_parse(source.get("source_watermark_utc"))),
+            "extract_id": source.get("extract_id"),
+            "duplicates_dropped": cleaner.duplicates_dropped,
+        }
+        limit = text_staging.text_rows_limit()
+        as_text = limit > 0 and cleaner.in_memory and cleaner.source_rows <= limit
+        rejects = (_write_clean_text if as_text else _write_clean_parquet)(folder, cleaner, facts)
+        summary = CleanSummary(
+            source_rows=cleaner.source_rows,
+            rows=cleaner.row_count,
+            rejects=rejects,
+            duplicates_dropped=cleaner.duplicates_dropped,
+            reasons=dict(sorted(cleaner.reasons.items())),
+        )
     manifest = {
         **facts,
+        "format": TEXT_FORMAT if as_text else PARQUET_FORMAT,
         "rows": summary.rows,
         "rejects": summary.rejects,
         "duplicates_dropped": summary.duplicates_dropped,
@@ -483,6 +641,35 @@ def clean_extract(
     }
     write_object(folder / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
     return summary
+
+
+def _write_clean_text(folder: ObjectStoragePath, cleaner: Any, facts: dict[str, Any]) -> int:
+    """A day held in memory as ``rows.tsv`` and ``rejects.tsv``; returns the reject count."""
+    rows, rejects = cleaner.sales_rows(), cleaner.reject_rows()
+    write_object(folder / ROWS_TEXT, text_staging.encode(rows, SALES_COLUMNS, SALES_KINDS, facts))
+    write_object(folder / REJECTS_TEXT, text_staging.encode(rejects, REJECT_COLUMNS, REJECT_KINDS, facts))
+    return len(rejects)
+
+
+def _write_clean_parquet(folder: ObjectStoragePath, cleaner: Any, facts: dict[str, Any]) -> int:
+    """The cleaner's rows and rejects as ``rows.parquet`` and ``rejects.parquet``, each streamed
+    into its file as it comes; returns the reject count."""
+    import pyarrow.parquet as pq
+
+    from onceflow.sales.clean_stream import reject_schema
+
+    metadata = {METADATA_KEY: json.dumps(facts, sort_keys=True).encode()}
+    schema = sales_arrow_schema().with_metadata(metadata)
+    with _staged_file(folder / "rows.parquet") as sink, pq.ParquetWriter(sink, schema) as writer:
+        for table in cleaner.rows():
+            writer.write_table(table.replace_schema_metadata(metadata), row_group_size=BATCH_ROWS)
+    rejects = 0
+    schema = reject_schema().with_metadata(metadata)
+    with _staged_file(folder / "rejects.parquet") as sink, pq.ParquetWriter(sink, schema) as writer:
+        for table in cleaner.rejects():
+            writer.write_table(table.replace_schema_metadata(metadata), row_group_size=BATCH_ROWS)
+            rejects += len(table)
+    return rejects
 
 
 def read_clean(folder: Folder) -> StagedClean:
@@ -494,6 +681,17 @@ def read_clean(folder: Folder) -> StagedClean:
 
     folder = storage_path(folder)
     manifest = json.loads(read_object(folder / "manifest.json"))  # absent: clean never finished
+    if manifest.get("format") == TEXT_FORMAT:
+        text = _read_text_clean(folder, manifest)
+        return StagedClean(
+            partition=text.partition,
+            rows=text.rows,
+            rejects=text.rejects,
+            source_rows=text.source_rows,
+            processing_version=text.processing_version,
+            source_watermark_utc=text.source_watermark_utc,
+            duplicates_dropped=text.duplicates_dropped,
+        )
     rows, facts = _read_parquet(folder / "rows.parquet")
     rows = normalise_sales_frame(rows) if len(rows) else empty_sales_frame()
     rejects, reject_facts = _read_parquet(folder / "rejects.parquet")
@@ -514,11 +712,12 @@ def _clean_facts(
     manifest: dict[str, Any],
     facts: dict[str, Any] | None,
     reject_facts: dict[str, Any] | None,
+    suffix: str = "parquet",
 ) -> dict[str, Any]:
     """The facts of a staged clean, the rows file's ``facts`` checked against the rejects file's."""
     if facts != reject_facts:
         raise StagingMismatchError(
-            f"{folder}: rows.parquet ({facts}) and rejects.parquet ({reject_facts}) come from "
+            f"{folder}: rows.{suffix} ({facts}) and rejects.{suffix} ({reject_facts}) come from "
             "different clean or extract tries; clear the run's extract task to stage them again"
         )
     if facts is None:  # staged before the facts moved into the files: no watermark known
@@ -597,11 +796,104 @@ class StreamedClean:
         for batch in self.rows_file.iter_batches(batch_size=batch_rows, columns=schema.names):
             yield batch.cast(schema)  # files staged before the fixed schema: null or large types
 
+    def load_batches(self, batch_rows: int | None = None) -> Iterator[Any]:
+        """The rows as the load takes them (:meth:`arrow_batches`)."""
+        return self.arrow_batches(batch_rows or COPY_BATCH_ROWS)
+
+    def reject_load_batches(self) -> Iterator[Any]:
+        """The rejects as the load takes them (:meth:`reject_arrow_batches`)."""
+        return self.reject_arrow_batches()
+
+
+@dataclasses.dataclass(frozen=True)
+class TextClean:
+    """A staged clean of a day staged as text (:func:`open_clean`): rows and rejects as Python
+    rows (tuples in :data:`SALES_COLUMNS` and :data:`REJECT_COLUMNS` order), each file read whole.
+    The load inserts them without Arrow or pandas."""
+
+    partition: dt.date
+    source_rows: int
+    processing_version: str
+    source_watermark_utc: dt.datetime | None
+    duplicates_dropped: int | None
+    sales_rows: list[tuple[Any, ...]]
+    reject_rows: list[tuple[Any, ...]]
+
+    @property
+    def row_count(self) -> int:
+        """The number of clean rows."""
+        return len(self.sales_rows)
+
+    @property
+    def reject_count(self) -> int:
+        """The number of staged rejects."""
+        return len(self.reject_rows)
+
+    @property
+    def reject_ratio(self) -> float:
+        """The share of source rows rejected (0 for an empty day)."""
+        return self.reject_count / self.source_rows if self.source_rows else 0.0
+
+    def load_batches(self, batch_rows: int | None = None) -> Iterator[list[tuple[Any, ...]]]:
+        """The rows as the load takes them: lists of at most ``batch_rows`` rows (default: one list)."""
+        step = batch_rows or max(1, len(self.sales_rows))
+        for start in range(0, len(self.sales_rows), step):
+            yield self.sales_rows[start : start + step]
+
+    def reject_load_batches(self) -> Iterator[list[tuple[Any, ...]]]:
+        """The rejects as the load takes them: one list."""
+        if self.reject_rows:
+            yield self.reject_rows
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        """The rows as a normalised sales frame (BigQuery's load job, tests)."""
+        import pandas as pd
+
+        from onceflow.sales.clean import empty_sales_frame, normalise_sales_frame
+
+        if not self.sales_rows:
+            return empty_sales_frame()
+        return normalise_sales_frame(pd.DataFrame.from_records(self.sales_rows, columns=list(SALES_COLUMNS)))
+
+    @property
+    def rejects(self) -> pd.DataFrame:
+        """The rejects as a frame (columns :data:`REJECT_COLUMNS`)."""
+        import pandas as pd
+
+        frame = pd.DataFrame.from_records(self.reject_rows, columns=list(REJECT_COLUMNS))
+        return _reject_frame(frame.astype({"source_row_id": "int64"}))
+
+    def row_batches(self, batch_rows: int = BATCH_ROWS) -> Iterator[pd.DataFrame]:
+        """The rows, ``batch_rows`` at a time, each a normalised sales frame."""
+        import pandas as pd
+
+        from onceflow.sales.clean import normalise_sales_frame
+
+        for start in range(0, len(self.sales_rows), batch_rows):
+            chunk = self.sales_rows[start : start + batch_rows]
+            yield normalise_sales_frame(pd.DataFrame.from_records(chunk, columns=list(SALES_COLUMNS)))
+
+
+def _read_text_clean(folder: ObjectStoragePath, manifest: dict[str, Any]) -> TextClean:
+    """``rows.tsv`` and ``rejects.tsv``, each read whole (one try's file), facts checked to agree.
+
+    :raises StagingMismatchError: rows and rejects were cleaned from different extracts.
+    """
+    facts, rows = text_staging.decode(read_object(folder / ROWS_TEXT), ROWS_TEXT, SALES_COLUMNS, SALES_KINDS)
+    reject_facts, rejects = text_staging.decode(
+        read_object(folder / REJECTS_TEXT), REJECTS_TEXT, REJECT_COLUMNS, REJECT_KINDS
+    )
+    return TextClean(
+        sales_rows=rows, reject_rows=rejects, **_clean_facts(folder, manifest, facts, reject_facts, "tsv")
+    )
+
 
 @contextlib.contextmanager
-def open_clean(folder: Folder) -> Iterator[StreamedClean]:
+def open_clean(folder: Folder) -> Iterator[StreamedClean | TextClean]:
     """:func:`read_clean` without holding the rows in memory: they stream from ``rows.parquet``, the
-    rejects from ``rejects.parquet`` (:meth:`StreamedClean.reject_batches`).
+    rejects from ``rejects.parquet`` (:meth:`StreamedClean.reject_batches`). A day staged as text
+    (the manifest's ``format``) is read whole instead, as a :class:`TextClean`: it is small.
 
     The files are held open (locally, the open file keeps the inode a later try may rename over;
     from ``gs://``, one download into a temporary file), so the batches and the facts come from
@@ -609,10 +901,13 @@ def open_clean(folder: Folder) -> Iterator[StreamedClean]:
 
     :raises StagingMismatchError: rows and rejects were cleaned from different extracts.
     """
-    import pyarrow.parquet as pq
-
     folder = storage_path(folder)
     manifest = json.loads(read_object(folder / "manifest.json"))  # absent: clean never finished
+    if manifest.get("format") == TEXT_FORMAT:
+        yield _read_text_clean(folder, manifest)
+        return
+    import pyarrow.parquet as pq
+
     with (
         _open_staged(folder / "rows.parquet") as handle,
         _open_staged(folder / "rejects.parquet") as reject_handle,

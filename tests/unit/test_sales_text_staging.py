@@ -212,10 +212,20 @@ def test_the_format_follows_the_day_size(tmp_path: Path, monkeypatch: pytest.Mon
     assert staged("at-limit", [source]) == "extract.tsv"
     assert staged("empty", []) == "extract.tsv"
     assert staged("two-batches", [cut(0, 3), cut(3, size)]) == "extract.parquet"
+    # Values the parquet way converts (a NaN as NULL, a pandas time): staged as parquet.
+    assert (
+        staged("nan", [{**source, "customer_id": [float("nan"), *source["customer_id"][1:]]}])
+        == "extract.parquet"
+    )
+    stamp = pd.Timestamp(source["created_at_utc"][0])
+    assert staged("pandas-time", [{**source, "created_at_utc": [stamp, *source["created_at_utc"][1:]]}]) == (
+        "extract.parquet"
+    )
     monkeypatch.setenv(TEXT_ROWS_ENV, str(size - 1))
     assert staged("over-limit", [source]) == "extract.parquet"
-    for name in ("at-limit", "two-batches", "over-limit"):
+    for name in ("at-limit", "two-batches", "over-limit", "nan", "pandas-time"):
         assert len(staging.read_extract(tmp_path / name).frame) == size
+    assert staging.read_extract(tmp_path / "nan").frame["customer_id"].iloc[0] is None
 
 
 def test_bad_extract_values_are_refused_as_parquet_refuses_them(

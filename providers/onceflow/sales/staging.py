@@ -256,9 +256,10 @@ def write_extract_stream(
     groups as it comes, so memory holds one batch, not the day. Returns the path and the row count.
 
     A day that comes as one batch of the shop query's columns (not a frame) of at most
-    :func:`~onceflow.sales.text_staging.text_rows_limit` rows is staged as text instead
-    (``extract.tsv``): the extract task then never imports Arrow. Whether a second batch follows is
-    known once the shop's cursor has been read past the first.
+    :func:`~onceflow.sales.text_staging.text_rows_limit` rows, every value a plain one
+    (:func:`_plain`), is staged as text instead (``extract.tsv``): the extract task then never
+    imports Arrow. Whether a second batch follows is known once the shop's cursor has been read
+    past the first.
 
     Locally the file is written beside its final name and renamed into place once complete (a
     killed writer leaves the previous file); on ``gs://`` the finished file is uploaded whole, so
@@ -270,7 +271,7 @@ def write_extract_stream(
     limit = text_staging.text_rows_limit()
     if limit and first is None:
         return _write_extract_text(storage_path(folder), None, facts)
-    if limit and isinstance(first, dict) and len(first["row_id"]) <= limit:
+    if limit and isinstance(first, dict) and len(first["row_id"]) <= limit and _plain(first):
         second = next(stream, None)  # the shop's cursor is read to its end before the format is chosen
         if second is None:
             return _write_extract_text(storage_path(folder), first, facts)
@@ -283,46 +284,31 @@ def write_extract_stream(
 def _write_extract_text(
     folder: ObjectStoragePath, batch: OrderColumns | None, facts: dict[str, Any]
 ) -> tuple[ObjectStoragePath, int]:
-    """A day of one small batch as ``extract.tsv`` (no Arrow in the extract task)."""
-    rows = _checked_rows(batch) if batch else []
+    """A day of one small batch (of :func:`_plain` values) as ``extract.tsv`` (no Arrow in the extract task)."""
+    rows = list(zip(*(batch[c] for c in ORDER_COLUMNS), strict=True)) if batch else []
     path = folder / EXTRACT_TEXT
     write_object(path, text_staging.encode(rows, ORDER_COLUMNS, EXTRACT_KINDS, facts))
     return path, len(rows)
 
 
-def _checked_rows(batch: OrderColumns) -> list[tuple[Any, ...]]:
-    """The shop query's columns as rows, refused as :func:`_extract_batch` refuses them: a text
-    column holding anything but text or NULL, a row id that is not an integer or is NULL, a time
-    that is not a naive datetime."""
+def _plain(batch: OrderColumns) -> bool:
+    """Whether every value of the shop query's batch is what its column holds when all is well:
+    text or NULL, an integer row id, a naive datetime or NULL. Anything else (a NaN, a number in a
+    text column, a NULL row id, an aware or pandas time) goes the parquet way, which converts or
+    refuses it with its own errors, so both formats accept and refuse the same values."""
     for col in ORDER_COLUMNS:
-        values = batch[col]
-        kinds = set(map(type, values))
+        kinds = set(map(type, batch[col]))
         if col in ORDER_TEXT_COLUMNS:
             if not kinds <= {str, type(None)}:
-                batch = {**batch, col: [_text_value(col, v) for v in values]}
+                return False
         elif col == "row_id":
             if not kinds <= {int}:
-                for value in values:
-                    if value is None:
-                        raise ValueError(
-                            "extract column row_id holds NULL: every shop order needs its row id"
-                        )
-                    if type(value) is bool or not isinstance(value, int):
-                        raise TypeError(
-                            f"extract column {col}: {value!r:.60} is not an integer; refusing to stage it"
-                        )
+                return False
         elif not kinds <= {dt.datetime, type(None)} or any(
-            v is not None and v.tzinfo is not None for v in values
+            v is not None and v.tzinfo is not None for v in batch[col]
         ):
-            bad = next(
-                v
-                for v in values
-                if v is not None and (not isinstance(v, dt.datetime) or v.tzinfo is not None)
-            )
-            raise TypeError(
-                f"extract column {col}: {bad!r:.60} is not a naive datetime; refusing to stage it"
-            )
-    return list(zip(*(batch[c] for c in ORDER_COLUMNS), strict=True))
+            return False
+    return True
 
 
 def _write_extract_parquet(
@@ -375,14 +361,8 @@ def _staged_file(path: ObjectStoragePath) -> Iterator[Any]:
 
 def _text_bytes(column: str, value: object) -> bytes | None:
     """A text value as staged bytes; anything but text or NULL is refused, never staged as NULL."""
-    text = _text_value(column, value)
-    return None if text is None else text.encode("utf-8", "surrogateescape")
-
-
-def _text_value(column: str, value: object) -> str | None:
-    """A text value as staged (NaN and pandas' NA as NULL); anything else is refused."""
     if isinstance(value, str):
-        return value
+        return value.encode("utf-8", "surrogateescape")
     if value is None or _is_missing(value):
         return None
     raise TypeError(

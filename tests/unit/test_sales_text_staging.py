@@ -236,6 +236,7 @@ def test_bad_extract_values_are_refused_as_parquet_refuses_them(
     aware = dt.datetime(2024, 10, 27, 9, tzinfo=dt.timezone.utc)
     for column, value in [
         ("order_id", 17), ("amount", 12.5), ("row_id", None), ("row_id", True), ("row_id", "5"),
+        ("row_id", 2**63), ("row_id", -(2**63) - 1),
         ("created_at_utc", aware), ("ingested_at_utc", "2024-10-27"), ("created_at_utc", dt.date(2024, 10, 27)),
     ]:  # fmt: skip
         batch = {**good, column: [value, *good[column][1:]]}

@@ -38,10 +38,20 @@ def _validity(values: Sequence[object]) -> tuple[Any, int]:
     return pa.py_buffer(np.packbits(present, bitorder="little").tobytes()), nulls
 
 
+#: the range of a 64-bit integer (``row_id``, a warehouse ``bigint``).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def is_int64(value: int) -> bool:
+    """Whether an integer fits in 64 bits."""
+    return INT64_MIN <= value <= INT64_MAX
+
+
 def int64s(values: Sequence[int | None], kind: Any = None) -> Any:
     """An Arrow array of 64-bit integers (or of ``kind``, a 64-bit type), None as null.
 
     :raises TypeError: a value is not an integer (a bool, a float, a string, a Decimal).
+    :raises OverflowError: a value is outside the 64-bit range (naming it, not numpy's C long).
     """
     import numpy as np
     import pyarrow as pa
@@ -51,7 +61,11 @@ def int64s(values: Sequence[int | None], kind: Any = None) -> Any:
             if value is not None and (type(value) is bool or not isinstance(value, int)):
                 raise TypeError(f"{value!r:.60} is not an integer")
     validity, nulls = _validity(values)
-    data = np.fromiter((0 if v is None else v for v in values), dtype=np.int64, count=len(values))
+    try:
+        data = np.fromiter((0 if v is None else v for v in values), dtype=np.int64, count=len(values))
+    except OverflowError:
+        big = next(v for v in values if v is not None and not is_int64(v))
+        raise OverflowError(f"{big!r:.60} is outside the 64-bit integer range") from None
     return pa.Array.from_buffers(kind or pa.int64(), len(values), [validity, pa.py_buffer(data)], nulls)
 
 

@@ -59,7 +59,7 @@ from onceflow.objects import (
     uri_of,
     write_object,
 )
-from onceflow.sales import text_staging
+from onceflow.sales import arrow_values, text_staging
 from onceflow.sales.partitions import partition_key, validate_partition
 from onceflow.sales.schema import (
     ORDER_COLUMNS,
@@ -218,8 +218,6 @@ def _extract_batch(batch: OrderColumns | pd.DataFrame, schema: Any) -> Any:
     the staged schema. The columns go to Arrow directly: the extract task never imports pandas."""
     import pyarrow as pa
 
-    from onceflow.sales import arrow_values
-
     columns = []
     for col in ORDER_COLUMNS:
         values = batch[col]
@@ -234,6 +232,8 @@ def _extract_batch(batch: OrderColumns | pd.DataFrame, schema: Any) -> Any:
                 )
             except TypeError as exc:
                 raise TypeError(f"extract column {col}: {exc}; refusing to stage it") from exc
+            except OverflowError as exc:  # a row id past 64 bits (a SQLite shop's text id)
+                raise ValueError(f"extract column {col}: {exc}; refusing to stage it") from exc
             if col == "row_id" and column.null_count:
                 raise ValueError("extract column row_id holds NULL: every shop order needs its row id")
             columns.append(column)
@@ -293,8 +293,8 @@ def _write_extract_text(
 
 def _plain(batch: OrderColumns) -> bool:
     """Whether every value of the shop query's batch is what its column holds when all is well:
-    text or NULL, an integer row id, a naive datetime or NULL. Anything else (a NaN, a number in a
-    text column, a NULL row id, an aware or pandas time) goes the parquet way, which converts or
+    text or NULL, a 64-bit integer row id, a naive datetime or NULL. Anything else (a NaN, a number
+    in a text column, a NULL row id or one past 64 bits, an aware or pandas time) goes the parquet way, which converts or
     refuses it with its own errors, so both formats accept and refuse the same values."""
     for col in ORDER_COLUMNS:
         kinds = set(map(type, batch[col]))
@@ -302,7 +302,8 @@ def _plain(batch: OrderColumns) -> bool:
             if not kinds <= {str, type(None)}:
                 return False
         elif col == "row_id":
-            if not kinds <= {int}:
+            # In the 64-bit range too: parquet refuses a larger id, so text must not stage it.
+            if not kinds <= {int} or not all(map(arrow_values.is_int64, batch[col])):
                 return False
         elif not kinds <= {dt.datetime, type(None)} or any(
             v is not None and v.tzinfo is not None for v in batch[col]

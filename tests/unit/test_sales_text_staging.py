@@ -334,3 +334,73 @@ def test_digests_of_python_rows_equal_the_definition(
         == frame_checksum(frame, SALES_COLUMNS)
     )
     assert RowDigests(SALES_COLUMNS).hexdigest() == rows_checksum([])
+
+
+#: ids cleaning keeps that COPY's text format must escape (a raw CR or LF ends a COPY line).
+ESCAPED_IDS = ["c\rr", "l\nf", "t\tb", "b\\s", "\\N", "\\.", "ends\\", "u\x1fs", "caf\u00e9", "x" * 64]
+
+
+def escaped_id_day() -> pd.DataFrame:
+    """Valid sales whose order and customer ids hold what COPY text must escape, NULL and ``""``
+    customers among them, times with and without microseconds."""
+    rows = []
+    for i, oid in enumerate(ESCAPED_IDS):
+        for j, customer in enumerate([oid, None, "", "\\N"]):
+            at = dt.datetime(2024, 10, 27, 10, 0, 0, 7 * (i % 2))
+            order = f"{oid[:60]}{j:02d}{i:02d}"[:64]
+            rows.append((len(rows) + 1, order, "sale", None, customer, at, at, "10.00", "EUR"))
+    return pd.DataFrame(rows, columns=list(ORDER_COLUMNS)).astype({"row_id": "int64"})
+
+
+def test_no_row_line_of_a_text_file_holds_a_raw_line_break() -> None:
+    """COPY's text format ends a line at a CR as at a LF: both stay escaped inside values."""
+    rows = [(None, v, v, v) for v in ESCAPED_IDS]
+    data = encode(rows, REJECT_COLUMNS, REJECT_KINDS, {})
+    assert b"\r" not in data
+    assert data.count(b"\n") == 1 + len(rows)
+    assert all(line.count(b"\t") == 3 for line in data.split(b"\n")[1:-1])
+
+
+def test_ids_copy_must_escape_are_stored_unchanged_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sales_db_url: str
+) -> None:
+    """Staged as text and as parquet, loaded by the load's own path (COPY on PostgreSQL), read
+    back with plain SQL: the ids as the reference clean has them."""
+    import sqlalchemy as sa
+
+    source = escaped_id_day()
+    whole = clean_orders(source, partition=DAY)
+    assert len(whole.rows) == len(source)  # every row valid: the ids reach the warehouse
+    expected = sorted(zip(whole.rows["order_id"], whole.rows["customer_id"], strict=True), key=repr)
+    store = PartitionStore(make_engine(sales_db_url), "daily_sales")
+    store.create_schema()
+    for limit in (10_000, 0):
+        folder = tmp_path / str(limit)
+        assert stage(folder, source, limit, monkeypatch) == ("text" if limit else "parquet")
+        with staging.open_clean(folder) as staged:
+            audit = store.overwrite(
+                store.acquire_lease(DAY, run_id=f"r{limit}", try_number=1),
+                staged.load_batches(),
+                staged.reject_load_batches(),
+                processing_version=staged.processing_version,
+            )
+        with store.engine.connect() as conn:
+            stored = conn.execute(sa.text("SELECT order_id, customer_id FROM daily_sales")).all()
+        assert sorted(map(tuple, stored), key=repr) == expected, limit
+        assert audit.checksum == frame_checksum(whole.rows, SALES_COLUMNS), limit
+
+
+def test_a_day_of_exactly_the_limit_is_staged_as_text_and_one_row_more_as_parquet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = messy_day(13, 20)
+    for limit, expected in ((len(source), "text"), (len(source) - 1, "parquet")):
+        folder = tmp_path / str(limit)
+        assert stage(folder, source, limit, monkeypatch) == expected, limit
+        suffix = "tsv" if expected == "text" else "parquet"
+        assert {p.name for p in folder.iterdir()} == {
+            f"extract.{suffix}",
+            f"rows.{suffix}",
+            f"rejects.{suffix}",
+            "manifest.json",
+        }

@@ -404,3 +404,21 @@ def test_a_day_of_exactly_the_limit_is_staged_as_text_and_one_row_more_as_parque
             f"rejects.{suffix}",
             "manifest.json",
         }
+
+
+def test_a_manifest_of_an_unknown_format_is_refused_not_read_as_parquet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest another version wrote (a format this one does not read) beside parquet files an
+    earlier try left: the load must not take those stale files for the staged day."""
+    stage(tmp_path, messy_day(14, 30), 0, monkeypatch)  # rows.parquet, rejects.parquet of a first try
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "format": "text-2"}))
+    with pytest.raises(staging.StagingFormatError, match="format 'text-2'"):
+        staging.read_clean(tmp_path)
+    with pytest.raises(staging.StagingFormatError, match="format 'text-2'"), staging.open_clean(tmp_path):
+        pass
+    del manifest["format"]  # a manifest written before text staging: parquet
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with staging.open_clean(tmp_path) as staged:
+        assert staged.row_count == manifest["rows"]

@@ -29,7 +29,7 @@ try's rows together with that same try's watermark, never one try's rows with an
 writer killed mid-write leaves the previous file or object. ``extract.parquet`` is written batch by
 batch (:func:`write_extract_stream`) into a temporary file renamed into place, with the same effect. Rows and rejects from different
 extracts are refused (:class:`StagingMismatchError`). The manifest is a summary for people; the
-load does not read values from it.
+load reads only its ``format`` from it (one it does not know is refused, :class:`StagingFormatError`).
 """
 
 from __future__ import annotations
@@ -110,6 +110,27 @@ class StagingConfigError(StorageUriError):
 
 class StagingMismatchError(RuntimeError):
     """The staged rows and rejects come from different extracts (overlapping tries): re-run clean."""
+
+
+class StagingFormatError(ValueError):
+    """The manifest names a staging format this version does not read (another version cleaned)."""
+
+
+def _clean_format(folder: ObjectStoragePath, manifest: dict[str, Any]) -> str:
+    """The manifest's ``format``: :data:`TEXT_FORMAT`, or :data:`PARQUET_FORMAT` (also when absent,
+    a manifest written before text staging).
+
+    :raises StagingFormatError: any other format: the files it names are not read as parquet,
+        which an earlier try may have left beside them.
+    """
+    staged = manifest.get("format", PARQUET_FORMAT)
+    if staged not in (TEXT_FORMAT, PARQUET_FORMAT):
+        raise StagingFormatError(
+            f"{folder}/manifest.json names staging format {staged!r}, which this version does not "
+            f"read ({TEXT_FORMAT!r}, {PARQUET_FORMAT!r}): load with the version that cleaned, or "
+            "clear the run's clean task"
+        )
+    return str(staged)
 
 
 def base_uri(storage_base: Callable[[], str]) -> str:
@@ -662,7 +683,7 @@ def read_clean(folder: Folder) -> StagedClean:
 
     folder = storage_path(folder)
     manifest = json.loads(read_object(folder / "manifest.json"))  # absent: clean never finished
-    if manifest.get("format") == TEXT_FORMAT:
+    if _clean_format(folder, manifest) == TEXT_FORMAT:
         text = _read_text_clean(folder, manifest)
         return StagedClean(
             partition=text.partition,
@@ -884,7 +905,7 @@ def open_clean(folder: Folder) -> Iterator[StreamedClean | TextClean]:
     """
     folder = storage_path(folder)
     manifest = json.loads(read_object(folder / "manifest.json"))  # absent: clean never finished
-    if manifest.get("format") == TEXT_FORMAT:
+    if _clean_format(folder, manifest) == TEXT_FORMAT:
         yield _read_text_clean(folder, manifest)
         return
     import pyarrow.parquet as pq

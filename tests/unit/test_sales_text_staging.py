@@ -99,6 +99,9 @@ def test_a_cut_or_foreign_file_is_refused_at_every_byte() -> None:
     lines = data.split(b"\n")
     with pytest.raises(StagedTextError, match="holds 4 rows, its header says 5"):
         decode(b"\n".join(lines[:2] + lines[3:]), "extract.tsv", ORDER_COLUMNS, EXTRACT_KINDS)
+    one_row = encode(rows[:1], ORDER_COLUMNS, EXTRACT_KINDS, {"extract_id": "x"})
+    with pytest.raises(StagedTextError, match="its header says True"):
+        decode(one_row.replace(b'"rows": 1', b'"rows": true', 1), "extract.tsv", ORDER_COLUMNS, EXTRACT_KINDS)
     with pytest.raises(StagedTextError, match="holds columns"):
         decode(data, "rows.tsv", SALES_COLUMNS, SALES_KINDS)
     with pytest.raises(StagedTextError, match="not a staged text file"):

@@ -157,7 +157,7 @@ def decode(
     if not lines or lines[-1] != "":
         raise StagedTextError(f"{name} does not end with a newline: the file was cut short")
     lines.pop()
-    if len(lines) != head.get("rows"):
+    if type(head.get("rows")) is not int or len(lines) != head["rows"]:
         raise StagedTextError(
             f"{name} holds {len(lines)} rows, its header says {head.get('rows')}: the file was cut short"
         )

@@ -93,7 +93,13 @@ class PartitionOverwriteOperator(BaseOperator):
         from onceflow.hooks.storage import StorageHook
         from onceflow.hooks.warehouse import WarehouseHook
         from onceflow.sales.partitions import validate_partition, validate_table_name
-        from onceflow.sales.staging import StagingMismatchError, open_clean, read_clean, run_dir
+        from onceflow.sales.staging import (
+            StagingFormatError,
+            StagingMismatchError,
+            open_clean,
+            read_clean,
+            run_dir,
+        )
 
         day = validate_partition(self.partition)
         validate_table_name(self.table)
@@ -109,7 +115,7 @@ class PartitionOverwriteOperator(BaseOperator):
                 staged = (
                     read_clean(folder) if warehouse.is_bigquery else stack.enter_context(open_clean(folder))
                 )
-            except StagingMismatchError as exc:
+            except (StagingMismatchError, StagingFormatError) as exc:
                 raise AirflowFailException(str(exc)) from exc  # the files will not change by waiting
             if staged.partition != day:
                 raise ValueError(f"staging folder {folder} holds partition {staged.partition}, not {day}")

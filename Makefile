@@ -84,6 +84,7 @@ bench-quick: install
 	$(PY) benchmarks/bench_depends_on_past.py --quick
 	$(PY) benchmarks/bench_backfill.py --quick
 	$(PY) benchmarks/bench_task_waits.py --quick
+	$(PY) benchmarks/bench_staging_formats.py --sizes 100,1000,5000 --repeat 1
 	$(PY) benchmarks/bench_article_chain.py --quick
 
 # No system-deps: `make run` needs neither root nor the test tools.

@@ -36,12 +36,16 @@ import dataclasses
 import datetime as dt
 import re
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from onceflow.sales import clean_rules as rules
 from onceflow.sales.clean_rules import PROCESSING_VERSION, RATES_TO_EUR, REJECT_REASONS
 from onceflow.sales.schema import ID_LENGTH, ORDER_COLUMNS, REJECT_COLUMNS, SALES_COLUMNS
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["PROCESSING_VERSION", "RATES_TO_EUR", "REJECT_REASONS", "CleanResult", "clean_orders"]
 
@@ -282,6 +286,16 @@ def _net_per_order(events: pd.DataFrame, partition: dt.date, reporting: str) -> 
 def empty_sales_frame() -> pd.DataFrame:
     """A sales frame with no rows and the right columns."""
     return normalise_sales_frame(pd.DataFrame({c: [] for c in SALES_COLUMNS}))
+
+
+def sales_rows_frame(rows: Sequence[Sequence[object]]) -> pd.DataFrame:
+    """Sales rows as plain Python values (fields in :data:`SALES_COLUMNS` order: a day staged as
+    text) as a normalised sales frame."""
+    if not rows:
+        return empty_sales_frame()
+    return normalise_sales_frame(
+        pd.DataFrame.from_records(list(map(tuple, rows)), columns=list(SALES_COLUMNS))
+    )
 
 
 def normalise_sales_frame(df: pd.DataFrame) -> pd.DataFrame:

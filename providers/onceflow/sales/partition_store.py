@@ -99,17 +99,6 @@ def is_frame(value: object) -> TypeGuard[pd.DataFrame]:
     return pandas is not None and isinstance(value, pandas.DataFrame)
 
 
-def _rows_frame(rows: list[Sequence[Any]]) -> pd.DataFrame:
-    """Plain Python sales rows as a normalised frame (the baselines' methods take frames)."""
-    import pandas as pd
-
-    from onceflow.sales.clean import normalise_sales_frame
-
-    return normalise_sales_frame(
-        pd.DataFrame.from_records(list(map(tuple, rows)), columns=list(SALES_COLUMNS))
-    )
-
-
 def _as_frame(batch: Any) -> pd.DataFrame:
     """A batch of sales rows as a normalised frame (Arrow batches converted)."""
     from onceflow.sales.clean import normalise_sales_frame
@@ -293,7 +282,8 @@ class PartitionStore:
         """
         batches: Iterable[Any] = [rows] if is_frame(rows) else rows
         if is_frame(rows):
-            self._check_partition(lease, rows)  # before any transaction, for one frame
+            # Before any transaction, for one frame.
+            self._check_partition(lease, self._dates_of(rows))
         digests = RowDigests(SALES_COLUMNS)
         notify = checkpoint or (lambda _stage: None)
         if method == "auto":
@@ -311,7 +301,7 @@ class PartitionStore:
                 else:
                     for batch in batches:
                         if method == "insert" and is_row_list(batch):
-                            self._check_partition_rows(lease, batch)
+                            self._check_partition(lease, (row[0] for row in batch))
                             if batch:
                                 conn.execute(
                                     self.table.insert(),
@@ -319,11 +309,13 @@ class PartitionStore:
                                 )
                             digests.add_rows(batch)
                             continue
-                        if is_row_list(batch):
-                            batch = _rows_frame(batch)
+                        if is_row_list(batch):  # the baselines' methods take frames
+                            from onceflow.sales.clean import sales_rows_frame
+
+                            batch = sales_rows_frame(batch)
                         if method == "insert" and not is_frame(batch):
                             # Arrow batches as plain values: no pandas in the load's process.
-                            self._check_partition_arrow(lease, batch)
+                            self._check_partition(lease, self._dates_of(batch))
                             if batch.num_rows:
                                 conn.execute(
                                     self.table.insert(), batch.select(list(SALES_COLUMNS)).to_pylist()
@@ -331,7 +323,8 @@ class PartitionStore:
                             digests.add_arrow(batch)
                             continue
                         frame = _as_frame(batch)
-                        self._check_partition(lease, frame)  # a wrong row rolls the whole load back
+                        # A wrong row rolls the whole load back.
+                        self._check_partition(lease, self._dates_of(frame))
                         insert_rows(conn, self.table, frame, method)
                         digests.add(frame)
                 notify("rows_written")
@@ -350,16 +343,16 @@ class PartitionStore:
         column-wise by Arrow, frames by pandas)."""
         for batch in batches:
             if is_row_list(batch):  # plain Python rows, formatted here: no Arrow in the process
-                self._check_partition_rows(lease, batch)
+                self._check_partition(lease, (row[0] for row in batch))
                 digests.add_rows(batch)
                 yield copy_lines(batch, SALES_KINDS)
                 continue
             if is_frame(batch):
-                self._check_partition(lease, batch)
+                self._check_partition(lease, self._dates_of(batch))
                 digests.add(batch)
                 yield copy_text(batch).getvalue()
                 continue
-            self._check_partition_arrow(lease, batch)
+            self._check_partition(lease, self._dates_of(batch))
             texts = arrow_texts(batch, SALES_COLUMNS)  # each column's text once, for both uses
             if texts is None:  # a column type Arrow does not format here
                 frame = _as_frame(batch)
@@ -373,27 +366,21 @@ class PartitionStore:
                 yield text
 
     @staticmethod
-    def _check_partition(lease: Lease, rows: pd.DataFrame) -> None:
-        wrong = {d for d in rows["partition_date"].unique() if d != lease.partition}
+    def _check_partition(lease: Lease, dates: Iterable[Any]) -> None:
+        """Refuse ``dates`` (a batch's ``partition_date`` values) unless all are the lease's partition."""
+        wrong = {d for d in dates if d != lease.partition}
         if wrong:
             key = partition_key(lease.partition)
             raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")
 
     @staticmethod
-    def _check_partition_rows(lease: Lease, rows: Sequence[Sequence[Any]]) -> None:
-        wrong = {row[0] for row in rows if row[0] != lease.partition}
-        if wrong:
-            key = partition_key(lease.partition)
-            raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")
-
-    @staticmethod
-    def _check_partition_arrow(lease: Lease, batch: Any) -> None:
+    def _dates_of(batch: Any) -> Iterable[Any]:
+        """The distinct ``partition_date`` values of a frame or an Arrow batch (for :meth:`_check_partition`)."""
+        if is_frame(batch):
+            return batch["partition_date"].unique()
         import pyarrow.compute as pc
 
-        wrong = {d for d in pc.unique(batch.column("partition_date")).to_pylist() if d != lease.partition}
-        if wrong:
-            key = partition_key(lease.partition)
-            raise ValueError(f"rows for partitions {sorted(map(str, wrong))} in a load of partition {key}")
+        return pc.unique(batch.column("partition_date")).to_pylist()
 
     def record_rejects(
         self,

@@ -406,10 +406,10 @@ def read_extract(folder: Folder) -> StagedExtract:
     folder = storage_path(folder)
     data = _text_extract(folder)
     if data is not None:
-        from onceflow.sales.shop_query import columns_frame
+        from onceflow.sales.shop_query import columns_frame, rows_columns
 
         facts, rows = text_staging.decode(data, EXTRACT_TEXT, ORDER_COLUMNS, EXTRACT_KINDS)
-        frame = columns_frame(_as_columns(rows))
+        frame = columns_frame(rows_columns(rows))
         return StagedExtract(frame, _parse(facts.get("source_watermark_utc")), facts.get("extract_id"))
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -420,12 +420,6 @@ def read_extract(folder: Folder) -> StagedExtract:
     facts = json.loads((table.schema.metadata or {}).get(METADATA_KEY) or "{}")
     frame = extract_frame(table)
     return StagedExtract(frame, _parse(facts.get("source_watermark_utc")), facts.get("extract_id"))
-
-
-def _as_columns(rows: list[tuple[Any, ...]]) -> OrderColumns:
-    """Extract rows column by column (the shop query's batches' shape)."""
-    columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in ORDER_COLUMNS]
-    return dict(zip(ORDER_COLUMNS, columns, strict=True))
 
 
 def _text_extract(folder: ObjectStoragePath) -> bytes | None:
@@ -612,7 +606,9 @@ def clean_extract(
         elif cleaner.in_memory:
             cleaner.add_rows(list(map(Row._make, text_rows)))
         elif text_rows:  # a text extract spilled into more than one bucket (a small bucket_rows)
-            cleaner.add(_extract_batch(_as_columns(text_rows), _extract_schema(source)))
+            from onceflow.sales.shop_query import rows_columns
+
+            cleaner.add(_extract_batch(rows_columns(text_rows), _extract_schema(source)))
         del text_rows
         cleaner.dedupe()
         facts = {
@@ -850,13 +846,9 @@ class TextClean:
     @property
     def rows(self) -> pd.DataFrame:
         """The rows as a normalised sales frame (BigQuery's load job, tests)."""
-        import pandas as pd
+        from onceflow.sales.clean import sales_rows_frame
 
-        from onceflow.sales.clean import empty_sales_frame, normalise_sales_frame
-
-        if not self.sales_rows:
-            return empty_sales_frame()
-        return normalise_sales_frame(pd.DataFrame.from_records(self.sales_rows, columns=list(SALES_COLUMNS)))
+        return sales_rows_frame(self.sales_rows)
 
     @property
     def rejects(self) -> pd.DataFrame:
@@ -868,13 +860,10 @@ class TextClean:
 
     def row_batches(self, batch_rows: int = BATCH_ROWS) -> Iterator[pd.DataFrame]:
         """The rows, ``batch_rows`` at a time, each a normalised sales frame."""
-        import pandas as pd
-
-        from onceflow.sales.clean import normalise_sales_frame
+        from onceflow.sales.clean import sales_rows_frame
 
         for start in range(0, len(self.sales_rows), batch_rows):
-            chunk = self.sales_rows[start : start + batch_rows]
-            yield normalise_sales_frame(pd.DataFrame.from_records(chunk, columns=list(SALES_COLUMNS)))
+            yield sales_rows_frame(self.sales_rows[start : start + batch_rows])
 
 
 def _read_text_clean(folder: ObjectStoragePath, manifest: dict[str, Any]) -> TextClean:

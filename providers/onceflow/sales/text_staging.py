@@ -106,20 +106,18 @@ def _unescape(value: str) -> str:
     return _ESCAPED.sub(lambda m: _UNESCAPE.get(m.group(1), m.group(1)), value)
 
 
-def _parser(kind: str) -> Callable[[str], Any]:
-    if kind == INT:
-        return int
-    if kind == TIMESTAMP:
-        return dt.datetime.fromisoformat
-    if kind == DATE:
-        return dt.date.fromisoformat
-    return _unescape
+#: how a non-text column's field is read back (text is unescaped only where it holds a backslash).
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    INT: int,
+    TIMESTAMP: dt.datetime.fromisoformat,
+    DATE: dt.date.fromisoformat,
+}
 
 
 def _column(values: Iterable[str], kind: str) -> list[Any]:
-    parse = _parser(kind)
     if kind == TEXT:  # most text holds no backslash: only those are unescaped
         return [None if v == NULL else _unescape(v) if "\\" in v else v for v in values]
+    parse = _PARSERS[kind]
     return [None if v == NULL else parse(v) for v in values]
 
 

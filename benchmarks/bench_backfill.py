@@ -45,6 +45,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -59,6 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import cpu_meter
 from onceflow.preload import write_local_settings
 from onceflow.sales.engine import make_engine
 from onceflow.sales.generator import GeneratorConfig, generate_orders, write_orders
@@ -135,6 +137,12 @@ def _now():
 
 
 @hookimpl
+def on_starting(component):
+    # in a task process: after the supervisor's start call and StartupDetails, before the DAG parse
+    _started["parse"] = _now()
+
+
+@hookimpl
 def on_task_instance_running(previous_state, task_instance):
     _started["at"] = _now()
     import task_waits  # beside this plugin; patched in task processes only, from the task's start
@@ -147,12 +155,17 @@ def on_task_instance_running(previous_state, task_instance):
 def on_task_instance_success(previous_state, task_instance):
     cpu, wall = _now()
     cpu0, wall0 = _started.get("at", (cpu, wall))
+    cpu_p, wall_p = _started.get("parse", (cpu0, wall0))
     record = {"dag_id": task_instance.dag_id, "task_id": task_instance.task_id,
               "startup_cpu": cpu0, "startup_wall": wall0,
+              "before_parse_cpu": cpu_p, "before_parse_wall": wall_p,
               "execute_cpu": cpu - cpu0, "execute_wall": wall - wall0}
     import task_waits
 
     record["waits"] = task_waits.snapshot()
+    import threading
+    record["threads"] = sorted(t.name for t in threading.enumerate())
+    record["rss_mb"] = psutil.Process().memory_info().rss / 2**20
     fd = os.open(os.environ["ONCEFLOW_TASK_COSTS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, (json.dumps(record) + "\\n").encode())
@@ -261,6 +274,27 @@ def timeline(cluster: Any, ids: list[int]) -> dict[str, dict[str, float]]:
     }
 
 
+RAW_TIMELINE_SQL = """
+SELECT bd.backfill_id, ti.dag_id, ti.run_id, ti.task_id, r.start_date AS run_start, r.end_date AS run_end,
+       ti.scheduled_dttm, ti.queued_dttm, ti.start_date, ti.end_date
+FROM task_instance ti
+JOIN dag_run r ON r.dag_id = ti.dag_id AND r.run_id = ti.run_id
+JOIN backfill_dag_run bd ON bd.dag_run_id = r.id
+WHERE bd.backfill_id IN ({ids})
+ORDER BY bd.backfill_id, ti.run_id, ti.start_date
+"""
+
+
+def dump_timeline(cluster: Any, ids: list[int], path: Path) -> None:
+    """Every task instance of these backfills with its run's and its own timestamps, as JSON lines."""
+    rows = cluster.query(RAW_TIMELINE_SQL.format(ids=",".join(str(int(i)) for i in ids)))
+    with path.open("w") as out:
+        for row in rows:
+            out.write(
+                json.dumps({k: (str(v) if v is not None else None) for k, v in dict(row).items()}) + "\n"
+            )
+
+
 def task_waits(path: Path) -> dict[tuple[str, str], dict[str, tuple[float, float]]]:
     """Median count and seconds of each wait (``task_waits``) per (dag, task), task start to end."""
     samples: dict[tuple[str, str], list[dict[str, list[float]]]] = defaultdict(list)
@@ -296,6 +330,72 @@ def task_costs(path: Path) -> dict[tuple[str, str], dict[str, float]]:
     }
 
 
+WORKLOAD_FINISHED = re.compile(r"Workload finished .*?duration=([\d.]+).*?workload_id=([0-9a-f-]+)")
+TI_FINISHED = re.compile(
+    r"TaskInstance Finished: dag_id=([^,]+), task_id=([^,]+), .*?ti_id=([0-9a-f-]+), .*?run_duration=([\d.]+)"
+)
+
+
+def supervisor_lingers(scheduler_log: Path, offset: int) -> dict[tuple[str, str], list[float]]:
+    """Per (dag, task): seconds each supervisor (a LocalExecutor worker) stayed after its task ended.
+
+    From the scheduler's log past ``offset``: a workload's duration (fork to the supervisor's end)
+    less its task's run duration (start to end in the metadata DB).
+    """
+    if not scheduler_log.exists():
+        return {}
+    with scheduler_log.open("rb") as log:
+        log.seek(offset)
+        text = log.read().decode(errors="replace")
+    workloads = {m.group(2): float(m.group(1)) for m in WORKLOAD_FINISHED.finditer(text)}
+    out: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for m in TI_FINISHED.finditer(text):
+        dag_id, task_id, ti_id, ran = m.groups()
+        if ti_id in workloads:
+            out[(dag_id, task_id)].append(workloads[ti_id] - float(ran))
+    return out
+
+
+def print_cpu_table(samples: list[Any], dag_ids: tuple[str, ...]) -> None:
+    """CPU seconds per backfilled run by component, median of the timed repetitions of each side.
+
+    From the backfill's creation until the poll saw it complete (up to 5 s of an idle cluster
+    after the last run, on both sides alike); ``machine`` is every core of the machine, the
+    benchmark's own process and the ``airflow backfill create`` command included.
+    """
+    timed = [s for s in samples if s.rep > 0 and "cpu" in s.detail]
+    if not timed:
+        return
+    parts = list(dict.fromkeys(k for s in timed for k in s.detail["cpu"]))
+    print("CPU seconds per backfilled run, by component (median of the timed repetitions):")
+    print(f"  {'component':<16}" + "".join(f"{d:>14}" for d in dag_ids) + f"{'difference':>12}")
+    for part in parts:
+        values = [
+            statistics.median(s.detail["cpu"].get(part, 0.0) for s in timed if s.side == d) for d in dag_ids
+        ]
+        print(f"  {part:<16}" + "".join(f"{v:14.3f}" for v in values) + f"{values[-1] - values[0]:12.3f}")
+    machine = {d: [s.detail["cpu"]["machine"] for s in timed if s.side == d] for d in dag_ids}
+    print(
+        "  machine CPU per run, every repetition: "
+        + "; ".join(f"{d} " + ", ".join(f"{v:.3f}" for v in machine[d]) for d in dag_ids)
+    )
+    base, last = (statistics.median(machine[d]) for d in (dag_ids[0], dag_ids[-1]))
+    if len(dag_ids) > 1 and base > 0:
+        print(f"  machine CPU per run, {dag_ids[-1]} / {dag_ids[0]}: {last / base:.2f}x")
+
+
+def airflow_settings(pairs: list[str]) -> dict[str, str]:
+    """``section.key=value`` pairs as ``AIRFLOW__SECTION__KEY`` environment variables."""
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        section, dot, key = name.partition(".")
+        if not (sep and dot and section and key):
+            raise SystemExit(f"--airflow-set {pair!r}: expected SECTION.KEY=VALUE")
+        env[f"AIRFLOW__{section.upper()}__{key.upper()}"] = value
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--days", type=int, default=730, help="local days per backfill (default 730)")
@@ -326,6 +426,19 @@ def main(argv: list[str] | None = None) -> int:
         choices=("postgres", "sqlite"),
         default="postgres",
         help="where the metadata DB, ledger and warehouse live (the shop stays on PostgreSQL)",
+    )
+    parser.add_argument(
+        "--timeline-file",
+        type=Path,
+        default=None,
+        help="also write every task instance's and run's timestamps of the timed repetitions (JSON lines)",
+    )
+    parser.add_argument(
+        "--airflow-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="an Airflow setting for both sides, e.g. workers.min_heartbeat_interval=1 (repeatable)",
     )
     parser.add_argument("--slots", type=int, default=4, help="slots of the onceflow_warehouse pool")
     parser.add_argument("--workers", type=int, default=8, help="LocalExecutor parallelism")
@@ -397,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             "ONCEFLOW_SALES_START_DATE": "2099-01-01",  # only the backfill creates runs
             "ONCEFLOW_TASK_COSTS_FILE": str(costs_file),
         }
+        env.update(airflow_settings(args.airflow_set))
         with standalone_cluster(
             work,
             dags,
@@ -407,21 +521,35 @@ def main(argv: list[str] | None = None) -> int:
         ) as cluster:
             dag_ids = ("daily_sales",) if args.skip_empty else ("empty_daily", "daily_sales")
 
-            warm = {"done": False}
+            warm: dict[str, Any] = {"done": False, "log_offset": 0}
+            scheduler_log = cluster.workdir / "scheduler.log"
 
             def side(dag_id: str) -> Any:
                 def run(rep: int) -> Result:
                     if rep > 0 and not warm["done"]:  # the task costs below leave the warm-up out
                         costs_file.unlink(missing_ok=True)
                         warm["done"] = True
+                        warm["log_offset"] = scheduler_log.stat().st_size
                     window = windows[rep]
+                    before = cpu_meter.snapshot(cluster.component_pids())
                     seconds = timed_backfill(cluster, dag_id, window, args.max_active_runs)
-                    return Result(seconds / len(window), {"wall": seconds, "runs": len(window)})
+                    cpu = cpu_meter.spent(before, cpu_meter.snapshot(cluster.component_pids()))
+                    return Result(
+                        seconds / len(window),
+                        {
+                            "wall": seconds,
+                            "runs": len(window),
+                            "cpu": {k: v / len(window) for k, v in cpu.items()},
+                        },
+                    )
 
                 return run
 
             samples = measure_sides({d: side(d) for d in dag_ids}, repeat)
             lines = {d: timeline(cluster, backfills[d][1:]) for d in dag_ids}  # the warm-up left out
+            lingers = supervisor_lingers(scheduler_log, warm["log_offset"])
+            if args.timeline_file:
+                dump_timeline(cluster, [i for d in dag_ids for i in backfills[d][1:]], args.timeline_file)
             loaded = stored_partitions(warehouse, all_days)
             same = loaded == expected
             # Printed now: the reprocess pass below takes as long again.
@@ -440,6 +568,13 @@ def main(argv: list[str] | None = None) -> int:
         costs = task_costs(costs_file)
         waits = task_waits(costs_file)
     finally:
+        if os.environ.get("ONCEFLOW_BENCH_KEEP"):
+            shutil.copytree(
+                work,
+                os.environ["ONCEFLOW_BENCH_KEEP"],
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns("staging"),
+            )
         shutil.rmtree(work, ignore_errors=True)
         for url in (shop, warehouse, reference, ledger):
             if url.startswith("postgresql"):
@@ -462,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in samples:
         print(f"  {s.side} rep {s.rep or 'warm-up'}: {s.detail['runs']} runs in {s.detail['wall']:.1f} s")
     med = print_table(samples, baseline=dag_ids[0], unit="s per backfilled run")
+    print_cpu_table(samples, dag_ids)
     sales = med["daily_sales"]
     print(f"daily_sales / work alone ({alone:.3f} s a day without Airflow): {sales / alone:.1f}x")
     if redo:
@@ -470,11 +606,18 @@ def main(argv: list[str] | None = None) -> int:
         "where the time goes, per task process of the timed repetitions (median seconds; startup = fork to task start):"
     )
     print(
-        f"  {'dag.task':<22}{'n':>5}{'startup cpu':>13}{'startup wall':>14}{'execute cpu':>13}{'execute wall':>14}"
+        "  (of the startup wall: fork to the DAG parse, i.e. the supervisor's start call and the task's"
+        " StartupDetails, then the parse, template rendering and pre-execute API calls)"
+    )
+    print(
+        f"  {'dag.task':<22}{'n':>5}{'startup cpu':>13}{'startup wall':>14}{'to parse':>10}{'parse..start':>14}"
+        f"{'execute cpu':>13}{'execute wall':>14}"
     )
     for (dag_id, task_id), c in costs.items():
+        to_parse = c.get("before_parse_wall", c["startup_wall"])
         print(
             f"  {dag_id + '.' + task_id:<22}{int(c['n']):>5}{c['startup_cpu']:13.2f}{c['startup_wall']:14.2f}"
+            f"{to_parse:10.2f}{c['startup_wall'] - to_parse:14.2f}"
             f"{c['execute_cpu']:13.2f}{c['execute_wall']:14.2f}"
         )
     print(
@@ -494,6 +637,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {dag_id}.{task_id}")
         for kind, (count, seconds) in kinds.items():
             print(f"    {kind:<34}{count:>6g}{seconds * 1000:>10.1f} ms")
+    print(
+        "supervisors that saw their task process exit late (Airflow's supervisor: when the task's sockets"
+        " close before the exit is visible, it waits up to [workers] min_heartbeat_interval, 5 s by default,"
+        " holding a LocalExecutor worker), timed repetitions:"
+    )
+    for (dag_id, task_id), extras in sorted(lingers.items()):
+        late = [x for x in extras if x > 1.0]
+        print(
+            f"  {dag_id + '.' + task_id:<22} {len(late):>3} of {len(extras):>3} more than 1 s after the task's end"
+            + (f" (median {statistics.median(late):.1f} s)" if late else "")
+        )
     print(f"row counts and net totals of the day-by-day pass equal plain SQL over the shop: {sql_agrees}")
     print(f"stored partitions (read back) equal to the day-by-day pass: {same} ({len(loaded)} partitions)")
     ok = same and sql_agrees

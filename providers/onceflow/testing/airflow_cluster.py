@@ -330,6 +330,10 @@ class AirflowCluster:
                 )
             self._watchdog = None
 
+    def component_pids(self) -> dict[str, int]:
+        """Each running component's process id (``scheduler``, ``api-server``, ...): its process tree's root."""
+        return {name: proc.pid for name, proc in self._procs.items() if proc.returncode is None}
+
     def leftover_pids(self) -> list[int]:
         """Processes of this cluster still alive (empty after :meth:`stop`)."""
         return harness_pids(MARKER, self.marker, self._leaders)

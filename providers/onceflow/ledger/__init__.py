@@ -7,18 +7,53 @@ No Airflow imports here: the Airflow side lives in ``onceflow.hooks.ledger`` and
 
 from __future__ import annotations
 
-from onceflow.ledger.clock import Clock, SystemClock
-from onceflow.ledger.core import Ledger
-from onceflow.ledger.db import create_ledger_engine
-from onceflow.ledger.errors import (
-    IllegalTransition,
-    LeaseHeld,
-    LedgerError,
-    StaleFenceError,
-    UnknownWorkItem,
-    WrongVersion,
-)
-from onceflow.ledger.models import FollowUp, Lease, ResultRecord, TransitionRecord, WorkItem
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onceflow.ledger.clock import Clock, SystemClock
+    from onceflow.ledger.core import Ledger
+    from onceflow.ledger.db import create_ledger_engine
+    from onceflow.ledger.errors import (
+        IllegalTransition,
+        LeaseHeld,
+        LedgerError,
+        StaleFenceError,
+        UnknownWorkItem,
+        WrongVersion,
+    )
+    from onceflow.ledger.models import FollowUp, Lease, ResultRecord, TransitionRecord, WorkItem
+
+# Loaded on first use (PEP 562): importing one submodule, say ``onceflow.ledger.db`` for its engine
+# rules in a task that never opens the ledger, must not import the whole ledger with it.
+_HOMES = {
+    "Clock": "clock",
+    "SystemClock": "clock",
+    "Ledger": "core",
+    "create_ledger_engine": "db",
+    "IllegalTransition": "errors",
+    "LeaseHeld": "errors",
+    "LedgerError": "errors",
+    "StaleFenceError": "errors",
+    "UnknownWorkItem": "errors",
+    "WrongVersion": "errors",
+    "FollowUp": "models",
+    "Lease": "models",
+    "ResultRecord": "models",
+    "TransitionRecord": "models",
+    "WorkItem": "models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Clock",

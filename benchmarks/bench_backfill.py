@@ -196,8 +196,14 @@ def timed_backfill(
     days: list[dt.date],
     max_active_runs: int,
     reprocess_behavior: str | None = None,
+    cpu_out: dict[str, float] | None = None,
 ) -> float:
-    """Seconds from ``airflow backfill create`` to the scheduler completing the backfill."""
+    """Seconds from ``airflow backfill create`` to the scheduler completing the backfill.
+
+    ``cpu_out``: filled with the CPU seconds each component spent from the backfill's creation
+    (after the CLI's own start-up) until its last run ended (polled every 0.5 s; the scheduler
+    marks the backfill complete up to half a minute later, idle time that is not the runs' cost).
+    """
     cluster.wait_for_dag(dag_id)
     started = time.monotonic()
     backfill = create_backfill(
@@ -209,6 +215,10 @@ def timed_backfill(
         max_active_runs=max_active_runs,
         reprocess_behavior=reprocess_behavior,
     )
+    if cpu_out is not None:
+        before = cpu_meter.snapshot(cluster.component_pids())
+        wait_for_runs_ended(cluster, backfill, len(days))
+        cpu_out.update(cpu_meter.spent(before, cpu_meter.snapshot(cluster.component_pids())))
     runs = wait_for_backfill(cluster, backfill, timeout=12 * 3600, poll=5.0)
     polled = time.monotonic() - started
     # The compared figure comes from the metadata DB's own clock: the backfill's creation to its
@@ -238,6 +248,20 @@ def timed_backfill(
             f"unsuccessful tasks: {tis[:10]}\n{cluster.log_tails()}"
         )
     return elapsed
+
+
+def wait_for_runs_ended(cluster: Any, backfill: int, runs: int, timeout: float = 12 * 3600) -> None:
+    """Until the backfill has ``runs`` runs, none of them queued or running (or the timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        (row,) = cluster.query(
+            "SELECT COUNT(*) AS n, SUM(CASE WHEN r.state IN ('queued', 'running') THEN 1 ELSE 0 END) AS open "
+            "FROM backfill_dag_run bd JOIN dag_run r ON r.id = bd.dag_run_id WHERE bd.backfill_id = :id",
+            id=backfill,
+        )
+        if row["n"] >= runs and not row["open"]:
+            return
+        time.sleep(0.5)
 
 
 # Backfill ids per DAG, in the order they ran (the first is the warm-up), for the timeline.
@@ -370,9 +394,9 @@ def supervisor_lingers(scheduler_log: Path, offset: int) -> dict[tuple[str, str]
 def print_cpu_table(samples: list[Any], dag_ids: tuple[str, ...]) -> None:
     """CPU seconds per backfilled run by component, median of the timed repetitions of each side.
 
-    From the backfill's creation until the poll saw it complete (up to 5 s of an idle cluster
-    after the last run, on both sides alike); ``machine`` is every core of the machine, the
-    benchmark's own process and the ``airflow backfill create`` command included.
+    From the backfill's creation (after the ``airflow backfill create`` command) until its last run
+    ended (polled every 0.5 s); ``machine`` is every core of the machine, the benchmark's own
+    polling included.
     """
     timed = [s for s in samples if s.rep > 0 and "cpu" in s.detail]
     if not timed:
@@ -551,9 +575,8 @@ def main(argv: list[str] | None = None) -> int:
                         warm["done"] = True
                         warm["log_offset"] = scheduler_log.stat().st_size
                     window = windows[rep]
-                    before = cpu_meter.snapshot(cluster.component_pids())
-                    seconds = timed_backfill(cluster, dag_id, window, args.max_active_runs)
-                    cpu = cpu_meter.spent(before, cpu_meter.snapshot(cluster.component_pids()))
+                    cpu: dict[str, float] = {}
+                    seconds = timed_backfill(cluster, dag_id, window, args.max_active_runs, cpu_out=cpu)
                     return Result(
                         seconds / len(window),
                         {

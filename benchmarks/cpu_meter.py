@@ -2,8 +2,10 @@
 
 A backfill's wall time per run depends on when Airflow's scheduler wakes and when a supervisor
 notices its task has exited (benchmarks/README.md, issue 27): a side that is slower by a few
-milliseconds can land a whole scheduler sleep later. The CPU the machine spends does not move with
-that timing, so the benchmarks print it beside the wall figure.
+milliseconds can land a whole scheduler sleep later. The CPU the machine spends moves far less
+with that timing (only the idle loops of the scheduler and dag-processor grow with the wall time),
+so the benchmarks print it beside the wall figure. ``postgres`` is every PostgreSQL server on the
+machine and ``machine`` every core (steal time included): run them on an otherwise idle machine.
 
 A process tree's CPU is, over its live processes, user + system time plus the time of the children
 each has reaped (a task process is reaped by its LocalExecutor worker, a backend by the
@@ -18,20 +20,29 @@ from collections.abc import Mapping
 import psutil
 
 
-def tree_cpu(root: int) -> float:
-    """CPU seconds of ``root`` and its live descendants, with everything they have reaped."""
-    try:
-        top = psutil.Process(root)
-        processes = [top, *top.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
+def tree_cpu(root: int, attempts: int = 5) -> float:
+    """CPU seconds of ``root`` and its live descendants, with everything they have reaped.
+
+    A descendant that vanishes during the read may have been reaped after its parent was read, so
+    its time is in neither: the tree is read again (up to ``attempts`` times).
+    """
     total = 0.0
-    for process in processes:
+    for _ in range(attempts):
         try:
-            t = process.cpu_times()
-        except psutil.NoSuchProcess:  # exited between the listing and now: its parent counts it once reaped
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
+            top = psutil.Process(root)
+            processes = [top, *top.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return 0.0
+        total, vanished = 0.0, False
+        for process in processes:
+            try:
+                t = process.cpu_times()
+            except psutil.NoSuchProcess:
+                vanished = True
+                break
+            total += t.user + t.system + t.children_user + t.children_system
+        if not vanished:
+            return total
     return total
 
 
@@ -68,5 +79,6 @@ def snapshot(components: Mapping[str, int]) -> dict[str, float]:
 
 
 def spent(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
-    """CPU seconds per component between two snapshots."""
-    return {name: after[name] - before.get(name, 0.0) for name in after}
+    """CPU seconds per component between two snapshots; a component in only one of them (it started
+    or ended in between, e.g. restarted) is left out rather than charged its lifetime."""
+    return {name: after[name] - before[name] for name in after if name in before}

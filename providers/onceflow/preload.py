@@ -52,7 +52,9 @@ ONCEFLOW_TASK_MODULES: tuple[str, ...] = (
     "onceflow.sales.staging",
     "onceflow.sales.clean_stream",
     "onceflow.sales.partition_store",
-    "onceflow.sales.ledger_link",  # with the work ledger and onceflow.shutdown
+    "onceflow.sales.ledger_link",  # with onceflow.shutdown and the ledger's worker
+    "onceflow.ledger.core",  # the Ledger the load opens (LedgerHook): the package loads it lazily
+    "onceflow.ledger.migrations",  # LedgerHook's schema check
     "onceflow.sales.engine",  # the hooks' engines
     "onceflow.sales.config",  # the DAG file's settings (read from the environment when called)
 )

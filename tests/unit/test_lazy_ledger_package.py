@@ -60,3 +60,22 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
         onceflow.ledger.Leger  # noqa: B018
     with pytest.raises(ImportError):
         exec("from onceflow.ledger import Leger", {})
+
+
+def test_the_exports_the_homes_and_the_typed_imports_name_the_same_things() -> None:
+    """A name in ``__all__`` but not in ``_HOMES`` would fail at first use; one missing from the
+    TYPE_CHECKING imports would type-check as ``Any`` everywhere (the module ``__getattr__`` hides it
+    from mypy and ruff), so the three lists are compared here."""
+    import ast
+
+    tree = ast.parse(Path(onceflow.ledger.__file__).read_text())
+    typed: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for stmt in node.body:
+                assert isinstance(stmt, ast.ImportFrom) and stmt.module is not None
+                for alias in stmt.names:
+                    typed[alias.asname or alias.name] = stmt.module.removeprefix("onceflow.ledger.")
+    homes = onceflow.ledger._HOMES
+    assert set(onceflow.ledger.__all__) == set(homes) == set(typed)
+    assert typed == homes

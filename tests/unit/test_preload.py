@@ -184,6 +184,9 @@ def test_a_task_forked_from_a_preloaded_scheduler_imports_no_onceflow_sales_modu
         "import onceflow.sales.partition_store, onceflow.sales.ledger_link, onceflow.sales.shop_query\n"
         "import onceflow.ledger.worker, onceflow.shutdown, onceflow.sales.bulk_load, onceflow.sales.checksum\n"
         "import onceflow.sales.engine, onceflow.sales.config\n"
+        # what LedgerHook.get_ledger() imports in the load (onceflow.ledger loads its parts lazily)
+        "from onceflow.ledger import Ledger, create_ledger_engine\n"
+        "from onceflow.ledger.migrations import current_revision, head\n"
         "print(sorted(m for m in set(sys.modules) - before if m.startswith('onceflow')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -120,11 +120,10 @@ empty_daily()
 """
 
 # A listener in every task process: CPU and wall time from the fork to the task's start and to
-# its end (getrusage counts from zero in a forked child; psutil gives the process start).
+# its end (getrusage counts from zero in a forked child; /proc gives the process start).
 TASK_COSTS_PLUGIN = """
-import json, os, resource, sys, time
+import json, os, resource, sys
 
-import psutil
 from airflow.listeners import hookimpl
 from airflow.plugins_manager import AirflowPlugin
 
@@ -183,9 +182,6 @@ def on_task_instance_success(previous_state, task_instance):
     import task_waits
 
     record["waits"] = task_waits.snapshot()
-    import threading
-    record["threads"] = sorted(t.name for t in threading.enumerate())
-    record["rss_mb"] = psutil.Process().memory_info().rss / 2**20
     fd = os.open(os.environ["ONCEFLOW_TASK_COSTS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, (json.dumps(record) + "\\n").encode())
@@ -279,14 +275,16 @@ def wait_for_runs_ended(cluster: Any, backfill: int, runs: int, timeout: float =
 # Backfill ids per DAG, in the order they ran (the first is the warm-up), for the timeline.
 backfills: dict[str, list[int]] = {}
 
+# Every task instance of some backfills with its run's and its own timestamps: the medians of
+# timeline() and the raw lines of dump_timeline() (--timeline-file).
 TIMELINE_SQL = """
-SELECT ti.run_id, ti.task_id, r.start_date AS run_start, ti.scheduled_dttm, ti.queued_dttm,
-       ti.start_date, ti.end_date
+SELECT bd.backfill_id, ti.dag_id, ti.run_id, ti.task_id, r.start_date AS run_start, r.end_date AS run_end,
+       ti.scheduled_dttm, ti.queued_dttm, ti.start_date, ti.end_date
 FROM task_instance ti
 JOIN dag_run r ON r.dag_id = ti.dag_id AND r.run_id = ti.run_id
 JOIN backfill_dag_run bd ON bd.dag_run_id = r.id
 WHERE bd.backfill_id IN ({ids})
-ORDER BY ti.run_id, ti.start_date
+ORDER BY bd.backfill_id, ti.run_id, ti.start_date
 """
 
 
@@ -321,20 +319,9 @@ def timeline(cluster: Any, ids: list[int]) -> dict[str, dict[str, float]]:
     }
 
 
-RAW_TIMELINE_SQL = """
-SELECT bd.backfill_id, ti.dag_id, ti.run_id, ti.task_id, r.start_date AS run_start, r.end_date AS run_end,
-       ti.scheduled_dttm, ti.queued_dttm, ti.start_date, ti.end_date
-FROM task_instance ti
-JOIN dag_run r ON r.dag_id = ti.dag_id AND r.run_id = ti.run_id
-JOIN backfill_dag_run bd ON bd.dag_run_id = r.id
-WHERE bd.backfill_id IN ({ids})
-ORDER BY bd.backfill_id, ti.run_id, ti.start_date
-"""
-
-
 def dump_timeline(cluster: Any, ids: list[int], path: Path) -> None:
     """Every task instance of these backfills with its run's and its own timestamps, as JSON lines."""
-    rows = cluster.query(RAW_TIMELINE_SQL.format(ids=",".join(str(int(i)) for i in ids)))
+    rows = cluster.query(TIMELINE_SQL.format(ids=",".join(str(int(i)) for i in ids)))
     with path.open("w") as out:
         for row in rows:
             out.write(
@@ -623,13 +610,6 @@ def main(argv: list[str] | None = None) -> int:
         costs = task_costs(costs_file)
         waits = task_waits(costs_file)
     finally:
-        if os.environ.get("ONCEFLOW_BENCH_KEEP"):
-            shutil.copytree(
-                work,
-                os.environ["ONCEFLOW_BENCH_KEEP"],
-                dirs_exist_ok=True,
-                ignore=shutil.ignore_patterns("staging"),
-            )
         shutil.rmtree(work, ignore_errors=True)
         for url in (shop, warehouse, reference, ledger):
             if url.startswith("postgresql"):
@@ -669,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'execute cpu':>13}{'execute wall':>14}"
     )
     for (dag_id, task_id), c in costs.items():
-        to_parse = c.get("before_parse_wall", c["startup_wall"])
+        to_parse = c["before_parse_wall"]
         print(
             f"  {dag_id + '.' + task_id:<22}{int(c['n']):>5}{c['startup_cpu']:13.2f}{c['startup_wall']:14.2f}"
             f"{to_parse:10.2f}{c['startup_wall'] - to_parse:14.2f}"
